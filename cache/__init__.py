@@ -1,0 +1,1 @@
+"""Content-addressed cache of compiled artifacts (installed as ``neuron_compile.cache``)."""

@@ -1,0 +1,1 @@
+"""Code generation: kernel IR -> NKI kernel source via Jinja2 templates (``neuron_compile.codegen``)."""

@@ -1,0 +1,1 @@
+"""Lowering: ATen FX graphs -> kernel IR (installed as ``neuron_compile.lowering``)."""

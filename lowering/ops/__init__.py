@@ -1,0 +1,1 @@
+"""Lowering rules, one module per op family; importing this package registers them all."""

@@ -1,0 +1,5 @@
+import sys
+
+from neuron_compile.cli import main
+
+sys.exit(main())

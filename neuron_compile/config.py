@@ -1,0 +1,193 @@
+"""Typed configuration for neuron-compile.
+
+Each knob has a type, a default, an optional ``NEURON_COMPILE_*`` environment variable and a flag
+saying whether it changes generated code (those knobs feed the cache key automatically, see
+:func:`codegen_snapshot`). Read values as attributes (``config.target``); override them for a
+block with :func:`patch`, which works as a context manager and as a decorator.
+
+Environment variables are read when a knob is first looked up and re-read after ``reload_env()``;
+a bad value raises :class:`ConfigError` naming the variable, the value and the expected type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_compile.errors import ConfigError
+
+TARGETS = ("trn1", "trn2", "trn3")
+EXECUTORS = ("auto", "simulator", "nki-simulate", "nki-jit")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    env: str | None = None
+    codegen: bool = False
+    choices: tuple[Any, ...] | None = None
+
+
+_KNOBS: dict[str, Knob] = {}
+
+
+def _knob(name: str, type_: type, default: Any, doc: str, *, env: bool = True, codegen: bool = False,
+          choices: tuple[Any, ...] | None = None) -> None:
+    _KNOBS[name] = Knob(name, type_, default, doc, f"NEURON_COMPILE_{name.upper()}" if env else None,
+                        codegen, choices)
+
+
+# Code generation (feed the cache key).
+_knob("target", str, "trn2", "Trainium generation kernels are generated and simulated for.",
+      codegen=True, choices=TARGETS)
+_knob("matmul_tile_n", int, 512, "Free size of a matmul moving tile (<= gemm_moving_fmax).", codegen=True)
+_knob("free_tile", int, 2048, "Free-dim elements per tile in elementwise/row kernels.", codegen=True)
+_knob("row_resident_bytes", int, 96 * 1024,
+      "SBUF bytes per partition a row kernel may keep resident before it is split.", codegen=True)
+_knob("fuse", bool, True, "Fuse elementwise prologues/epilogues into neighbouring kernels.", codegen=True)
+# Running.
+_knob("executor", str, "auto", "Who runs kernels: auto, simulator, nki-simulate or nki-jit.", choices=EXECUTORS)
+_knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with a warning, 'error' refuses.",
+      choices=("warn", "error"))
+# Cache.
+_knob("cache", bool, True, "Use the persistent artifact cache.")
+_knob("cache_dir", str, "", "Cache root (default $XDG_CACHE_HOME/neuron-compile or ~/.cache/neuron-compile).")
+_knob("cache_lock_timeout", float, 600.0, "Seconds to wait for another process compiling the same graph.")
+_knob("cache_allow_shared", bool, False, "Accept a cache directory writable by other users (team caches).")
+# Debugging.
+_knob("debug_dir", str, "", "Write per-graph debug dumps (graphs, IR, kernels) under this folder.")
+
+
+def _parse(knob: Knob, raw: str, source: str) -> Any:
+    try:
+        if knob.type is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                value: Any = True
+            elif low in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(raw)
+        else:
+            value = knob.type(raw)
+    except ValueError:
+        raise ConfigError(f"{source}={raw}: expected {knob.type.__name__}") from None
+    _check_choice(knob, value, source)
+    return value
+
+
+def _check_choice(knob: Knob, value: Any, source: str) -> None:
+    if knob.choices is not None and value not in knob.choices:
+        raise ConfigError(f"{source}={value}: expected one of {', '.join(map(str, knob.choices))}")
+
+
+class _Config:
+    """Attribute access to the knobs; overrides from ``patch`` win over env vars over defaults."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_overrides", threading.local())
+        object.__setattr__(self, "_env_cache", {})
+
+    def _stack(self) -> list[dict[str, Any]]:
+        local = self._overrides
+        if not hasattr(local, "stack"):
+            local.stack = []
+        return local.stack
+
+    def __getattr__(self, name: str) -> Any:
+        knob = _KNOBS.get(name)
+        if knob is None:
+            raise AttributeError(f"neuron_compile.config has no knob {name!r}; known: {', '.join(sorted(_KNOBS))}")
+        for layer in reversed(self._stack()):
+            if name in layer:
+                return layer[name]
+        if knob.env:
+            raw = os.environ.get(knob.env)
+            if raw is not None and raw != "":
+                cache = self._env_cache
+                if cache.get(name, (None,))[0] != raw:
+                    cache[name] = (raw, _parse(knob, raw, knob.env))
+                return cache[name][1]
+        return knob.default
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("use neuron_compile.config.patch(...) or NEURON_COMPILE_* env vars to change config")
+
+    @contextlib.contextmanager
+    def _patch_cm(self, values: dict[str, Any]) -> Iterator[None]:
+        checked = {}
+        for name, value in values.items():
+            knob = _KNOBS.get(name)
+            if knob is None:
+                raise ConfigError(f"unknown config knob {name!r}; known: {', '.join(sorted(_KNOBS))}")
+            if knob.type is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, knob.type) or (knob.type is int and isinstance(value, bool)):
+                raise ConfigError(f"config.{name}={value!r}: expected {knob.type.__name__}")
+            _check_choice(knob, value, f"config.{name}")
+            checked[name] = value
+        stack = self._stack()
+        stack.append(checked)
+        try:
+            yield
+        finally:
+            stack.remove(checked)
+
+    def patch(self, **values: Any) -> _Patch:
+        """Override knobs inside a ``with`` block or for a decorated function."""
+        return _Patch(self, values)
+
+    def knobs(self) -> dict[str, Knob]:
+        return dict(_KNOBS)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _KNOBS}
+
+
+class _Patch(contextlib.ContextDecorator):
+    def __init__(self, cfg: _Config, values: dict[str, Any]) -> None:
+        self._cfg = cfg
+        self._values = values
+        self._cms: list[contextlib.AbstractContextManager[None]] = []
+
+    def __enter__(self) -> None:
+        cm = self._cfg._patch_cm(self._values)
+        cm.__enter__()
+        self._cms.append(cm)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cms.pop().__exit__(*exc)
+
+
+config = _Config()
+
+
+def codegen_snapshot() -> dict[str, Any]:
+    """The values of every knob that changes generated code (part of the cache key)."""
+    return {name: getattr(config, name) for name, knob in sorted(_KNOBS.items()) if knob.codegen}
+
+
+def patch(**values: Any) -> _Patch:
+    return config.patch(**values)
+
+
+def wraps_patch(values: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator form used by the backend to apply per-compile ``options``."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with config.patch(**values):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    return deco
