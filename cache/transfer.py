@@ -1,0 +1,193 @@
+"""Carrying a warm cache between machines: ``export`` and ``import`` of tar.gz archives, plus entry info.
+
+Owns the archive format (``entries/<digest>/manifest.json`` and the entry's files, nothing else)
+and the import checks: every member must be a plain file or folder under ``entries/<64 hex>/``
+(absolute paths, ``..``, links and devices make the whole archive refused before anything is
+written); every entry is verified (file hashes, and the digest re-derived from its key parts) in
+``tmp/`` before being published with ``os.replace``; entries already present are skipped.
+Also owns :func:`entry_info`, the readable summary of an entry shared by ``list``/``show``/``export``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import shutil
+import tarfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_compile.cache.manifest import CorruptEntry, dir_size, last_used, read_manifest, verify_entry
+from neuron_compile.cache.store import CacheStore
+
+log = logging.getLogger(__name__)
+
+_MEMBER = re.compile(r"^entries(?:/([0-9a-f]{64})(?:/(.+))?)?/?$")
+
+
+class ArchiveError(Exception):
+    """The archive can't be read or contains an unsafe member; nothing was imported."""
+
+
+@dataclass
+class ImportReport:
+    imported: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+
+
+def _short_dtype(dtype: object) -> str:
+    names = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64",
+             "int32": "i32", "bool": "bool", "int8": "i8", "uint8": "u8"}
+    return names.get(str(dtype), str(dtype))
+
+
+def input_labels(parts: dict[str, Any]) -> list[str]:
+    """``["f32[2,3]", "int=4"]``: one short label per graph input."""
+    labels = []
+    for sig in parts.get("inputs") or []:
+        if not isinstance(sig, dict):
+            continue
+        if sig.get("kind") == "tensor":
+            shape = ",".join(str(d) for d in sig.get("shape") or [])
+            labels.append(f"{_short_dtype(sig.get('dtype'))}[{shape}]" + ("*" if sig.get("requires_grad") else ""))
+        elif "value" in sig:
+            labels.append(f"{sig.get('kind')}={sig['value']}")
+        else:
+            labels.append(str(sig.get("kind")))
+    return labels
+
+
+def kernel_names(manifest: dict[str, Any]) -> list[str]:
+    """Kernel names from the backend's summary (``kernels``: names or dicts with ``name``), else ``kernels/*``."""
+    summary = manifest.get("summary") if isinstance(manifest.get("summary"), dict) else {}
+    kernels = summary.get("kernels")
+    if isinstance(kernels, list):
+        return [str(k.get("name", "?")) if isinstance(k, dict) else str(k) for k in kernels]
+    return [Path(n).stem for n in sorted(manifest.get("files", {})) if n.startswith("kernels/")]
+
+
+def entry_info(store: CacheStore, digest: str) -> dict[str, Any]:
+    """Readable facts about an entry (no file hashing: ``verify`` does that). ``valid`` is False when
+    the manifest itself is unreadable."""
+    path = store.entry_path(digest)
+    try:
+        manifest = read_manifest(path)
+    except CorruptEntry as exc:
+        return {"key": digest, "valid": False, "problem": exc.reason, "path": str(path), "size": dir_size(path),
+                "last_used": last_used(path), "created": None, "kind": None, "graph": {}, "inputs": [],
+                "kernels": [], "files": 0, "compile_seconds": None}
+    parts = manifest["key_parts"]
+    graph = parts.get("graph") if isinstance(parts.get("graph"), dict) else {}
+    return {
+        "key": digest,
+        "valid": True,
+        "path": str(path),
+        "kind": parts.get("kind"),
+        "target": parts.get("target"),
+        "graph": {"nodes": graph.get("nodes"), "ops": graph.get("ops", {})},
+        "inputs": input_labels(parts),
+        "kernels": kernel_names(manifest),
+        "files": len(manifest["files"]),
+        "size": dir_size(path),
+        "created": manifest["created"],
+        "last_used": last_used(path, manifest),
+        "compile_seconds": manifest.get("compile_seconds"),
+    }
+
+
+def export_entries(store: CacheStore, digests: list[str], dest: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Write the verified ones of ``digests`` to a tar.gz at ``dest`` (atomically); return (exported, skipped)."""
+    exported: list[str] = []
+    skipped: list[dict[str, str]] = []
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for digest in digests:
+                path = store.entry_path(digest)
+                try:
+                    manifest, data = verify_entry(path, digest)
+                except CorruptEntry as exc:
+                    skipped.append({"key": digest, "reason": exc.reason})
+                    continue
+                for name, blob in [("manifest.json", (path / "manifest.json").read_bytes()), *sorted(data.items())]:
+                    info = tarfile.TarInfo(f"entries/{digest}/{name}")
+                    info.size = len(blob)
+                    info.mtime = int(manifest["created"])
+                    info.mode = 0o644
+                    tar.addfile(info, io.BytesIO(blob))
+                exported.append(digest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return exported, skipped
+
+
+def _scan(tar: tarfile.TarFile) -> dict[str, list[tuple[str, tarfile.TarInfo]]]:
+    groups: dict[str, list[tuple[str, tarfile.TarInfo]]] = {}
+    for member in tar.getmembers():
+        name = member.name[2:] if member.name.startswith("./") else member.name
+        match = _MEMBER.match(name)
+        rel = match.group(2) if match else None
+        unsafe = (not match or name.startswith("/") or (rel is not None and any(
+            p in ("", ".", "..") for p in rel.split("/"))) or "\\" in name)
+        if unsafe:
+            raise ArchiveError(f"member {member.name!r} is outside entries/<key>/ or escapes it (path traversal)")
+        if not (member.isfile() or member.isdir()):
+            raise ArchiveError(f"member {member.name!r} is a link or special file; only files and folders are accepted")
+        if match.group(1) and member.isfile():
+            if rel is None:
+                raise ArchiveError(f"member {member.name!r}: an entry must be a folder")
+            groups.setdefault(match.group(1), []).append((rel, member))
+        elif match.group(1):
+            groups.setdefault(match.group(1), [])
+    return groups
+
+
+def import_archive(store: CacheStore, archive: Path) -> ImportReport:
+    """Import every valid entry of ``archive`` not already present. Raises :class:`ArchiveError`."""
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (OSError, tarfile.TarError) as exc:
+        raise ArchiveError(f"cannot read {archive}: {exc}") from None
+    report = ImportReport()
+    with tar:
+        try:
+            groups = _scan(tar)
+        except tarfile.TarError as exc:
+            raise ArchiveError(f"cannot read {archive}: {exc}") from None
+        for digest, members in sorted(groups.items()):
+            if store.entry_path(digest).exists():
+                report.skipped.append(digest)
+                continue
+            tmp = store.root / "tmp" / f"{digest[:16]}.import.{uuid.uuid4().hex[:8]}"
+            try:
+                os.mkdir(tmp)
+                for rel, member in members:
+                    src = tar.extractfile(member)
+                    if src is None:
+                        raise CorruptEntry(f"member {rel!r} has no data")
+                    dest = tmp / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with src, open(dest, "wb") as out:
+                        shutil.copyfileobj(src, out)
+                verify_entry(tmp, digest, check_parts=True)
+                os.replace(tmp, store.entry_path(digest))
+                report.imported.append(digest)
+            except CorruptEntry as exc:
+                report.rejected.append({"key": digest, "reason": exc.reason})
+            except OSError as exc:
+                if store.entry_path(digest).exists():
+                    report.skipped.append(digest)  # published concurrently
+                else:
+                    report.rejected.append({"key": digest, "reason": f"cannot write: {exc.strerror or exc}"})
+            except tarfile.TarError as exc:
+                report.rejected.append({"key": digest, "reason": f"archive data unreadable: {exc}"})
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return report
