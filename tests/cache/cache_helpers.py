@@ -1,0 +1,43 @@
+"""Helpers shared by the cache tests: synthetic keys and artifacts, fresh-interpreter runners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from neuron_compile.cache.key import CacheKey, digest_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def synthetic_key(tag: str = "a", **extra: object) -> CacheKey:
+    """A key built from hand-written parts (no torch needed; used by the store tests)."""
+    parts: dict[str, object] = {"schema": 1, "kind": "forward", "graph": {"sha256": tag, "nodes": 3,
+                                "ops": {"aten.add.Tensor": 1}},
+                                "inputs": [{"kind": "tensor", "shape": [2, 3], "dtype": "float32",
+                                            "stride": [3, 1], "requires_grad": False, "device": "cpu"}],
+                                "extra": dict(extra)}
+    return CacheKey(digest=digest_of(parts), parts=parts, graph_text=f"graph {tag}\n")
+
+
+ARTIFACTS = {"plan.json": b'{"kernels": ["k0_add"]}', "kernels/k0_add.py": b"def k0_add(a, b):\n    return a + b\n"}
+SUMMARY = {"kernels": ["k0_add"], "ops": {"aten.add.Tensor": 1}}
+
+
+def run_py(code: str, *, env: dict[str, str] | None = None, timeout: float = 120,
+           cwd: str | Path | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with the repo importable; returns the completed process."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}
+    full_env.update(env or {})
+    cmd = [*(prefix or []), sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+
+
+def spawn_py(code: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
