@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.fx
 from cache_helpers import run_py
+from neuron_compile.cache import key as key_mod
+from neuron_compile.cache.key import CacheKey, canonical_graph, compute_key, digest_of, input_signature
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_compile
-from neuron_compile.cache import key as key_mod
-from neuron_compile.cache.key import CacheKey, canonical_graph, compute_key, digest_of, input_signature
 from neuron_compile.config import config
 
 
