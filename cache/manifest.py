@@ -130,14 +130,12 @@ def verify_entry(entry_dir: Path, digest: str | None = None, *, check_parts: boo
     return manifest, data
 
 
-def last_used(entry_dir: Path, manifest: Mapping[str, Any] | None = None) -> float:
-    """Last use: the manifest's mtime, bumped on every hit (the JSON's ``last_used`` is the publish time)."""
+def last_used(entry_dir: Path) -> float:
+    """Last use = the manifest's mtime: set at publish, bumped on every hit, what ``prune`` orders by."""
     try:
-        mtime = os.stat(entry_dir / MANIFEST).st_mtime
+        return os.stat(entry_dir / MANIFEST).st_mtime
     except OSError:
-        mtime = 0.0
-    recorded = float(manifest.get("last_used", 0.0)) if manifest else 0.0
-    return max(mtime, recorded)
+        return 0.0
 
 
 def dir_size(path: Path) -> int:

@@ -90,7 +90,7 @@ def read_stats(root: Path) -> dict[str, Any]:
     try:
         text = (root / STATS_FILE).read_text(errors="replace")
     except OSError:
-        return totals
+        text = ""
     for line in text.splitlines():
         try:
             ev = json.loads(line)

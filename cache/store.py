@@ -227,7 +227,8 @@ class CacheStore:
             stats.record(self.root, "corrupt", key=key.digest[:16])
             return None
         try:
-            os.utime(path / MANIFEST)  # last use, for LRU pruning
+            now = time.time()  # explicit: the filesystem's coarse clock could order two uses wrongly
+            os.utime(path / MANIFEST, (now, now))  # last use, for LRU pruning
         except OSError:
             pass
         return CacheEntry(key.digest, path, manifest, data)
@@ -274,6 +275,7 @@ class CacheStore:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(blob)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            os.utime(tmp / MANIFEST, (manifest["created"], manifest["created"]))  # last use starts at creation
             try:
                 os.replace(tmp, final)
             except OSError as exc:

@@ -95,7 +95,7 @@ def entry_info(store: CacheStore, digest: str) -> dict[str, Any]:
         "files": len(manifest["files"]),
         "size": dir_size(path),
         "created": manifest["created"],
-        "last_used": last_used(path, manifest),
+        "last_used": last_used(path),
         "compile_seconds": manifest.get("compile_seconds"),
     }
 
