@@ -1,0 +1,171 @@
+"""The tile-program builder that lowering rules talk to (the ``ctx`` of a rule).
+
+A rule receives its node's arguments already mapped: tensors as :class:`TileVal` (a full ``[P, F]``
+or row ``[P, 1]`` tile in fp32, or a uint8 predicate), Python scalars as they are. It returns the
+:class:`TileVal` of its result by calling the instruction helpers below, which pick the NKI
+instruction from the operand kinds (tile with tile -> ``tensor_tensor``, tile with a scalar or a
+row -> ``tensor_scalar``, transcendental -> ``activation``) and record one :class:`TileOp` each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from neuron_compile.lowering.ir import TileOp
+
+from neuron_compile.errors import LoweringError
+
+# ALU ops that commute (tensor_scalar needs reverse0=True otherwise when the scalar comes first).
+COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or",
+               "logical_xor"}
+# Activation-table functions (REFERENCE 2.6) the lowering may use directly on ScalarE.
+ACTIVATIONS = {"copy", "square", "sigmoid", "relu", "gelu", "gelu_apprx_tanh", "silu", "tanh", "softplus", "erf",
+               "exp", "sign", "abs", "log", "sqrt", "rsqrt", "reciprocal", "sin", "arctan", "gelu_dx", "silu_dx",
+               "erf_dx", "mish", "gelu_apprx_sigmoid"}
+REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
+
+
+@dataclass(frozen=True)
+class TileVal:
+    name: str
+    kind: str  # 'full' | 'row'
+    dtype: str = "float32"  # tile dtype (fp32 compute, uint8 predicates)
+    phase: int = 0  # first phase in which the value is available
+
+
+Operand = TileVal | float | int | bool
+
+
+class ProgramBuilder:
+    """Collects the SSA tile program of one fused kernel."""
+
+    def __init__(self) -> None:
+        self.ops: list[TileOp] = []
+        self._n = 0
+        self.node: torch.fx.Node | None = None  # the node being lowered (for error messages)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def fresh(self, prefix: str = "v") -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def emit(self, opcode: str, kind: str, args: tuple[Any, ...], attrs: dict[str, Any] | None = None,
+             dtype: str = "float32", phase: int | None = None) -> TileVal:
+        if phase is None:
+            phase = max((a.phase for a in args if isinstance(a, TileVal)), default=0)
+        name = self.fresh("r" if kind == "row" else "v")
+        arg_names = tuple(a.name if isinstance(a, TileVal) else a for a in args)
+        self.ops.append(TileOp(name, opcode, kind, dtype, arg_names, tuple(sorted((attrs or {}).items())), phase))
+        return TileVal(name, kind, dtype, phase)
+
+    @staticmethod
+    def _kind(*vals: Operand) -> str:
+        return "full" if any(isinstance(v, TileVal) and v.kind == "full" for v in vals) else "row"
+
+    def fail(self, why: str) -> LoweringError:
+        where = ""
+        if self.node is not None:
+            where = f" (node {self.node.name}: {self.node.target})"
+        return LoweringError(f"cannot lower{where}: {why}")
+
+    # -- elementwise -----------------------------------------------------------------------------
+    def binary(self, op: str, a: Operand, b: Operand) -> TileVal | float:
+        """``a <op> b`` for ALU ``op`` (add, subtract, multiply, maximum, minimum, comparisons, logical, power)."""
+        if not isinstance(a, TileVal) and not isinstance(b, TileVal):
+            return _fold(op, float(a), float(b))
+        if isinstance(a, TileVal) and isinstance(b, TileVal):
+            if a.kind == b.kind:
+                return self.emit("tensor_tensor", a.kind, (a, b), {"op": op})
+            full, row, reverse = (a, b, False) if a.kind == "full" else (b, a, True)
+            return self.emit("tensor_scalar", "full", (full, row), {"op0": op, "reverse0": reverse and op not in COMMUTATIVE})
+        tile, scalar, reverse = (a, b, False) if isinstance(a, TileVal) else (b, a, True)
+        return self.emit("tensor_scalar", tile.kind, (tile, float(scalar)),
+                         {"op0": op, "reverse0": reverse and op not in COMMUTATIVE})
+
+    def affine(self, x: TileVal, scale: float | TileVal = 1.0, bias: float | TileVal = 0.0) -> TileVal:
+        """``x * scale + bias`` in one instruction (scale/bias scalars or rows)."""
+        if isinstance(scale, TileVal) and scale.kind == "full":
+            return self.as_tile(self.binary("add", self.binary("multiply", x, scale), bias))
+        if isinstance(bias, TileVal) and bias.kind == "full":
+            return self.as_tile(self.binary("add", self.binary("multiply", x, scale), bias))
+        return self.emit("tensor_scalar", x.kind, (x, scale, bias), {"op0": "multiply", "op1": "add"})
+
+    def activation(self, func: str, x: Operand, scale: float | TileVal = 1.0, bias: float | TileVal = 0.0) -> TileVal:
+        """ScalarE ``func(x * scale + bias)``; ``func`` from the activation table."""
+        if func not in ACTIVATIONS:
+            raise self.fail(f"{func} is not an activation-table function")
+        if not isinstance(x, TileVal):
+            raise self.fail(f"activation {func} of a constant")
+        if (isinstance(scale, TileVal) and scale.kind == "full") or (isinstance(bias, TileVal) and bias.kind == "full"):
+            x = self.affine(x, scale, bias)
+            scale, bias = 1.0, 0.0
+        return self.emit("activation", x.kind, (x, scale, bias), {"func": func})
+
+    def unary_alu(self, op: str, x: TileVal) -> TileVal:
+        """VectorE unary ALU op (abs, reciprocal, ...) through ``tensor_scalar`` with no operand."""
+        return self.emit("tensor_scalar", x.kind, (x,), {"op0": op})
+
+    def reciprocal(self, x: TileVal) -> TileVal:
+        return self.emit("reciprocal", x.kind, (x,))
+
+    def divide(self, a: Operand, b: Operand) -> TileVal | float:
+        """``a / b``: NeuronCores have no divide instruction, so multiply by the reciprocal (<= 1 ulp off)."""
+        if not isinstance(b, TileVal):
+            b = float(b)
+            if b == 0.0:
+                return self.binary("multiply", a, math.copysign(math.inf, b))
+            return self.binary("multiply", a, 1.0 / b)
+        return self.binary("multiply", a, self.reciprocal(b))
+
+    def select(self, cond: TileVal, on_true: Operand, on_false: Operand) -> TileVal:
+        """``where(cond, on_true, on_false)``: a predicated copy, exact even for inf/nan operands."""
+        pred = self.emit("predicate", cond.kind, (cond,), dtype="uint8")
+        kind = self._kind(cond, on_true, on_false)
+        base = self.broadcast_to(on_false, kind)
+        return self.emit("select", kind, (pred, on_true if isinstance(on_true, TileVal) else float(on_true), base))
+
+    def broadcast_to(self, x: Operand, kind: str) -> TileVal:
+        if isinstance(x, TileVal):
+            if x.kind == kind:
+                return x
+            return self.emit("broadcast", kind, (x,))
+        return self.emit("fill", kind, (float(x),))
+
+    def as_tile(self, x: TileVal | float) -> TileVal:
+        if isinstance(x, TileVal):
+            return x
+        return self.emit("fill", "row", (float(x),))
+
+    def fill(self, value: float, kind: str = "full") -> TileVal:
+        return self.emit("fill", kind, (float(value),))
+
+    def iota(self, coeffs_name: str) -> TileVal:
+        """A full tile whose value is an affine function of the element index (see ``GroupLowering.iota``)."""
+        return self.emit("iota", "full", (), {"coeffs": coeffs_name})
+
+    def round_to(self, x: TileVal, dtype: str) -> TileVal:
+        """Round through ``dtype`` (bf16/fp16) and back, as eager does between ops of that dtype."""
+        return self.emit("round", x.kind, (x,), {"via": dtype})
+
+    # -- reductions -------------------------------------------------------------------------------
+    def reduce(self, op: str, x: TileVal, negate: bool = False) -> TileVal:
+        """Reduce a full tile over the kernel's reduced dims into a row (fp32 accumulation)."""
+        if op not in REDUCE_OPS:
+            raise self.fail(f"{op} is not a reduction op")
+        if x.kind != "full":
+            raise self.fail("reduction of a row value")
+        val = self.emit("reduce", "row", (x,), {"op": op, "negate": negate}, phase=x.phase)
+        return TileVal(val.name, "row", val.dtype, x.phase + 1)
+
+
+def _fold(op: str, a: float, b: float) -> float:
+    import operator
+
+    table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
+             "minimum": min, "power": operator.pow}
+    if op not in table:
+        raise LoweringError(f"cannot constant-fold {op}")
+    return float(table[op](a, b))

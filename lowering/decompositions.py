@@ -1,0 +1,43 @@
+"""The decomposition table AOTAutograd applies before lowering.
+
+PyTorch's core-ATen table plus the composite ops we prefer to see as primitives (softmax,
+layer_norm, addmm, var_mean, dropout, ...), minus the ops we lower directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+EXTRA = [
+    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.addmm, aten.var_mean, aten.native_dropout,
+    aten.max.dim, aten.min.dim, aten.hardtanh, aten.addcmul, aten.addcdiv, aten.logsumexp, aten.lerp,
+    aten.baddbmm, aten.addmv, aten.mv, aten.dot, aten.squeeze_copy, aten.unsqueeze_copy, aten.expand_copy,
+    aten.permute_copy, aten.view_copy, aten.t_copy, aten.transpose_copy, aten.split_with_sizes, aten.unbind,
+    aten.std, aten.std_mean, aten.log_sigmoid_forward, aten.leaky_relu, aten.elu, aten.hardsigmoid,
+    aten.hardswish, aten.mish, aten.celu, aten.selu, aten.glu, aten.sigmoid_backward, aten.tanh_backward,
+    aten._log_softmax_backward_data, aten._softmax_backward_data, aten.gelu_backward, aten.silu_backward,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten.clamp_min, aten.clamp_max, aten.square, aten.trunc,
+    aten.full_like, aten.zeros_like, aten.ones_like, aten.new_zeros, aten.new_ones, aten.new_full, aten.zeros,
+    aten.ones, aten.empty_like, aten.index_select, aten.mean.dim,
+]
+# Ops we lower ourselves even though a decomposition exists.
+KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, aten.var.correction,
+        aten.softplus.default, aten.clamp.default, aten.where.self, aten.abs.default, aten.sigmoid.default,
+        aten.index_select.default, aten.embedding.default, aten.rsqrt.default, aten.t.default,
+        aten.transpose.int, aten.cat.default}
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([op for op in EXTRA]))
+    for op in KEEP:
+        table.pop(op, None)
+    return table

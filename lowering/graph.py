@@ -1,0 +1,400 @@
+"""Lower a partitioned ATen graph to a :class:`~neuron_compile.lowering.ir.Plan`.
+
+Walks the groups chosen by :mod:`lowering.partition` in order and builds one kernel each: for fused
+loop kernels it maps every node onto the group's iteration space, turns external inputs into
+strided loads, calls the registered rule of every member through a :class:`ProgramBuilder`, stores
+the values used outside the group, and canonicalizes the space for the templates. Views outside
+groups are resolved to strided views of buffers (a copy kernel is inserted only when a reshape
+cannot be a view). Graph outputs become strided views of buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.ir import (
+    Access,
+    ArgSpec,
+    BufferRef,
+    CopyKernel,
+    InputSpec,
+    Kernel,
+    KernelCall,
+    LoopKernel,
+    OutputSpec,
+    Plan,
+    TileOp,
+)
+from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
+from neuron_compile.lowering.registry import lookup, qualified_name
+from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from torch import fx
+
+from neuron_compile.config import config
+from neuron_compile.errors import LoweringError
+
+log = logging.getLogger(__name__)
+
+
+def node_dtype(node: fx.Node) -> torch.dtype:
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else torch.float32
+
+
+class GraphLowering:
+    def __init__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> None:
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.buffers: list[BufferRef] = []
+        self.kernels: list[Kernel] = []
+        self.calls: list[KernelCall] = []
+        self.views: dict[fx.Node, View] = {}
+        self.literals: dict[fx.Node, Any] = {}
+        self.constants: list[tuple[str, tuple[int, ...], list[Any]]] = []
+        self.inputs: list[InputSpec] = []
+
+    # -- entry ---------------------------------------------------------------------------------
+    def run(self) -> Plan:
+        self._placeholders()
+        part = Partitioner(self.gm, fuse=config.fuse).run()
+        self.part = part
+        for g in part.groups:
+            self._emit_group(g)
+        outputs = self._outputs()
+        summary = {
+            "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ()))}
+                        for k in self.kernels],
+            "ops": sorted({qualified_name(n.target) for n in self.gm.graph.nodes if n.op == "call_function"}),
+        }
+        return Plan(tuple(self.kernels), tuple(self.buffers), tuple(self.calls), tuple(self.inputs),
+                    tuple(outputs), tuple(self.constants), summary)
+
+    def _placeholders(self) -> None:
+        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for i, node in enumerate(phs):
+            val = node.meta.get("val", self.example_inputs[i] if i < len(self.example_inputs) else None)
+            if isinstance(val, torch.Tensor):
+                nd = storage_dtype(val.dtype)
+                shape = tuple(int(s) for s in val.shape)
+                strides = tuple(int(s) for s in val.stride())
+                if not _dense(shape, strides):
+                    strides = contiguous_strides(shape)  # the runner passes a contiguous copy
+                numel = _storage_extent(shape, strides)
+                self.inputs.append(InputSpec(shape, strides, str(val.dtype).replace("torch.", ""), nd or "float32",
+                                             True, bool(node.users)))
+                buf = self._buffer(BufferRef("input", i, 0, numel, nd or "float32"))
+                self.views[node] = View(buf, shape, strides, 0, val.dtype)
+            else:
+                self.inputs.append(InputSpec((), (), type(val).__name__, "", False, bool(node.users)))
+                self.literals[node] = val
+
+    def _buffer(self, ref: BufferRef) -> int:
+        self.buffers.append(ref)
+        return len(self.buffers) - 1
+
+    # -- views -----------------------------------------------------------------------------------
+    def view_of(self, node: fx.Node) -> View:
+        if node in self.views:
+            return self.views[node]
+        rule = lookup(node.target)
+        if rule is None or rule.kind not in ("view", "alias"):
+            raise LoweringError(f"value of {node.name} ({node.target}) was never stored")
+        base = self.view_of(node.args[0])
+        if rule.kind == "alias":
+            view = base
+        else:
+            view = rule.fn(node, base)
+            if view is None:  # a reshape that cannot be a view: materialize the input first
+                view = rule.fn(node, self.copy_contiguous(base, f"{node.name}_contig"))
+                assert view is not None
+        self.views[node] = view
+        return view
+
+    def copy_contiguous(self, src: View, name: str) -> View:
+        kernel_index = len(self.kernels)
+        out_numel = src.numel
+        nd = storage_dtype(src.torch_dtype) or "float32"
+        out_buf = self._buffer(BufferRef("kernel", kernel_index, 0, out_numel, nd))
+        dst = View(out_buf, src.shape, contiguous_strides(src.shape), 0, src.torch_dtype)
+        self.emit_copy(f"k{kernel_index}_copy", [(src, dst)], [out_buf], ("aten.clone.default",))
+        return dst
+
+    def emit_copy(self, name: str, pairs: list[tuple[View, View]], results: list[int], source_ops: tuple[str, ...]) -> None:
+        """One CopyKernel doing HBM->HBM DMAs; ``pairs`` are (src view, dst view) of equal shape."""
+        args: list[int] = []
+        copies = []
+        for src, dst in pairs:
+            if src.buffer not in args:
+                args.append(src.buffer)
+            shape = dst.shape
+            canon = sp.canonicalize(shape or (1,), ["keep"] * max(len(shape), 1),
+                                    [src.strides or (0,), dst.strides or (0,)], part_role="keep", free_role="keep",
+                                    split_limit=config.free_tile)
+            s_strides = sp.canonical_strides(canon, src.strides or (0,))
+            d_strides = sp.canonical_strides(canon, dst.strides or (0,))
+            copies.append((args.index(src.buffer), Access(args.index(src.buffer), src.offset, s_strides),
+                           results.index(dst.buffer), Access(results.index(dst.buffer), dst.offset, d_strides),
+                           canon.space))
+        kernel = CopyKernel(name, "copy", tuple(ArgSpec(self.buffers[b].numel, self.buffers[b].dtype) for b in args),
+                            tuple(ArgSpec(self.buffers[b].numel, self.buffers[b].dtype) for b in results),
+                            tuple(copies), source_ops)
+        self.kernels.append(kernel)
+        self.calls.append(KernelCall(len(self.kernels) - 1, tuple(args), tuple(results)))
+
+    # -- groups ------------------------------------------------------------------------------------
+    def _emit_group(self, g: Group) -> None:
+        if g.kind in ("pointwise", "reduction", "matmul"):
+            LoopGroupEmitter(self, g).emit()
+        else:
+            node = g.members[0]
+            rule = lookup(node.target)
+            assert rule is not None
+            rule.fn(self, node)
+
+    def new_output(self, node: fx.Node, kernel_index: int, slot: int) -> tuple[int, View]:
+        shape = node_shape(node)
+        dtype = node_dtype(node)
+        nd = storage_dtype(dtype) or "float32"
+        buf = self._buffer(BufferRef("kernel", kernel_index, slot, max(math.prod(shape), 1), nd))
+        view = View(buf, shape, contiguous_strides(shape), 0, dtype)
+        self.views[node] = view
+        return buf, view
+
+    def _outputs(self) -> list[OutputSpec]:
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        result = []
+        for arg in out_node.args[0]:
+            if isinstance(arg, fx.Node) and arg in self.literals:
+                result.append(OutputSpec(None, literal=self.literals[arg]))
+            elif isinstance(arg, fx.Node):
+                v = self.view_of(arg)
+                result.append(OutputSpec(v.buffer, v.shape, v.strides, v.offset, str(v.torch_dtype).replace("torch.", "")))
+            else:
+                result.append(OutputSpec(None, literal=arg))
+        return result
+
+
+class LoopGroupEmitter:
+    """Builds one LoopKernel from a pointwise / reduction / matmul group."""
+
+    def __init__(self, gl: GraphLowering, g: Group) -> None:
+        self.gl = gl
+        self.g = g
+        self.b = ProgramBuilder()
+        self.values: dict[fx.Node, TileVal] = {}
+        self.args: list[int] = []  # buffer ids of kernel inputs
+        self.loads: dict[tuple[int, int, tuple[int, ...], str], TileVal] = {}
+        self.accesses: list[tuple[int, ...]] = []  # every stride vector over the space (for canonicalization)
+
+    def member_role(self, node: fx.Node) -> str:
+        if self.g.kind != "reduction":
+            return "full"
+        return classify(node_shape(node), self.g) or "full"
+
+    def consumer_shape(self, consumer: fx.Node) -> tuple[tuple[int, ...], str]:
+        """The shape (and role) a member's tensor arguments broadcast to: its input space for reductions."""
+        rule = lookup(consumer.target)
+        if rule is not None and rule.kind == "reduction":
+            return self.g.space, "full"
+        return node_shape(consumer), self.member_role(consumer)
+
+    def load(self, node: fx.Node, consumer: fx.Node) -> TileVal:
+        view = self.gl.view_of(node)
+        cshape, crole = self.consumer_shape(consumer)
+        cmap = shape_map(cshape, crole, self.g)
+        if cmap is None:
+            raise LoweringError(f"{consumer.name}: shape {cshape} does not map onto kernel space {self.g.space}")
+        over_c = sp.broadcast_strides(view.shape, view.strides, cshape)
+        strides = sp.to_space(over_c, cshape, cmap, self.g.space)
+        kind = "full"
+        if self.g.red and all(strides[d] == 0 for d in self.g.red):
+            kind = "row"
+        if view.buffer not in self.args:
+            self.args.append(view.buffer)
+        arg = self.args.index(view.buffer)
+        key = (arg, view.offset, strides, kind)
+        if key not in self.loads:
+            self.accesses.append(strides)
+            self.loads[key] = self.b.emit("load", kind, (), {"access": (arg, view.offset, strides),
+                                                            "src_dtype": self.gl.buffers[view.buffer].dtype}, phase=0)
+        return self.loads[key]
+
+    def iota_along_reduced(self, node: fx.Node) -> TileVal:
+        """A full tile holding each element's index along the (single) reduced dim."""
+        if len(self.g.red) != 1:
+            raise LoweringError(f"{node.name}: an index along several reduced dims is not supported")
+        coeffs = tuple(1 if d == self.g.red[0] else 0 for d in range(len(self.g.space)))
+        return self.b.emit("iota", "full", (), {"coeffs": (0, coeffs)}, phase=0)
+
+    def iota_for(self, node: fx.Node, start: int, step: int) -> TileVal:
+        """A full tile of ``start + step * i`` over a 1-D node's only dim (arange)."""
+        shape = node_shape(node)
+        cmap = shape_map(shape, self.member_role(node), self.g)
+        if cmap is None:
+            raise LoweringError(f"{node.name}: shape {shape} does not map onto kernel space {self.g.space}")
+        coeffs = sp.to_space([step] * len(shape) if len(shape) == 1 else [step], shape, cmap, self.g.space)
+        return self.b.emit("iota", "full", (), {"coeffs": (int(start), coeffs)}, phase=0)
+
+    def map_arg(self, a: Any, consumer: fx.Node) -> Any:
+        if isinstance(a, fx.Node):
+            if self.gl.part.group_of.get(a) is self.g:
+                return self.values[a]
+            if a in self.gl.literals:
+                return self.gl.literals[a]
+            return self.load(a, consumer)
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.map_arg(x, consumer) for x in a)
+        return a
+
+    def emit(self) -> None:
+        g, b = self.g, self.b
+        kernel_index = len(self.gl.kernels)
+        for node in g.members:
+            rule = lookup(node.target)
+            assert rule is not None
+            b.node = node
+            if node in self.gl.part.absorbed or rule.kind == "alias":
+                self.values[node] = self.values[node.args[0]] if self.gl.part.group_of.get(node.args[0]) is g \
+                    else self.load(node.args[0], node)
+                continue
+            if rule.kind == "matmul":
+                self.values[node] = self._matmul(node)
+                continue
+            args = [self.map_arg(a, node) for a in node.args]
+            kwargs = {k: self.map_arg(v, node) for k, v in node.kwargs.items()}
+            val = rule.fn(self, node, *args, **kwargs)
+            if not isinstance(val, TileVal):
+                val = b.fill(float(val), self.member_role(node))
+            self.values[node] = val
+        # Stores: values used outside the group (or as graph outputs).
+        results: list[int] = []
+        for node in g.members:
+            if all(self.gl.part.group_of.get(u) is g for u in node.users):
+                continue  # consumed only inside the kernel (graph outputs are users outside any group)
+            buf, view = self.gl.new_output(node, kernel_index, len(results))
+            results.append(buf)
+            role = self.member_role(node)
+            cmap = shape_map(view.shape, role, g)
+            assert cmap is not None
+            strides = sp.to_space(view.strides, view.shape, cmap, g.space)
+            self.accesses.append(strides)
+            val = self.values[node]
+            b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
+                                               "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
+        self._finish(kernel_index, results)
+
+    def _matmul(self, node: fx.Node) -> TileVal:
+        a_node, b_node = node.args[0], node.args[1]
+        av, bv = self.gl.view_of(a_node), self.gl.view_of(b_node)
+        out_shape = node_shape(node)
+        cmap = sp.coarsen_map(out_shape, self.g.space)
+        assert cmap is not None
+        # out[..., m, n] = sum_k a[..., m, k] * b[..., k, n]
+        a_over_out = list(sp.broadcast_strides(av.shape[:-1], av.strides[:-1], out_shape[:-1])) + [0]
+        b_batch = sp.broadcast_strides(bv.shape[:-2], bv.strides[:-2], out_shape[:-2]) if len(out_shape) > 2 else []
+        b_over_out = list(b_batch) + [0, bv.strides[-1]]
+        a_sp = sp.to_space(a_over_out, out_shape, cmap, self.g.space)
+        b_sp = sp.to_space(b_over_out, out_shape, cmap, self.g.space)
+        for v in (av, bv):
+            if v.buffer not in self.args:
+                self.args.append(v.buffer)
+        self.accesses += [a_sp, b_sp]
+        k = av.shape[-1]
+        attrs = {"a": (self.args.index(av.buffer), av.offset, a_sp), "ak": av.strides[-1],
+                 "b": (self.args.index(bv.buffer), bv.offset, b_sp), "bk": bv.strides[-2], "k": k,
+                 "a_dtype": storage_dtype(av.torch_dtype), "b_dtype": storage_dtype(bv.torch_dtype)}
+        return self.b.emit("matmul", "full", (), attrs, phase=0)
+
+    def _roles(self) -> tuple[list[str], str, str]:
+        g = self.g
+        if g.kind == "reduction":
+            return ["red" if d in g.red else "keep" for d in range(len(g.space))], "keep", "red"
+        if g.kind == "matmul":
+            out_shape = node_shape(g.members[0])
+            cmap = sp.coarsen_map(out_shape, g.space)
+            assert cmap is not None
+            roles = ["batch"] * len(g.space)
+            for d in cmap[-1]:
+                roles[d] = "n"
+            if len(out_shape) >= 2:
+                for d in cmap[-2]:
+                    roles[d] = "m"
+            return roles, "m", "n"
+        return ["keep"] * len(g.space), "keep", "keep"
+
+    def _finish(self, kernel_index: int, results: list[int]) -> None:
+        g = self.g
+        roles, part_role, free_role = self._roles()
+        space = g.space if g.space else (1,)
+        if not g.space:
+            roles = ["keep"]
+            self.accesses = [tuple(s) or (0,) for s in self.accesses]
+        iota_sets = [op.attr("coeffs")[1] for op in self.b.ops if op.opcode == "iota"]
+        canon = sp.canonicalize(space, roles, [*self.accesses, *iota_sets], part_role=part_role,
+                                free_role=free_role, split_limit=config.free_tile)
+
+        def remap(access: tuple[int, int, tuple[int, ...]]) -> tuple[int, int, tuple[int, ...]]:
+            arg, off, strides = access
+            strides = tuple(strides) if strides else (0,) * len(space)
+            return arg, off, sp.canonical_strides(canon, strides)
+
+        ops = []
+        for op in self.b.ops:
+            attrs = dict(op.attrs)
+            for key in ("access", "a", "b"):
+                if key in attrs:
+                    attrs[key] = remap(attrs[key])
+            if op.opcode == "iota":
+                base, coeffs = attrs["coeffs"]
+                attrs["coeffs"] = (base, sp.canonical_strides(canon, coeffs or (0,) * len(space)))
+            if op.opcode == "matmul":
+                attrs["ak"], attrs["bk"] = attrs["ak"], attrs["bk"]
+            ops.append(TileOp(op.out, op.opcode, op.kind, op.dtype, op.args, tuple(sorted(attrs.items())), op.phase))
+        n_phases = max((op.phase for op in ops), default=0) + 1
+        free_tile = 512 if g.kind == "matmul" else config.free_tile
+        source = tuple(qualified_name(n.target) for n in g.members)
+        name = f"k{kernel_index}_{_short(g)}"
+        kernel = LoopKernel(
+            name, g.kind, canon.space, canon.n_outer, canon.reduce_dims, free_tile, 128,
+            tuple(ArgSpec(self.gl.buffers[b].numel, self.gl.buffers[b].dtype) for b in self.args),
+            tuple(ArgSpec(self.gl.buffers[b].numel, self.gl.buffers[b].dtype) for b in results),
+            tuple(ops), n_phases, source)
+        self.gl.kernels.append(kernel)
+        self.gl.calls.append(KernelCall(kernel_index, tuple(self.args), tuple(results)))
+
+
+def _short(g: Group) -> str:
+    names = []
+    for n in g.members:
+        rule = lookup(n.target)
+        if rule is None or rule.kind in ("view", "alias"):
+            continue
+        base = str(n.target).split(".")[1] if "." in str(n.target) else str(n.target)
+        base = base.strip("_")
+        if base not in names:
+            names.append(base)
+    return "_".join(names[:3]) or g.kind
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Non-overlapping and dense (a permutation of a contiguous layout)."""
+    pairs = sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz != 1)
+    expected = 1
+    for st, sz in pairs:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _storage_extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    if not shape:
+        return 1
+    if any(s == 0 for s in shape):
+        return 1
+    return 1 + sum((sz - 1) * st for sz, st in zip(shape, strides, strict=True))

@@ -1,0 +1,218 @@
+"""Kernel IR: what the lowering produces and the templates render.
+
+The IR is small, frozen and printable: every class has a canonical ``to_json()`` and a readable
+``__str__`` (one op per line), so debug dumps, golden files and the cache key all come from the
+same form.
+
+A :class:`LoopKernel` is a tiled loop nest over a canonical iteration *space*
+``(outer..., part, free)`` (or ``(outer..., part, red_outer..., free)`` when it reduces): outer dims
+are unrolled Python loops, ``part`` is tiled by 128 onto SBUF partitions and ``free`` is tiled along
+the free axis. Its ``ops`` form an SSA tile program in which every value is either *full* (a
+``[P, F]`` tile) or *row* (a ``[P, 1]`` tile constant along the free/reduced dims). A matmul kernel is
+a loop kernel whose first op is a ``matmul`` (an inner K loop accumulating in PSUM) followed by an
+elementwise epilogue. Kernel arguments are flat 1-D HBM buffers addressed through
+:class:`Access` patterns, so views (transposes, broadcasts, slices) cost nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Values attached to ops are JSON scalars, tuples of them, or value names.
+Attr = tuple[str, Any]
+
+
+@dataclass(frozen=True)
+class Access:
+    """Affine addressing of a flat HBM argument: ``arg[offset + sum(strides[d] * idx[d])]`` over the space."""
+
+    arg: int
+    offset: int
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TileOp:
+    """One SSA op of a tile program. ``kind`` is 'full' or 'row'; ``args`` are value names or literals."""
+
+    out: str
+    opcode: str
+    kind: str
+    dtype: str
+    args: tuple[Any, ...] = ()
+    attrs: tuple[Attr, ...] = ()
+    phase: int = 0
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return default
+
+    def __str__(self) -> str:
+        args = ", ".join(str(a) for a in self.args)
+        attrs = "".join(f", {k}={v!r}" for k, v in self.attrs)
+        return f"  [{self.phase}] {self.out}: {self.kind}<{self.dtype}> = {self.opcode}({args}{attrs})"
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """A flat HBM kernel argument or result: element count and NKI dtype name."""
+
+    numel: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LoopKernel:
+    name: str
+    family: str  # 'pointwise' | 'reduction' | 'matmul'
+    space: tuple[int, ...]
+    n_outer: int  # leading dims unrolled as Python loops
+    reduce_dims: tuple[int, ...]  # space dims reduced (empty for pointwise/matmul); the last one is 'free'
+    free_tile: int
+    part_tile: int
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    ops: tuple[TileOp, ...]
+    n_phases: int = 1
+    source_ops: tuple[str, ...] = ()  # the ATen ops this kernel implements (for reports)
+    # matmul only: contraction size and operand accesses (over space + a trailing K dim)
+    matmul: tuple[Attr, ...] = ()
+
+    @property
+    def part_dim(self) -> int:
+        return self.n_outer
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        head = (f"kernel {self.name} [{self.family}] space={self.space} outer={self.n_outer} "
+                f"reduce={self.reduce_dims} tile=({self.part_tile},{self.free_tile}) phases={self.n_phases}")
+        ins = "\n".join(f"  in{i}: {a.dtype}[{a.numel}]" for i, a in enumerate(self.inputs))
+        outs = "\n".join(f"  out{i}: {a.dtype}[{a.numel}]" for i, a in enumerate(self.outputs))
+        return "\n".join([head, ins, outs, *map(str, self.ops)])
+
+
+@dataclass(frozen=True)
+class CopyKernel:
+    """HBM->HBM DMA copies: each (src arg, src access, dst output, dst access) over its own space."""
+
+    name: str
+    family: str  # 'copy'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    copies: tuple[tuple[int, Access, int, Access, tuple[int, ...]], ...]  # (src_arg, src, dst_out, dst, space)
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        lines = [f"kernel {self.name} [copy]"]
+        lines += [f"  out{d}{da.strides}@{da.offset} <- in{s}{sa.strides}@{sa.offset} over {sp}"
+                  for s, sa, d, da, sp in self.copies]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class GatherKernel:
+    """Row gather ``out[i, :] = table[idx[i], :]`` (embedding, index_select on dim 0)."""
+
+    name: str
+    family: str  # 'gather'
+    inputs: tuple[ArgSpec, ...]  # (table, indices)
+    outputs: tuple[ArgSpec, ...]
+    rows: int
+    row_size: int
+    num_rows_table: int
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return f"kernel {self.name} [gather] rows={self.rows} row_size={self.row_size} table_rows={self.num_rows_table}"
+
+
+Kernel = LoopKernel | CopyKernel | GatherKernel
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """A runtime buffer: a graph input, a kernel output, or a constant baked into the plan."""
+
+    kind: str  # 'input' | 'kernel' | 'const'
+    index: int  # input index / kernel index / constant index
+    slot: int = 0  # which output of the kernel
+    numel: int = 0
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How the runner builds one graph output: a strided view of a buffer, or a Python value."""
+
+    buffer: int | None  # index into Plan.buffers, None for a literal
+    shape: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    offset: int = 0
+    torch_dtype: str = "float32"
+    literal: Any = None
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    kernel: int  # index into Plan.kernels
+    args: tuple[int, ...]  # buffer indices
+    results: tuple[int, ...]  # buffer indices it defines
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the runner expects for graph input ``i`` and how to pass it (as a flat buffer)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    torch_dtype: str
+    nki_dtype: str
+    is_tensor: bool = True
+    used: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the runner needs: kernels, buffers, the call order and how to build outputs."""
+
+    kernels: tuple[Kernel, ...]
+    buffers: tuple[BufferRef, ...]
+    calls: tuple[KernelCall, ...]
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+    constants: tuple[tuple[str, tuple[int, ...], list[Any]], ...] = ()  # (dtype, shape, values)
+    summary: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["kernels"] = [dict(k.to_json(), _type=type(k).__name__) for k in self.kernels]
+        return data
+
+    def __str__(self) -> str:
+        return "\n".join(str(k) for k in self.kernels)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return repr(obj)
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,310 @@
+"""Elementwise lowerings: arithmetic, transcendental, comparison, logical, select and cast ops.
+
+Each rule computes in fp32 tiles (NeuronCore Vector/Scalar engines compute in fp32 and round on
+write); broadcasting and type promotion are already explicit in the ATen graph's shapes/dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from neuron_compile.lowering.builder import TileVal
+from neuron_compile.lowering.registry import register_lowering
+from torch import fx
+
+aten = torch.ops.aten
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _dtype(node: fx.Node) -> torch.dtype | None:
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _float_only(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    if d is not None and d not in FLOATS:
+        return f"{node.target} on {d} is not supported (floating point only)"
+    return None
+
+
+def _no_int_div(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    if d is not None and d not in FLOATS:
+        return f"integer {node.target} is not supported (NeuronCore ALUs compute in fp32; use float tensors)"
+    return None
+
+
+def _low_precision(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(d)  # type: ignore[arg-type]
+
+
+def _finish(ctx, node: fx.Node, val):
+    """Round through the node's dtype when it is bf16/fp16, as eager does after every op."""
+    low = _low_precision(node)
+    if low and isinstance(val, TileVal):
+        return ctx.b.round_to(val, low)
+    return val
+
+
+def _binary(op: str):
+    def rule(ctx, node, a, b, *, alpha=1, **_):
+        if alpha != 1:
+            b = ctx.b.binary("multiply", b, float(alpha))
+        return _finish(ctx, node, ctx.b.binary(op, a, b))
+
+    rule.__doc__ = f"aten {op}: elementwise with broadcasting; scalars fold into tensor_scalar immediates."
+    return rule
+
+
+register_lowering(aten.add.Tensor, aten.add.Scalar, family="elementwise")(_binary("add"))
+register_lowering(aten.sub.Tensor, aten.sub.Scalar, family="elementwise")(_binary("subtract"))
+register_lowering(aten.mul.Tensor, aten.mul.Scalar, family="elementwise")(_binary("multiply"))
+register_lowering(aten.maximum.default, family="elementwise")(_binary("maximum"))
+register_lowering(aten.minimum.default, family="elementwise")(_binary("minimum"))
+
+
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor, family="elementwise")
+def lower_rsub(ctx, node, a, b, *, alpha=1):
+    """aten.rsub: ``b - alpha * a``."""
+    if alpha != 1:
+        a = ctx.b.binary("multiply", a, float(alpha))
+    return _finish(ctx, node, ctx.b.binary("subtract", b, a))
+
+
+@register_lowering(aten.div.Tensor, aten.div.Scalar, family="elementwise", check=_no_int_div)
+def lower_div(ctx, node, a, b):
+    """aten.div (true division): multiply by the VectorE reciprocal (no divide instruction on NeuronCores)."""
+    return _finish(ctx, node, ctx.b.divide(a, b))
+
+
+_COMPARE = {
+    aten.eq.Tensor: "equal", aten.eq.Scalar: "equal", aten.ne.Tensor: "not_equal", aten.ne.Scalar: "not_equal",
+    aten.lt.Tensor: "less", aten.lt.Scalar: "less", aten.le.Tensor: "less_equal", aten.le.Scalar: "less_equal",
+    aten.gt.Tensor: "greater", aten.gt.Scalar: "greater", aten.ge.Tensor: "greater_equal",
+    aten.ge.Scalar: "greater_equal",
+}
+
+
+@register_lowering(*_COMPARE, family="elementwise")
+def lower_compare(ctx, node, a, b):
+    """aten comparisons: 1.0/0.0 tiles (stored as bool)."""
+    return ctx.b.binary(_COMPARE[node.target], a, b)
+
+
+def _truth(ctx, x):
+    return ctx.b.binary("not_equal", x, 0.0) if isinstance(x, TileVal) else float(bool(x))
+
+
+@register_lowering(aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default, family="elementwise")
+def lower_logical(ctx, node, a, b):
+    """aten.logical_and/or/xor: on 0/1 truth values."""
+    op = {aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
+          aten.logical_xor.default: "logical_xor"}[node.target]
+    return ctx.b.binary(op, _truth(ctx, a), _truth(ctx, b))
+
+
+@register_lowering(aten.logical_not.default, family="elementwise")
+def lower_logical_not(ctx, node, a):
+    """aten.logical_not: ``a == 0``."""
+    return ctx.b.binary("equal", a, 0.0)
+
+
+@register_lowering(aten.bitwise_not.default, family="elementwise",
+                   check=lambda n: None if _dtype(n) == torch.bool else "bitwise_not on integers is not supported")
+def lower_bitwise_not(ctx, node, a):
+    """aten.bitwise_not on bool: logical not."""
+    return ctx.b.binary("equal", a, 0.0)
+
+
+@register_lowering(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor, family="elementwise",
+                   check=lambda n: None if _dtype(n) == torch.bool else "bitwise ops on integers are not supported")
+def lower_bitwise_bool(ctx, node, a, b):
+    """aten.bitwise_and/or/xor on bool tensors: logical ops."""
+    op = {aten.bitwise_and.Tensor: "logical_and", aten.bitwise_or.Tensor: "logical_or",
+          aten.bitwise_xor.Tensor: "logical_xor"}[node.target]
+    return ctx.b.binary(op, a, b)
+
+
+def _act(func: str, scale: float = 1.0):
+    def rule(ctx, node, x, *_, **__):
+        return _finish(ctx, node, ctx.b.activation(func, x, scale=scale))
+
+    rule.__doc__ = f"aten -> ScalarE activation {func}."
+    return rule
+
+
+for _op, _func in [(aten.exp.default, "exp"), (aten.sigmoid.default, "sigmoid"), (aten.tanh.default, "tanh"),
+                   (aten.erf.default, "erf"), (aten.relu.default, "relu"), (aten.silu.default, "silu"),
+                   (aten.sign.default, "sign")]:
+    register_lowering(_op, family="elementwise", check=_float_only)(_act(_func))
+
+
+@register_lowering(aten.neg.default, family="elementwise")
+def lower_neg(ctx, node, x):
+    """aten.neg: ``x * -1`` on VectorE."""
+    return ctx.b.binary("multiply", x, -1.0)
+
+
+@register_lowering(aten.abs.default, family="elementwise")
+def lower_abs(ctx, node, x):
+    """aten.abs: |x| as max(x, -x) (exact)."""
+    return ctx.b.binary("maximum", x, ctx.b.binary("multiply", x, -1.0))
+
+
+@register_lowering(aten.log.default, family="elementwise", check=_float_only)
+def lower_log(ctx, node, x):
+    """aten.log: ScalarE log (valid on [2^-64, 2^64]; log(0) = -inf handled by a select)."""
+    val = ctx.b.activation("log", x)
+    zero = ctx.b.binary("equal", x, 0.0)
+    return _finish(ctx, node, ctx.b.select(zero, -math.inf, val))
+
+
+@register_lowering(aten.sqrt.default, family="elementwise", check=_float_only)
+def lower_sqrt(ctx, node, x):
+    """aten.sqrt: ScalarE sqrt."""
+    return _finish(ctx, node, ctx.b.activation("sqrt", x))
+
+
+@register_lowering(aten.rsqrt.default, family="elementwise", check=_float_only)
+def lower_rsqrt(ctx, node, x):
+    """aten.rsqrt: VectorE reciprocal of ScalarE sqrt (the fused rsqrt activation is too coarse near 0)."""
+    return _finish(ctx, node, ctx.b.reciprocal(ctx.b.activation("sqrt", x)))
+
+
+@register_lowering(aten.reciprocal.default, family="elementwise", check=_float_only)
+def lower_reciprocal(ctx, node, x):
+    """aten.reciprocal: VectorE reciprocal (full fp32 precision)."""
+    return _finish(ctx, node, ctx.b.reciprocal(x))
+
+
+@register_lowering(aten.pow.Tensor_Scalar, family="elementwise", check=_float_only)
+def lower_pow_scalar(ctx, node, x, exponent):
+    """aten.pow(tensor, scalar): squares/cubes/roots as exact products, otherwise exp(e * log x)."""
+    e = float(exponent)
+    b = ctx.b
+    if e == 0.0:
+        return b.fill(1.0, x.kind)
+    if e == 1.0:
+        return x
+    if e == 2.0:
+        return _finish(ctx, node, b.binary("multiply", x, x))
+    if e == 3.0:
+        return _finish(ctx, node, b.binary("multiply", b.binary("multiply", x, x), x))
+    if e == 0.5:
+        return _finish(ctx, node, b.activation("sqrt", x))
+    if e == -0.5:
+        return _finish(ctx, node, b.reciprocal(b.activation("sqrt", x)))
+    if e == -1.0:
+        return _finish(ctx, node, b.reciprocal(x))
+    return _finish(ctx, node, b.binary("power", x, e))
+
+
+@register_lowering(aten.pow.Tensor_Tensor, family="elementwise", check=_float_only)
+def lower_pow_tensor(ctx, node, x, e):
+    """aten.pow(tensor, tensor): ALU power."""
+    return _finish(ctx, node, ctx.b.binary("power", x, e))
+
+
+@register_lowering(aten.pow.Scalar, family="elementwise", check=_float_only)
+def lower_pow_base(ctx, node, base, e):
+    """aten.pow(scalar, tensor): exp(e * ln(base))."""
+    return _finish(ctx, node, ctx.b.activation("exp", e, scale=math.log(float(base))))
+
+
+@register_lowering(aten.sin.default, aten.cos.default, family="elementwise", check=_float_only)
+def lower_sin_cos(ctx, node, x):
+    """aten.sin/cos: range-reduce to [-pi, pi] (ScalarE sin is only valid there), then ScalarE sin."""
+    b = ctx.b
+    if node.target == aten.cos.default:
+        x = b.binary("add", x, math.pi / 2)
+    # r = x - 2*pi*round(x / 2pi), computed as x - 2pi*floor(x/2pi + 1/2) via an fp32 magic-number round.
+    q = b.binary("multiply", x, 1.0 / (2 * math.pi))
+    magic = 12582912.0  # 1.5 * 2**23: adding and subtracting rounds an fp32 to the nearest integer
+    rounded = b.binary("subtract", b.binary("add", q, magic), magic)
+    r = b.binary("subtract", x, b.binary("multiply", rounded, 2 * math.pi))
+    r = b.binary("minimum", b.binary("maximum", r, -math.pi), math.pi)
+    return _finish(ctx, node, b.activation("sin", r))
+
+
+@register_lowering(aten.gelu.default, family="elementwise", check=_float_only)
+def lower_gelu(ctx, node, x, approximate="none"):
+    """aten.gelu: ScalarE gelu (erf form) or gelu_apprx_tanh (approximate='tanh')."""
+    func = "gelu_apprx_tanh" if approximate == "tanh" else "gelu"
+    return _finish(ctx, node, ctx.b.activation(func, x))
+
+
+@register_lowering(aten.softplus.default, family="elementwise", check=_float_only)
+def lower_softplus(ctx, node, x, beta=1, threshold=20):
+    """aten.softplus: log(1 + exp(beta x)) / beta, linear above ``threshold`` as torch."""
+    b = ctx.b
+    bx = b.binary("multiply", x, float(beta))
+    soft = b.binary("multiply", b.activation("softplus", bx), 1.0 / float(beta))
+    return _finish(ctx, node, b.select(b.binary("greater", bx, float(threshold)), x, soft))
+
+
+@register_lowering(aten.clamp.default, family="elementwise")
+def lower_clamp(ctx, node, x, min=None, max=None):
+    """aten.clamp with scalar bounds: max then min in one tensor_scalar."""
+    out = x
+    if min is not None:
+        out = ctx.b.binary("maximum", out, float(min))
+    if max is not None:
+        out = ctx.b.binary("minimum", out, float(max))
+    return out
+
+
+@register_lowering(aten.clamp.Tensor, family="elementwise")
+def lower_clamp_tensor(ctx, node, x, min=None, max=None):
+    """aten.clamp with tensor bounds."""
+    out = x
+    if min is not None:
+        out = ctx.b.binary("maximum", out, min)
+    if max is not None:
+        out = ctx.b.binary("minimum", out, max)
+    return out
+
+
+@register_lowering(aten.where.self, family="elementwise")
+def lower_where(ctx, node, cond, a, b):
+    """aten.where: predicated copy (exact for inf/nan operands)."""
+    if not isinstance(cond, TileVal):
+        return a if cond else b
+    if not isinstance(a, TileVal) and not isinstance(b, TileVal):
+        b = ctx.b.fill(float(b), cond.kind)
+    return ctx.b.select(cond, a, b)
+
+
+@register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, family="elementwise")
+def lower_masked_fill(ctx, node, x, mask, value):
+    """aten.masked_fill: where(mask, value, x)."""
+    return ctx.b.select(mask, value, x)
+
+
+def _cast_check(node: fx.Node) -> str | None:
+    src = node.args[0]
+    src_dtype = _dtype(src) if isinstance(src, fx.Node) else None
+    dst = _dtype(node)
+    if src_dtype in FLOATS and dst not in FLOATS and dst != torch.bool:
+        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch truncates toward zero, NeuronCore casts "
+                f"round to nearest; round explicitly (torch.trunc is not supported either) or keep floats")
+    return None
+
+
+@register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise",
+                   check=_cast_check)
+def lower_to_copy(ctx, node, x, *args, **kwargs):
+    """aten._to_copy (dtype casts): fp32 compute tiles; the store rounds (RNE) to the new dtype."""
+    if _dtype(node) == torch.bool:
+        return ctx.b.binary("not_equal", x, 0.0)
+    return _finish(ctx, node, x)
+
+
+@register_lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+                   family="elementwise")
+def lower_clone(ctx, node, x, *args, **kwargs):
+    """aten.clone/alias/detach: the value itself (materialized only if used outside the kernel)."""
+    return x

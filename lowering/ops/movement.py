@@ -1,0 +1,145 @@
+"""Movement lowerings: views (free: only strides change) and copies (cat, materialized reshapes).
+
+View rules take the input :class:`View` and return the output view, or None when the result cannot
+be a view of the same buffer (a reshape of a non-contiguous tensor); the graph lowering then copies
+the input to a contiguous buffer first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from neuron_compile.lowering import partition
+from neuron_compile.lowering.partition import node_shape
+from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.views import View, reshape_strides
+from torch import fx
+
+aten = torch.ops.aten
+
+
+def _replace(v: View, shape, strides, offset=None) -> View:
+    return View(v.buffer, tuple(int(s) for s in shape), tuple(int(s) for s in strides),
+                v.offset if offset is None else int(offset), v.torch_dtype)
+
+
+@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, family="movement", kind="view")
+def lower_view(node: fx.Node, v: View) -> View | None:
+    """aten.view/reshape: a view when strides allow (torch's rules), else None (copy first)."""
+    shape = node_shape(node)
+    strides = reshape_strides(v.shape, v.strides, shape)
+    return None if strides is None else _replace(v, shape, strides)
+
+
+@register_lowering(aten.unsqueeze.default, family="movement", kind="view")
+def lower_unsqueeze(node: fx.Node, v: View) -> View:
+    """aten.unsqueeze: insert a size-1 dim."""
+    dim = node.args[1] % (len(v.shape) + 1)
+    stride = v.strides[dim] * v.shape[dim] if dim < len(v.shape) else 1
+    return _replace(v, v.shape[:dim] + (1,) + v.shape[dim:], v.strides[:dim] + (stride,) + v.strides[dim:])
+
+
+@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, family="movement", kind="view")
+def lower_squeeze(node: fx.Node, v: View) -> View:
+    """aten.squeeze: drop size-1 dims."""
+    shape = node_shape(node)
+    keep = [(s, st) for s, st in zip(v.shape, v.strides, strict=True)]
+    if len(node.args) > 1:
+        dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
+        drop = {d % len(v.shape) for d in dims if v.shape[d % len(v.shape)] == 1} if v.shape else set()
+    else:
+        drop = {i for i, s in enumerate(v.shape) if s == 1}
+    keep = [p for i, p in enumerate(keep) if i not in drop]
+    assert tuple(s for s, _ in keep) == shape
+    return _replace(v, [s for s, _ in keep], [st for _, st in keep])
+
+
+@register_lowering(aten.permute.default, family="movement", kind="view")
+def lower_permute(node: fx.Node, v: View) -> View:
+    """aten.permute: reorder strides."""
+    dims = [d % len(v.shape) for d in node.args[1]]
+    return _replace(v, [v.shape[d] for d in dims], [v.strides[d] for d in dims])
+
+
+@register_lowering(aten.t.default, family="movement", kind="view")
+def lower_t(node: fx.Node, v: View) -> View:
+    """aten.t: 2-D transpose (a view)."""
+    return _replace(v, v.shape[::-1], v.strides[::-1])
+
+
+@register_lowering(aten.transpose.int, family="movement", kind="view")
+def lower_transpose(node: fx.Node, v: View) -> View:
+    """aten.transpose: swap two dims (a view)."""
+    n = len(v.shape)
+    a, b = node.args[1] % n, node.args[2] % n
+    shape, strides = list(v.shape), list(v.strides)
+    shape[a], shape[b] = shape[b], shape[a]
+    strides[a], strides[b] = strides[b], strides[a]
+    return _replace(v, shape, strides)
+
+
+@register_lowering(aten.expand.default, family="movement", kind="view")
+def lower_expand(node: fx.Node, v: View) -> View:
+    """aten.expand: stride-0 broadcast."""
+    shape = node_shape(node)
+    off = len(shape) - len(v.shape)
+    strides = [0] * off + [st if s == t else 0 for s, st, t in zip(v.shape, v.strides, shape[off:], strict=True)]
+    return _replace(v, shape, strides)
+
+
+@register_lowering(aten.slice.Tensor, family="movement", kind="view")
+def lower_slice(node: fx.Node, v: View) -> View:
+    """aten.slice with a positive step: offset and stride change."""
+    dim = node.args[1] % len(v.shape) if len(node.args) > 1 else 0
+    start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+    step = node.args[4] if len(node.args) > 4 else 1
+    size = v.shape[dim]
+    start = min(max(start + size if start < 0 else start, 0), size)
+    shape = node_shape(node)
+    strides = list(v.strides)
+    strides[dim] *= step
+    return _replace(v, shape, strides, v.offset + start * v.strides[dim])
+
+
+@register_lowering(aten.select.int, family="movement", kind="view")
+def lower_select(node: fx.Node, v: View) -> View:
+    """aten.select: drop a dim at a fixed index."""
+    dim = node.args[1] % len(v.shape)
+    index = node.args[2] % v.shape[dim]
+    return _replace(v, v.shape[:dim] + v.shape[dim + 1:], v.strides[:dim] + v.strides[dim + 1:],
+                    v.offset + index * v.strides[dim])
+
+
+@register_lowering(aten.as_strided.default, family="movement", kind="view")
+def lower_as_strided(node: fx.Node, v: View) -> View:
+    """aten.as_strided: a new view of the same buffer (offset relative to the storage)."""
+    shape, strides = node.args[1], node.args[2]
+    offset = node.args[3] if len(node.args) > 3 and node.args[3] is not None else v.offset
+    return _replace(v, shape, strides, offset)
+
+
+partition._LAYOUT_VIEWS.update({aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                                aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims})
+
+
+def _cat_check(node: fx.Node) -> str | None:
+    return None
+
+
+@register_lowering(aten.cat.default, family="movement", kind="copy", check=_cat_check)
+def lower_cat(gl, node: fx.Node) -> None:
+    """aten.cat: one DMA per input into its slice of the output (HBM to HBM)."""
+    tensors = [t for t in node.args[0] if math.prod(node_shape(t)) > 0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    dim %= max(len(out.shape), 1)
+    pairs = []
+    start = 0
+    for t in tensors:
+        src = gl.view_of(t)
+        dst = View(out.buffer, src.shape, out.strides, out.offset + start * out.strides[dim], out.torch_dtype)
+        pairs.append((src, dst))
+        start += src.shape[dim]
+    gl.emit_copy(f"k{kernel_index}_cat", pairs, [buf], ("aten.cat.default",))

@@ -1,0 +1,116 @@
+"""Reduction lowerings: sum, mean, amax/amin, prod, any/all, argmax/argmin, var.
+
+A reduction reduces the kernel's ``red`` dims of a full tile into a row (``[P, 1]``) with
+``tensor_reduce`` per free-dim chunk, accumulated in fp32 across chunks. Elementwise producers fuse
+in front (prologue) and consumers of the row fuse behind it (softmax, norms).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from neuron_compile.lowering.partition import node_shape, reduce_dims_of
+from neuron_compile.lowering.registry import register_lowering
+from torch import fx
+
+aten = torch.ops.aten
+
+
+def _count(node: fx.Node) -> int:
+    shape = node_shape(node.args[0])
+    dims = reduce_dims_of(node) or ()
+    return math.prod(shape[d] for d in dims) if shape else 1
+
+
+def _float_out(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype in (torch.int64, torch.int32) and node.target in (
+            aten.sum.dim_IntList, aten.sum.default):
+        return None
+    return None
+
+
+@register_lowering(aten.sum.dim_IntList, aten.sum.default, family="reduction", kind="reduction", check=_float_out)
+def lower_sum(ctx, node, x, *args, **kwargs):
+    """aten.sum over any dims (keepdim or not): fp32 accumulation."""
+    return ctx.b.reduce("add", x)
+
+
+@register_lowering(aten.mean.dim, aten.mean.default, family="reduction", kind="reduction")
+def lower_mean(ctx, node, x, *args, **kwargs):
+    """aten.mean: sum times 1/count."""
+    return ctx.b.binary("multiply", ctx.b.reduce("add", x), 1.0 / _count(node))
+
+
+@register_lowering(aten.amax.default, family="reduction", kind="reduction")
+def lower_amax(ctx, node, x, *args, **kwargs):
+    """aten.amax over dims."""
+    return ctx.b.reduce("maximum", x)
+
+
+@register_lowering(aten.amin.default, family="reduction", kind="reduction")
+def lower_amin(ctx, node, x, *args, **kwargs):
+    """aten.amin over dims."""
+    return ctx.b.reduce("minimum", x)
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default, family="reduction", kind="reduction")
+def lower_prod(ctx, node, x, *args, **kwargs):
+    """aten.prod over one dim (or all)."""
+    return ctx.b.reduce("multiply", x)
+
+
+@register_lowering(aten.any.dim, aten.any.dims, aten.any.default, family="reduction", kind="reduction")
+def lower_any(ctx, node, x, *args, **kwargs):
+    """aten.any: max of (x != 0)."""
+    return ctx.b.reduce("maximum", ctx.b.binary("not_equal", x, 0.0))
+
+
+@register_lowering(aten.all.dim, aten.all.dims, aten.all.default, family="reduction", kind="reduction")
+def lower_all(ctx, node, x, *args, **kwargs):
+    """aten.all: min of (x != 0)."""
+    return ctx.b.reduce("minimum", ctx.b.binary("not_equal", x, 0.0))
+
+
+@register_lowering(aten.var.correction, family="reduction", kind="reduction")
+def lower_var(ctx, node, x, dims=None, *, correction=1, keepdim=False):
+    """aten.var: two passes over SBUF-resident rows (mean, then mean of squared deviations)."""
+    n = _count(node)
+    b = ctx.b
+    mean = b.binary("multiply", b.reduce("add", x), 1.0 / n)
+    dev = b.binary("subtract", x, mean)
+    ss = b.reduce("add", b.binary("multiply", dev, dev))
+    corr = 1.0 if correction is None else float(correction)
+    return b.binary("multiply", ss, 1.0 / max(n - corr, 0) if n - corr > 0 else math.inf)
+
+
+def _arg_check(node: fx.Node) -> str | None:
+    if len(node.args) < 2 or node.args[1] is None:
+        shape = node_shape(node.args[0])
+        if len(shape) > 1:
+            return "argmax/argmin over a flattened multi-dim tensor is not supported (pass dim=)"
+    return None
+
+
+def _arg_reduce(ctx, node, x, op: str):
+    """First index of the max/min along the free dim: min over (x == best ? index : big)."""
+    b = ctx.b
+    best = b.reduce(op, x)
+    hit = b.binary("equal", x, best)
+    idx = ctx.iota_along_reduced(node)
+    big = float(2**24)
+    cand = b.select(hit, idx, big)
+    return b.reduce("minimum", cand)
+
+
+@register_lowering(aten.argmax.default, family="reduction", kind="reduction", check=_arg_check)
+def lower_argmax(ctx, node, x, dim=None, keepdim=False):
+    """aten.argmax along one dim: the first index of the maximum (as torch)."""
+    return _arg_reduce(ctx, node, x, "maximum")
+
+
+@register_lowering(aten.argmin.default, family="reduction", kind="reduction", check=_arg_check)
+def lower_argmin(ctx, node, x, dim=None, keepdim=False):
+    """aten.argmin along one dim: the first index of the minimum (as torch)."""
+    return _arg_reduce(ctx, node, x, "minimum")

@@ -1,0 +1,107 @@
+"""The registry of lowering rules: one source of truth for "supported" and "lowered".
+
+Rules are registered with :func:`register_lowering`, keyed on exact ATen ``OpOverload``s. The
+partitioner asks :func:`unsupported_reason` whether a node can be lowered, and the lowering calls
+the same rule, so the two can never disagree. Registering an overload twice raises.
+
+Rule kinds:
+
+- ``pointwise``: ``fn(ctx, node, args) -> TileVal``, called inside a fused loop kernel.
+- ``reduction``: the same signature; uses ``ctx.reduce`` and may combine several reductions.
+- ``view``: ``fn(node, view) -> View | None``; a pure view costs nothing (None: needs a copy).
+- ``matmul``/``copy``/``gather``: anchors of their own kernel families (see ``lowering.graph``).
+- ``alias``: the node's value is its first argument (detach, alias, clone in a view-free context).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from neuron_compile.errors import LoweringError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant")
+
+
+@dataclass(frozen=True)
+class LoweringRule:
+    op: OpOverload
+    fn: Callable[..., Any]
+    family: str
+    kind: str
+    check: Callable[[torch.fx.Node], str | None] | None
+    doc: str
+
+    @property
+    def name(self) -> str:
+        return qualified_name(self.op)
+
+
+_RULES: dict[OpOverload, LoweringRule] = {}
+
+
+def qualified_name(op: Any) -> str:
+    """``aten.add.Tensor`` for an OpOverload, ``operator.getitem`` etc. otherwise."""
+    if isinstance(op, OpOverload):
+        ns, name = op.name().split("::", 1)
+        base, _, overload = name.partition(".")
+        return f"{ns}.{base}.{overload or 'default'}"
+    return f"{getattr(op, '__module__', '')}.{getattr(op, '__name__', repr(op))}".lstrip(".")
+
+
+def register_lowering(*ops: OpOverload, family: str, kind: str = "pointwise",
+                      check: Callable[[torch.fx.Node], str | None] | None = None
+                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` as the lowering of every overload in ``ops``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown lowering kind {kind!r}; expected one of {KINDS}")
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        for op in ops:
+            if not isinstance(op, OpOverload):
+                raise TypeError(f"register_lowering takes ATen OpOverloads, got {op!r} (pick an overload, e.g. .default)")
+            if op in _RULES:
+                raise LoweringError(f"duplicate lowering for {qualified_name(op)}: already registered by "
+                                    f"{_RULES[op].fn.__module__}.{_RULES[op].fn.__name__}")
+            _RULES[op] = LoweringRule(op, fn, family, kind, check, doc)
+        return fn
+
+    return deco
+
+
+def lookup(target: Any) -> LoweringRule | None:
+    _ensure_loaded()
+    return _RULES.get(target) if isinstance(target, OpOverload) else None
+
+
+def rules() -> dict[OpOverload, LoweringRule]:
+    _ensure_loaded()
+    return dict(_RULES)
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """None when ``node`` lowers; otherwise a short reason (no rule, or the rule's own check)."""
+    rule = lookup(node.target)
+    if rule is None:
+        return "no lowering rule"
+    if rule.check is not None:
+        return rule.check(node)
+    return None
+
+
+_loaded = False
+
+
+def _ensure_loaded() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import neuron_compile.lowering.ops  # noqa: F401  (registers every rule)

@@ -1,0 +1,221 @@
+"""The ``neuron`` Dynamo backend: AOTAutograd -> lowering -> codegen -> runner.
+
+``torch.compile(model, backend="neuron")`` calls :func:`neuron_backend` with each captured FX
+graph. AOTAutograd (with our decomposition table) produces forward/backward ATen graphs; the joint
+graph is checked for unsupported ops before anything runs, so a refusal names forward *and*
+backward ops at the first call. Each ATen graph is compiled by :func:`compile_aten_graph` into a
+:class:`~neuron_compile.runtime.CompiledGraph`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from neuron_compile.config import config
+from neuron_compile.errors import ConfigError, DynamicShapeError, UnsupportedOpError
+from neuron_compile.lowering.registry import qualified_name, unsupported_reason
+
+log = logging.getLogger(__name__)
+
+OPTIONS = {
+    "target": "target",
+    "executor": "executor",
+    "fuse": "fuse",
+    "free_tile": "free_tile",
+    "matmul_tile_n": "matmul_tile_n",
+    "cache": "cache",
+    "debug_dir": "debug_dir",
+}
+_SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                           torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def _validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"torch.compile(backend='neuron', options=...): unknown option(s) {', '.join(unknown)}; "
+                          f"valid options: {', '.join(sorted(OPTIONS))}")
+    return {OPTIONS[k]: v for k, v in options.items()}
+
+
+def source_line(node: fx.Node) -> str:
+    """The user's source line for a node, from Dynamo's stack trace ('file:line: code')."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            loc = lines[i]
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            try:
+                file_part, line_part = loc.split(", line ")[:2]
+                path = file_part[len('File "'):].rstrip('"')
+                lineno = line_part.split(",")[0]
+                return f"{path}:{lineno}: {code}".rstrip(": ")
+            except ValueError:
+                return loc
+    return "<unknown source line>"
+
+
+def _describe_inputs(node: fx.Node) -> str:
+    parts = []
+    for a in node.args:
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            parts.append(f"{str(val.dtype).replace('torch.', '')}{list(val.shape)}")
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node):
+            parts.append("[" + ", ".join(
+                f"{str(x.meta['val'].dtype).replace('torch.', '')}{list(x.meta['val'].shape)}"
+                for x in a if isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)) + "]")
+        elif not isinstance(a, fx.Node):
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
+    """One line per node the backend cannot lower (op, inputs, reason, user source line)."""
+    problems = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                if val.is_sparse or getattr(val, "is_nested", False):
+                    problems.append(f"input {node.name}: sparse/nested tensors are not supported")
+                elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
+                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported (complex and float8 "
+                                    f"inputs cannot be lowered; cast to float32/bfloat16)")
+            continue
+        if node.op != "call_function":
+            continue
+        reason = unsupported_reason(node)
+        if reason is None:
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
+                reason = f"produces dtype {val.dtype}, which NeuronCores do not support"
+        if reason is not None:
+            problems.append(f"{qualified_name(node.target)}({_describe_inputs(node)}): {reason} "
+                            f"at {source_line(node)}")
+    return problems
+
+
+def check_lowerable(gm: fx.GraphModule, what: str) -> None:
+    problems = unsupported_nodes(gm)
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise UnsupportedOpError(
+            f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
+            + "\n  - ".join(unique)
+            + "\nRemove or replace these ops, run that part of the model eagerly (compile a smaller region with "
+              "torch.compile), or see `neuron-compile ops` for what is supported.", unique)
+
+
+def check_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Refuse symbolic shapes with the dims, the source line and the fix."""
+    dims = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and any(
+                not isinstance(s, int) for s in val.shape)):
+            shape = list(val.shape) if isinstance(val, torch.Tensor) else [val]
+            dims.append(f"{node.name} {shape} ({source_line(node)})")
+    if any(isinstance(x, torch.SymInt) for x in example_inputs) or dims:
+        raise DynamicShapeError(
+            "neuron backend compiles static shapes only, but Dynamo passed a graph with symbolic dims: "
+            + "; ".join(dims or ["SymInt inputs"])
+            + ". Fix: call torch.compile(..., dynamic=False) and do not use torch._dynamo.mark_dynamic; to limit "
+              "recompiles, pad or bucket input shapes (see neuron_compile.bucketing).")
+
+
+def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    """Lower, render and load one ATen graph; returns the runner."""
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.lowering.graph import GraphLowering
+    from neuron_compile.runtime import CompiledGraph
+
+    check_lowerable(gm, f"{kind} graph")
+    start = time.perf_counter()
+    plan = GraphLowering(gm, list(example_inputs)).run()
+    sources = [(k.name, render_kernel(k)) for k in plan.kernels]
+    for name, src in sources:
+        log.debug("kernel %s:\n%s", name, src)
+    compiled = CompiledGraph(plan, sources)
+    log.info("neuron: compiled %s graph: %d nodes -> %d kernels in %.1f ms", kind,
+             sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(plan.kernels),
+             (time.perf_counter() - start) * 1000)
+    _STATS.append({"kind": kind, "kernels": len(plan.kernels), "plan": plan, "sources": sources})
+    return compiled
+
+
+_STATS: list[dict[str, Any]] = []  # per compiled graph (read by examples/tests through compiled_graphs())
+
+
+def compiled_graphs() -> list[dict[str, Any]]:
+    return list(_STATS)
+
+
+def reset() -> None:
+    _STATS.clear()
+
+
+def _warn_float64(example_inputs: Sequence[Any]) -> None:
+    if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
+        if config.float64 == "error":
+            raise ConfigError("float64 inputs are not supported by NeuronCores (NEURON_COMPILE_FLOAT64=error)")
+        warnings.warn("neuron backend: float64 tensors run as float32 on NeuronCores (results are float32-accurate)",
+                      stacklevel=3)
+
+
+def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
+                   mode: str | None = None) -> Callable[..., Any]:
+    """The Dynamo backend registered as ``"neuron"``."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from neuron_compile.lowering.decompositions import decomposition_table
+
+    overrides = _validate_options(options)
+    if mode not in (None, "default"):
+        raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
+    check_static(gm, example_inputs)
+    _warn_float64(example_inputs)
+
+    def with_config(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with config.patch(**overrides):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    def fw_compiler(fgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_aten_graph(fgm, inputs, "forward")
+
+    def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_aten_graph(bgm, inputs, "backward")
+
+    def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_aten_graph(igm, inputs, "inference")
+
+    def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        # The joint graph holds forward and backward ops: refuse now, not at the first .backward().
+        check_lowerable(joint, "training graph (forward + backward)")
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    backend = aot_autograd(
+        fw_compiler=with_config(fw_compiler),
+        bw_compiler=with_config(bw_compiler),
+        inference_compiler=with_config(inference_compiler),
+        partition_fn=partition_fn,
+        decompositions=decomposition_table(),
+        keep_inference_input_mutations=False,
+    )
+    with config.patch(**overrides):
+        return backend(gm, example_inputs)

@@ -1,0 +1,198 @@
+"""Run a compiled :class:`~neuron_compile.lowering.ir.Plan`: call its kernels in order on flat HBM buffers.
+
+Executors (``config.executor`` / ``NEURON_COMPILE_EXECUTOR``):
+
+- ``simulator``: the bundled NKI CPU simulator (default when the real ``nki`` is not installed);
+- ``nki-simulate``: the real ``nki.simulate`` (``nki`` installed, no Neuron device);
+- ``nki-jit``: ``nki.jit`` kernels on a Neuron device;
+- ``auto``: the first that applies, in the order nki-jit, nki-simulate, simulator.
+
+Graph inputs are passed as flat views of their storage (no copy for dense tensors); pure views
+between kernels cost nothing; outputs are strided views of the result buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from neuron_compile.config import config
+from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError
+from neuron_compile.lowering.ir import Plan
+
+log = logging.getLogger(__name__)
+
+_NP_DTYPES: dict[str, Any] = {
+    "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "int32": np.int32,
+    "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
+}
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "int64": torch.int64, "bool": torch.bool,
+    "float64": torch.float64,
+}
+
+
+def neuron_device_present() -> bool:
+    return any(Path("/dev").glob("neuron[0-9]*"))
+
+
+@functools.lru_cache(maxsize=1)
+def real_nki() -> Any | None:
+    """The real ``nki`` module when a working one is installed (PyPI's placeholder raises on import)."""
+    if importlib.util.find_spec("nki") is None:
+        return None
+    try:
+        import nki  # type: ignore[import-not-found]
+
+        return nki if hasattr(nki, "simulate") and hasattr(nki, "jit") else None
+    except Exception as exc:  # the PyPI placeholder raises on import
+        log.info("the installed nki package is not usable (%s); using the bundled simulator", exc)
+        return None
+
+
+def select_executor() -> str:
+    choice = config.executor
+    if choice == "auto":
+        if real_nki() is not None:
+            return "nki-jit" if neuron_device_present() else "nki-simulate"
+        return "simulator"
+    if choice in ("nki-simulate", "nki-jit") and real_nki() is None:
+        raise NeuronCompileError(
+            f"NEURON_COMPILE_EXECUTOR={choice} needs the real `nki` package, which is not installed (or is PyPI's "
+            f"placeholder). Install it from the Neuron package repository "
+            f"(pip install --extra-index-url https://pip.repos.neuron.amazonaws.com 'neuron-compile[neuron]') "
+            f"or use NEURON_COMPILE_EXECUTOR=simulator.")
+    if choice == "nki-jit" and not neuron_device_present():
+        raise NeuronCompileError("NEURON_COMPILE_EXECUTOR=nki-jit needs a Neuron device (/dev/neuron*); none found. "
+                                 "Use nki-simulate or simulator.")
+    return choice
+
+
+def load_kernels(sources: Sequence[tuple[str, str]], executor: str) -> list[Callable[..., Any]]:
+    """Turn rendered sources into callables that take and return NumPy arrays."""
+    fns = []
+    if executor == "simulator":
+        from neuron_compile import simulator
+
+        for name, src in sources:
+            glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
+            fns.append(simulator.simulate(glb[name]))
+        return fns
+    nki = real_nki()
+    assert nki is not None
+    folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))
+    for name, src in sources:
+        path = folder / f"{name}.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(f"neuron_compile_kernels.{name}", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        kernel = getattr(module, name)
+        fns.append(nki.simulate(kernel) if executor == "nki-simulate" else _device_call(kernel))
+    return fns
+
+
+def _device_call(kernel: Any) -> Callable[..., Any]:  # pragma: no cover - needs a Neuron device
+    def call(*arrays: np.ndarray) -> Any:
+        import torch_neuronx  # type: ignore[import-not-found]  # noqa: F401
+
+        device = torch.device("neuron")
+        outs = kernel(*[torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays])
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return tuple(o.cpu().numpy() for o in outs)
+
+    return call
+
+
+def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.int64:
+        if t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
+            raise RuntimeExecutionError("an int64 input holds values outside int32, which NeuronCores cannot "
+                                        "represent; keep indices below 2**31")
+        return t.to(torch.int32).numpy()
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8).numpy()
+    if t.dtype == torch.float64:
+        return t.to(torch.float32).numpy()
+    return t.numpy()
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+class CompiledGraph:
+    """A callable that runs one compiled ATen graph."""
+
+    def __init__(self, plan: Plan, sources: Sequence[tuple[str, str]], executor: str | None = None) -> None:
+        self.plan = plan
+        self.sources = list(sources)
+        self.executor = executor or select_executor()
+        self.kernels = load_kernels(self.sources, self.executor)
+
+    def __call__(self, *args: Any) -> list[Any]:
+        plan = self.plan
+        bufs: list[np.ndarray | None] = [None] * len(plan.buffers)
+        originals: dict[int, torch.Tensor] = {}
+        for b, ref in enumerate(plan.buffers):
+            if ref.kind != "input":
+                continue
+            spec = plan.inputs[ref.index]
+            t = args[ref.index]
+            if not isinstance(t, torch.Tensor):
+                raise RuntimeExecutionError(f"input {ref.index}: expected a tensor, got {type(t).__name__}")
+            t = t.detach()
+            if tuple(t.stride()) != spec.strides:
+                t = t.contiguous()
+            flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
+            originals[b] = t
+            bufs[b] = to_numpy(flat, ref.dtype)
+        for call in plan.calls:
+            fn = self.kernels[call.kernel]
+            outs = fn(*[bufs[a] for a in call.args])
+            if not isinstance(outs, tuple):
+                outs = (outs,)
+            for slot, buf in enumerate(call.results):
+                bufs[buf] = np.asarray(outs[slot]).reshape(-1)
+        results: list[Any] = []
+        for spec in plan.outputs:
+            if spec.buffer is None:
+                results.append(spec.literal)
+                continue
+            data = bufs[spec.buffer]
+            assert data is not None
+            flat = to_torch(data)
+            if flat.numel() == 0 or math.prod(spec.shape) == 0:
+                out = torch.empty(spec.shape, dtype=flat.dtype)
+            else:
+                out = torch.as_strided(flat, spec.shape, spec.strides, spec.offset)
+            want = _TORCH_DTYPES[spec.torch_dtype]
+            if want == torch.bool:
+                out = out.view(torch.bool) if out.dtype == torch.uint8 else out != 0
+            elif out.dtype != want:
+                out = out.to(want)
+            results.append(out)
+        return results
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
