@@ -1,0 +1,188 @@
+"""Running kernels: ``jit`` / ``simulate`` wrappers, argument conversion and result hand-back.
+
+NumPy arrays and CPU torch tensors become HBM tensors (copies); other arguments pass through. The
+kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
+run one after the other). Returned tensors must be in ``nl.shared_hbm``; they come back as arrays
+of the caller's kind. HBM arguments the kernel wrote are copied back into the caller's arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from neuron_compile.errors import RemovedAPIError, SimulatorError
+from neuron_compile.simulator import dtypes as _dt
+from neuron_compile.simulator import state as _state
+from neuron_compile.simulator.tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, from_array, to_numpy
+
+log = logging.getLogger(__name__)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise SimulatorError(f"the simulator takes CPU tensors, got a tensor on {t.device}")
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_dt._LOW_PRECISION["bfloat16"])
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy().view(_dt._LOW_PRECISION[str(t.dtype).removeprefix("torch.")])
+    return t.numpy()
+
+
+def _numpy_to_torch(a: np.ndarray) -> Any:
+    import torch
+
+    name = a.dtype.name
+    if name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).view(getattr(torch, name))
+    if name == "float8_e4m3":
+        return torch.from_numpy(a.astype(np.float32))
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+class _Arg:
+    __slots__ = ("orig", "tensor", "torch")
+
+    def __init__(self, orig: Any, tensor: NkiTensor, is_torch: bool) -> None:
+        self.orig = orig
+        self.tensor = tensor
+        self.torch = is_torch
+
+
+def _convert(x: Any, i: int, args: list[_Arg]) -> Any:
+    is_t = _is_torch(x)
+    if not (is_t or isinstance(x, np.ndarray)):
+        if isinstance(x, (tuple, list)) and any(_is_torch(v) or isinstance(v, np.ndarray) for v in x):
+            return type(x)(_convert(v, i, args) for v in x)
+        return x
+    arr = _torch_to_numpy(x) if is_t else x
+    if arr.dtype in (np.float64, np.int64, np.uint64):
+        from neuron_compile.config import config
+
+        narrow = {"float64": "float32", "int64": "int32", "uint64": "uint32"}[arr.dtype.name]
+        if arr.dtype == np.float64 and config.float64 == "error":
+            raise SimulatorError(f"argument {i} is float64, which Trainium does not support "
+                                 "(NEURON_COMPILE_FLOAT64=error); pass float32")
+        warnings.warn(f"argument {i} is {arr.dtype.name}: simulated as {narrow} (Trainium has no 64-bit dtypes)",
+                      UserWarning, stacklevel=4)
+    t = from_array(arr, PRIVATE_HBM, f"arg{i}")
+    args.append(_Arg(x, t, is_t))
+    return t
+
+
+def _write_back(a: _Arg) -> None:
+    vals = to_numpy(a.tensor)
+    if a.torch:
+        import torch
+
+        src = _numpy_to_torch(vals)
+        with torch.no_grad():
+            a.orig.copy_(src.to(a.orig.dtype).reshape(a.orig.shape))
+    else:
+        a.orig[...] = vals.astype(a.orig.dtype) if vals.dtype != a.orig.dtype else vals
+
+
+def _result(r: Any, as_torch: bool) -> Any:
+    if isinstance(r, NkiTensor):
+        if r.buffer is not SHARED_HBM:
+            raise SimulatorError(f"kernel returned tensor '{r.name}' in nl.{r.buffer.value}: returned tensors must be "
+                                 "allocated with buffer=nl.shared_hbm (copy SBUF/PSUM results there with "
+                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0)")
+        a = to_numpy(r)
+        return _numpy_to_torch(a) if as_torch else a
+    if isinstance(r, (tuple, list)):
+        return type(r)(_result(v, as_torch) for v in r)
+    if isinstance(r, dict):
+        return {k: _result(v, as_torch) for k, v in r.items()}
+    return r
+
+
+def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = ()) -> Any:
+    """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind."""
+    conv: list[_Arg] = []
+    cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
+    ckw = {k: _convert(v, -1, conv) for k, v in kwargs.items()}
+    as_torch = any(a.torch for a in conv)
+    result = None
+    shared: list[Any] = []
+    for pid in range(math.prod(grid) if grid else 1):
+        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid)
+        st.shared_replay = shared if pid else None
+        _state.push(st)
+        try:
+            out = fn(*cargs, **ckw)
+        finally:
+            _state.pop(st)
+        if pid == 0:
+            result = out
+            shared = st.shared
+    for a in conv:
+        if a.tensor.storage.written:
+            _write_back(a)
+    return _result(result, as_torch)
+
+
+class Kernel:
+    """A ``@nki.jit`` kernel: calling it with arrays simulates it; inside a kernel it is inlined."""
+
+    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), options: dict[str, Any] | None = None):
+        self.fn = fn
+        self.grid = grid
+        self.options = dict(options or {})
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid: Any) -> Kernel:
+        g = tuple(int(x) for x in grid) if isinstance(grid, (tuple, list)) else (int(grid),)
+        return Kernel(self.fn, g, self.options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _state.in_kernel():
+            return self.fn(*args, **kwargs)
+        return run(self.fn, args, kwargs, self.grid)
+
+    def with_schedule(self, edges: Any) -> Kernel:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<nki kernel {getattr(self.fn, '__name__', self.fn)!r}>"
+
+
+def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """``@nki.jit`` / ``@nki.jit(**kwargs)``: wrap a kernel (``mode=`` ignored, ``platform_target=`` rejected)."""
+    if "platform_target" in kwargs:
+        raise RemovedAPIError("nki.jit(platform_target=...) raises since NKI 0.3.0; set the env var "
+                              "NEURON_PLATFORM_TARGET_OVERRIDE=trn1|trn2|trn3 instead")
+    if "mode" in kwargs:
+        warnings.warn("nki.jit(mode=...) is deprecated and ignored since NKI 0.3.0 (the framework is detected from "
+                      "the argument types)", DeprecationWarning, stacklevel=2)
+        kwargs.pop("mode")
+    if fn is None:
+        return lambda f: Kernel(f.fn if isinstance(f, Kernel) else f, options=kwargs)
+    return Kernel(fn.fn if isinstance(fn, Kernel) else fn, options=kwargs)
+
+
+def simulate(kernel: Any) -> Callable[..., Any]:
+    """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator."""
+    k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+    @functools.wraps(k.fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return run(k.fn, args, kwargs, k.grid)
+
+    return call

@@ -1,0 +1,295 @@
+"""``nl`` basics: allocation (``ndarray/zeros/ones/full/...``), ``tile_size``, buffers and their
+predicates, SPMD ids, loops (``fori_loop``, deprecated range aliases), ``NKIObject``, ``no_reorder``,
+``device_print``, ``shared_constant``/``shared_identity_matrix`` and RNG seeding.
+
+Compute wrappers (``nl.add``, ``nl.exp``, ``nl.sum``, ``nl.matmul`` ...) live in :mod:`nl_ops`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from neuron_compile.errors import SimulatorError
+from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import dtypes as _dt
+from neuron_compile.simulator import state as _state
+from neuron_compile.simulator import targets as _targets
+from neuron_compile.simulator import trace as _trace
+from neuron_compile.simulator.tensor import (
+    PRIVATE_HBM,
+    PSUM,
+    SBUF,
+    SHARED_HBM,
+    MemoryRegion,
+    NkiTensor,
+    allocate,
+    check_buffer,
+    from_array,
+)
+
+log = logging.getLogger(__name__)
+
+sbuf = SBUF
+psum = PSUM
+private_hbm = PRIVATE_HBM
+hbm = PRIVATE_HBM  # alias (REFERENCE 1.2)
+shared_hbm = SHARED_HBM
+
+
+def is_hbm(buffer: Any) -> bool:
+    return check_buffer(buffer, "nl.is_hbm") in (PRIVATE_HBM, SHARED_HBM)
+
+
+def is_on_chip(buffer: Any) -> bool:
+    return check_buffer(buffer, "nl.is_on_chip") in (SBUF, PSUM)
+
+
+def is_psum(buffer: Any) -> bool:
+    return check_buffer(buffer, "nl.is_psum") is PSUM
+
+
+def is_sbuf(buffer: Any) -> bool:
+    return check_buffer(buffer, "nl.is_sbuf") is SBUF
+
+
+class _TileSize:
+    """``nl.tile_size``: hardware tile limits; some depend on the simulated target."""
+
+    pmax = 128
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
+
+    @property
+    def psum_fmax(self) -> int:
+        warnings.warn("nl.tile_size.psum_fmax is deprecated since NKI 0.4.0; use nl.tile_size.psum_bank_fmax",
+                      DeprecationWarning, stacklevel=2)
+        return 512
+
+    @property
+    def psum_num_banks(self) -> int:
+        return _targets.limits().psum_banks
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        return _targets.limits().sbuf_physical_bytes * 128
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return _targets.limits().sbuf_partition_bytes
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return _targets.limits().sbuf_partition_bytes // 4
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        warnings.warn("nl.tile_size.total_available_sbuf_size is deprecated since NKI 0.4.0; use "
+                      "nl.tile_size.sbuf_fmax_bytes", DeprecationWarning, stacklevel=2)
+        return _targets.limits().sbuf_partition_bytes
+
+
+tile_size = _TileSize()
+
+
+def _record_memset(t: NkiTensor) -> None:
+    if _trace.ACTIVE is not None:
+        _trace.record("vector", "memset", (t,))
+
+
+def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "", address: Any = None) -> NkiTensor:
+    """Allocate an uninitialised tensor (filled with the NaN / 4 sentinel)."""
+    t = allocate(shape, dtype, buffer, name, "nl.ndarray")
+    if address is not None:
+        if t.buffer not in (SBUF, PSUM) or len(address) != 2:
+            raise SimulatorError("nl.ndarray: address=(partition_offset, free_byte_offset) applies to SBUF/PSUM")
+        if t.buffer is PSUM and int(address[1]) % 2048:
+            raise C.SimulatorConstraintError("nl.ndarray", "address", tuple(address),
+                                             "PSUM allocations start at a 2 KiB bank boundary")
+    return t
+
+
+def zeros(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    t = allocate(shape, dtype, buffer, name, "nl.zeros", fill=0)
+    _record_memset(t)
+    return t
+
+
+def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    t = allocate(shape, dtype, buffer, name, "nl.ones", fill=1)
+    _record_memset(t)
+    return t
+
+
+def full(shape: Any, fill_value: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    t = allocate(shape, dtype, buffer, name, "nl.full")
+    from neuron_compile.simulator.isa_movement import memset
+
+    memset(t, int(fill_value) if t.info.is_int else float(fill_value))
+    return t
+
+
+def zeros_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return zeros(x.shape, dtype or x.dtype, buffer or x.buffer, name)
+
+
+def empty_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return allocate(x.shape, dtype or x.dtype, buffer or x.buffer, name, "nl.empty_like")
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(_state.current().seed)
+
+
+def rand(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    """U[0, 1) values (seeded by ``random_seed``)."""
+    t = allocate(shape, dtype, buffer, name, "nl.rand")
+    st = _state.current()
+    g = np.random.default_rng(st.seed)
+    st.seed += 1
+    C.write(t, g.random(t.shape, dtype=np.float32))
+    if _trace.ACTIVE is not None:
+        _trace.record("vector", "rng", (t,))
+    return t
+
+
+def random_seed(seed: Any) -> None:
+    if not isinstance(seed, NkiTensor) or seed.size != 1:
+        raise SimulatorError("nl.random_seed: seed must be a [1,1] int32 SBUF tensor (an int is rejected on hardware)")
+    _state.current().seed = int(np.asarray(seed.arr).reshape(-1)[0])
+
+
+def shared_constant(constant: Any) -> NkiTensor:
+    """A ``shared_hbm`` tensor holding a NumPy array (or the contents of a ``.npy`` path)."""
+    arr = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    return from_array(arr, SHARED_HBM, "shared_constant")
+
+
+def shared_identity_matrix(n: int, dtype: Any = _dt.uint8, dst: NkiTensor | None = None) -> NkiTensor:
+    """An n x n identity matrix in SBUF (the moving operand of PE transposes)."""
+    t = dst if dst is not None else allocate((n, n), dtype, sbuf, f"identity_{n}", "nl.shared_identity_matrix")
+    C.write(t, np.eye(n, dtype=np.float32))
+    if _trace.ACTIVE is not None:
+        _trace.record("gpsimd", "iota", (t,))
+    return t
+
+
+def program_id(axis: int = 0) -> int:
+    pid = _state.current().program_id
+    return int(pid[axis]) if axis < len(pid) else 0
+
+
+def num_programs(axes: Any = 0) -> int:
+    grid = _state.current().grid
+    if isinstance(axes, (tuple, list)):
+        out = 1
+        for a in axes:
+            out *= grid[a] if a < len(grid) else 1
+        return out
+    return int(grid[axes]) if axes < len(grid) else 1
+
+
+def program_ndim() -> int:
+    return len(_state.current().grid)
+
+
+@contextlib.contextmanager
+def no_reorder() -> Iterator[None]:
+    """Keep source order (the simulator always runs in program order)."""
+    yield
+
+
+def device_print(print_prefix: str, tensor: Any) -> None:
+    from neuron_compile.simulator.tensor import to_numpy
+
+    print(print_prefix, to_numpy(tensor) if isinstance(tensor, NkiTensor) else tensor)
+
+
+def _reg_value(v: Any) -> int:
+    if isinstance(v, NkiTensor):
+        return int(np.asarray(v.arr).reshape(-1)[0])
+    return int(getattr(v, "value", v))
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[int], Any], step: int = 1) -> None:
+    """Runtime loop: the simulator runs it in Python, passing the induction value as an int."""
+    if not isinstance(step, int) or step <= 0:
+        raise SimulatorError(f"nl.fori_loop: step must be a positive compile-time int, got {step!r}")
+    for i in range(_reg_value(lower), _reg_value(upper), step):
+        if body_fun(i) is not None:
+            raise SimulatorError("nl.fori_loop: body_fun must return None")
+
+
+def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
+    r = init
+    while _reg_value(r):
+        r = body_fun(r)
+
+
+def _deprecated_range(name: str, replacement: str) -> Callable[..., range]:
+    def fn(start: int, stop: int | None = None, step: int = 1) -> range:
+        warnings.warn(f"nl.{name} is deprecated: {replacement}", DeprecationWarning, stacklevel=2)
+        return range(start, stop, step) if stop is not None else range(start)
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+affine_range = _deprecated_range("affine_range", "use Python range() (it is an alias)")
+sequential_range = _deprecated_range("sequential_range", "use Python range() (it is an alias)")
+static_range = _deprecated_range("static_range", "use Python range() (it is an alias)")
+dynamic_range = _deprecated_range("dynamic_range", "use nl.fori_loop(lower, upper, body_fun)")
+
+
+class NKIObject:
+    """Base of user classes in kernels: dataclass-like ``__init__`` from annotations (REFERENCE 1.6)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for k, v in kwargs.items():
+            object.__setattr__(self, k, v)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "__init__" in cls.__dict__:
+            return
+        fields: list[str] = []
+        for klass in reversed(cls.__mro__):
+            for f in klass.__dict__.get("__annotations__", {}):
+                if f not in fields:
+                    fields.append(f)
+        if not fields:
+            return
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if len(args) > len(fields):
+                raise TypeError(f"{cls.__name__}() takes {len(fields)} positional arguments")
+            values = dict(zip(fields, args, strict=False))
+            for k, v in kwargs.items():
+                if k not in fields:
+                    raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {k!r}")
+                values[k] = v
+            for f in fields:
+                if f not in values:
+                    if not hasattr(type(self), f):
+                        raise TypeError(f"{cls.__name__}() missing argument {f!r}")
+                    values[f] = getattr(type(self), f)
+                object.__setattr__(self, f, values[f])
+            post = getattr(self, "__post_init__", None)
+            if post is not None:
+                post()
+
+        cls.__init__ = __init__  # type: ignore[misc]
+
+
+MemoryRegion = MemoryRegion
+NkiTensor = NkiTensor

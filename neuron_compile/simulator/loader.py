@@ -1,0 +1,53 @@
+"""``load_kernel_source``: execute NKI kernel source with its ``nki`` imports bound to the simulator.
+
+The exec globals get their own ``__builtins__`` whose ``__import__`` resolves ``nki``,
+``nki.language``, ``nki.isa`` (and ``from nki import ...`` forms) to the simulator namespaces;
+everything else goes to the real import machinery. ``sys.modules`` is never touched, so a real
+``nki`` installation stays importable and untouched. ``neuronxcc`` imports raise RemovedAPIError.
+The source is registered with ``linecache`` so tracebacks show kernel lines.
+"""
+
+from __future__ import annotations
+
+import builtins
+import linecache
+import logging
+from typing import Any
+
+from neuron_compile.errors import RemovedAPIError
+
+log = logging.getLogger(__name__)
+
+
+def _resolver() -> Any:
+    from neuron_compile.simulator import nki as sim_nki
+
+    real_import = builtins.__import__
+    subs = {"nki": sim_nki, "nki.language": sim_nki.language, "nki.isa": sim_nki.isa}
+
+    def sim_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if level == 0:
+            if name == "neuronxcc" or name.startswith("neuronxcc."):
+                raise RemovedAPIError(f"'import {name}': the legacy neuronxcc.nki API is a compile error since NKI "
+                                      "0.4.0; use 'import nki', 'import nki.language as nl', 'import nki.isa as nisa'")
+            if name == "nki" or name.startswith("nki."):
+                if name not in subs:
+                    attr = name.split(".", 1)[1]
+                    getattr(sim_nki, attr)  # raises NotImplementedError / AttributeError naming it
+                    raise ImportError(f"No module named {name!r} in the neuron_compile simulator")
+                return subs[name] if fromlist else sim_nki
+        return real_import(name, globals, locals, fromlist, level)
+
+    return sim_import
+
+
+def load_kernel_source(source: str, filename: str = "<nki-kernel>") -> dict[str, object]:
+    """Execute kernel source text against the simulator; returns the resulting globals."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    code = compile(source, filename, "exec")
+    bdict = dict(builtins.__dict__)
+    bdict["__import__"] = _resolver()
+    env: dict[str, object] = {"__name__": "__nki_kernel__", "__file__": filename, "__builtins__": bdict}
+    exec(code, env)
+    log.debug("loaded kernel source %s (%d lines)", filename, source.count("\n") + 1)
+    return env

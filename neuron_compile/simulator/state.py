@@ -1,0 +1,68 @@
+"""Per-simulation mutable state: memory pools, accumulator registers, SPMD program ids.
+
+A fresh :class:`SimState` is pushed by every ``simulate`` call, so capacity accounting and the
+ScalarE/VectorE accumulator registers (REFERENCE 3.5) never leak between kernels. Code running
+outside any simulation (unit tests calling ``nisa`` directly) uses a default process-wide state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    """Live bytes per partition of one on-chip memory (SBUF or PSUM) within one simulation."""
+
+    __slots__ = ("live", "kind")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.live = 0
+
+    def release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+class SimState:
+    __slots__ = ("sbuf", "psum", "act_acc", "dve_acc", "program_id", "grid", "seed", "shared", "shared_replay")
+
+    def __init__(self, program_id: tuple[int, ...] = (), grid: tuple[int, ...] = ()) -> None:
+        self.sbuf = Pool("sbuf")
+        self.psum = Pool("psum")
+        # 128 per-lane fp32 accumulators per engine (ScalarE: activation family; VectorE: exponential,
+        # select_reduce, range_select, tensor_scalar_reduce, tensor_scalar_cumulative).
+        self.act_acc = np.zeros(128, dtype=np.float32)
+        self.dve_acc = np.zeros(128, dtype=np.float32)
+        self.program_id = program_id
+        self.grid = grid
+        self.seed = 0
+        # shared_hbm allocations of SPMD program 0, replayed (same storages) by programs 1..n-1.
+        self.shared: list[object] = []
+        self.shared_replay: list[object] | None = None
+
+
+_DEFAULT = SimState()
+_STACK: list[SimState] = [_DEFAULT]
+
+
+def current() -> SimState:
+    return _STACK[-1]
+
+
+def push(s: SimState) -> None:
+    _STACK.append(s)
+
+
+def pop(s: SimState) -> None:
+    if _STACK[-1] is s:
+        _STACK.pop()
+    else:  # defensive: unwinding out of order
+        _STACK.remove(s)
+
+
+def in_kernel() -> bool:
+    return len(_STACK) > 1

@@ -1,0 +1,79 @@
+"""Instruction trace: one :class:`InstructionRecord` per executed ISA instruction.
+
+Off by default; ``with trace() as t:`` turns it on for the block. Instructions check the module
+global :data:`ACTIVE` once (``if trace.ACTIVE is not None``), so tracing costs nothing when off.
+The records feed cost models (REFERENCE 4.4): engine, partitions, free size, dtypes, bytes, buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstructionRecord:
+    """One executed instruction. ``instruction`` is the bare ISA name ("nc_matmul"); ``dtypes``,
+    ``buffers`` list the tensor operands in signature order (dst first); ``bytes`` is the sum of
+    the operands' sizes; ``partitions``/``free_size`` describe the dst (the src for stores)."""
+
+    engine: str
+    instruction: str
+    partitions: int
+    free_size: int
+    dtypes: tuple[str, ...]
+    bytes: int
+    buffers: tuple[str, ...]
+
+
+@dataclass
+class Trace:
+    records: list[InstructionRecord] = field(default_factory=list)
+
+    def count(self, instruction: str | None = None, engine: str | None = None) -> int:
+        return sum(1 for r in self.records if (instruction is None or r.instruction == instruction)
+                   and (engine is None or r.engine == engine))
+
+    def instructions(self) -> list[str]:
+        return [r.instruction for r in self.records]
+
+
+ACTIVE: Trace | None = None
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[Trace]:
+    """Record every instruction executed inside the block (nested traces both record)."""
+    global ACTIVE
+    previous = ACTIVE
+    t = Trace()
+    ACTIVE = t
+    try:
+        yield t
+    finally:
+        if previous is not None:
+            previous.records.extend(t.records)
+        ACTIVE = previous
+
+
+def record(engine: str, instruction: str, operands: Sequence[Any], main: Any = None) -> None:
+    """Append a record built from the tensor operands (non-tensors are skipped)."""
+    t = ACTIVE
+    if t is None:
+        return
+    tensors = [o for o in operands if hasattr(o, "storage")]
+    ref = main if main is not None else (tensors[0] if tensors else None)
+    if ref is not None and ref.shape:
+        parts = int(ref.shape[0])
+        free = int(ref.size // parts) if parts else 0
+    else:
+        parts, free = 1, 1
+    t.records.append(InstructionRecord(
+        engine=engine, instruction=instruction, partitions=parts, free_size=free,
+        dtypes=tuple(o.dtype for o in tensors), bytes=sum(o.size * o.itemsize for o in tensors),
+        buffers=tuple(o.buffer.value for o in tensors)))
