@@ -157,7 +157,7 @@ def _round_tf32(x: np.ndarray) -> np.ndarray:
 
 def to_int(x: np.ndarray, dt: DTypeInfo) -> np.ndarray:
     """fp32 -> int: round half to even, saturate to the dtype range, NaN -> 0."""
-    r = np.rint(x)
+    r = np.rint(np.asarray(x, dtype=np.float64))
     np.clip(r, dt.lo, dt.hi, out=r)
     r = np.nan_to_num(r, nan=0.0, copy=False)
     if dt.kind == "b":

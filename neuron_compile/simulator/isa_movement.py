@@ -17,7 +17,7 @@ from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.enums import check_enum, dge_mode, engine, oob_mode
-from neuron_compile.simulator.tensor import HBM, ON_CHIP, PSUM, SBUF, NkiTensor
+from neuron_compile.simulator.tensor import PSUM, NkiTensor
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         C.need_version(api + " (priority=)", 4)
         if priority not in (0, 1, 2, 3):
             raise SimulatorConstraintError(api, "priority", priority, "0..3")
-    same = src.dtype == dst.dtype and src.arr.dtype == dst.arr.dtype
+    same = src.dtype == dst.dtype and src.info.np_dtype == dst.info.np_dtype
     if src._indirect is None and dst._indirect is None:
         if same:
             C.write_raw(dst, src.arr)
@@ -228,7 +228,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
     if eng == "scalar" and _targets.nc_version() < 3:
         raise SimulatorConstraintError(api, "engine", "nisa.engine.scalar", "Scalar tensor_copy needs NC-v3+",
                                        "use nisa.activation(op=nl.copy) on trn1")
-    if src.dtype == dst.dtype and src.arr.dtype == dst.arr.dtype:
+    if src.dtype == dst.dtype and src.info.np_dtype == dst.info.np_dtype:
         C.write_raw(dst, src.arr if src.shape == dst.shape else src.arr.reshape(dst.shape))
     else:
         C.write(dst, C.read32(src))
@@ -352,7 +352,3 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str |
     if _trace.ACTIVE is not None:
         _trace.record("gpsimd", "nc_n_gather", (dst, data, indices))
 
-
-ON_CHIP_BUFFERS = ON_CHIP
-HBM_BUFFERS = HBM
-SBUF_BUFFER = SBUF

@@ -26,7 +26,7 @@ from neuron_compile.simulator.tensor import (
     PSUM,
     SBUF,
     SHARED_HBM,
-    MemoryRegion,
+    MemoryRegion,  # noqa: F401 - re-exported as nl.MemoryRegion
     NkiTensor,
     allocate,
     check_buffer,
@@ -290,6 +290,3 @@ class NKIObject:
 
         cls.__init__ = __init__  # type: ignore[misc]
 
-
-MemoryRegion = MemoryRegion
-NkiTensor = NkiTensor

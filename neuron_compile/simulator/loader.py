@@ -47,7 +47,9 @@ def load_kernel_source(source: str, filename: str = "<nki-kernel>") -> dict[str,
     code = compile(source, filename, "exec")
     bdict = dict(builtins.__dict__)
     bdict["__import__"] = _resolver()
-    env: dict[str, object] = {"__name__": "__nki_kernel__", "__file__": filename, "__builtins__": bdict}
+    # __name__ names an existing module so dataclasses / NKIObject subclasses can resolve it
+    # without registering anything in sys.modules.
+    env: dict[str, object] = {"__name__": __name__, "__file__": filename, "__builtins__": bdict}
     exec(code, env)
     log.debug("loaded kernel source %s (%d lines)", filename, source.count("\n") + 1)
     return env
