@@ -346,6 +346,20 @@ def input_signature(example_inputs: Sequence[object]) -> list[dict[str, object]]
     return sig
 
 
+def _graph_input_signature(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> list[dict[str, object]]:
+    """:func:`input_signature`, except that an int feeding a symbolic-size placeholder (automatic
+    dynamic shapes) is keyed by its symbol, not by the value this call happened to see."""
+    import torch
+
+    sig = input_signature(example_inputs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders[: len(sig)]):
+        val = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(val, torch.SymInt) and sig[i].get("kind") == "int":
+            sig[i] = {"kind": "sym", "expr": str(val)}
+    return sig
+
+
 def _jsonable(value: object, where: str) -> object:
     if value is None or isinstance(value, (bool, int, str)):
         return value
@@ -379,7 +393,7 @@ def compute_key(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *, k
         "target": config.target,
         "codegen": _jsonable(codegen_snapshot(), "codegen"),
         "graph": {"sha256": hashlib.sha256(text.encode()).hexdigest(), **graph_summary(gm)},
-        "inputs": input_signature(example_inputs),
+        "inputs": _graph_input_signature(gm, example_inputs),
         "extra": _jsonable(dict(extra or {}), "extra"),
     }
     return CacheKey(digest=digest_of(parts), parts=parts, graph_text=text)

@@ -259,3 +259,43 @@ def test_stable_across_processes_cache_paths_and_homes(tmp_path: Path) -> None:
     x, w = torch.randn(4, 3), torch.randn(3, 2, requires_grad=True)
     gm = make_fx(lambda x, w: torch.relu(x @ w + torch.tensor([0.5, -1.0])))(x, w)
     assert compute_key(gm, [x, w], kind="forward").digest == outs[0]["digest"]
+
+
+def _aot_keys(model: torch.nn.Module, batches: list[int], dynamic: bool | None) -> list[tuple[str, CacheKey]]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    keys: list[tuple[str, CacheKey]] = []
+
+    def compiler(kind: str):  # type: ignore[no-untyped-def]
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[object]):  # type: ignore[no-untyped-def]
+            keys.append((kind, compute_key(gm, example_inputs, kind=kind)))
+            return gm.forward
+
+        return compile_graph
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=compiler("forward"),
+                                                         bw_compiler=compiler("backward")), dynamic=dynamic)
+    for b in batches:
+        compiled(torch.randn(b, 4)).sum().backward()
+    torch._dynamo.reset()
+    return keys
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_real_aot_graphs_parameter_values_and_symbolic_sizes() -> None:
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    a = _aot_keys(model(), [3], dynamic=False)
+    b = _aot_keys(model(), [3], dynamic=False)  # fresh random weights: lifted inputs, not in the key
+    assert [k for k, _ in a] == ["forward", "backward"]
+    assert [k.digest for _, k in a] == [k.digest for _, k in b]
+    assert a[0][1].digest != a[1][1].digest
+    # A symbolic-size graph is keyed by its symbols, not by the batch a given call happened to see.
+    d1 = _aot_keys(model(), [5], dynamic=True)
+    d2 = _aot_keys(model(), [9], dynamic=True)
+    assert [k.digest for _, k in d1] == [k.digest for _, k in d2]
+    sym = [s for s in d1[0][1].parts["inputs"] if s["kind"] == "sym"]  # type: ignore[union-attr,index]
+    assert len(sym) == 1 and sym[0]["expr"].startswith("s")
+    assert d1[0][1].digest != a[0][1].digest
