@@ -113,7 +113,7 @@ def implemented_names() -> dict[str, list[str]]:
     out = {ns.__name__: ns.implemented() for ns in (nki, nl, nisa)}
     members = API["members"].get("nki.language.NkiTensor", [])
     out["nki.language.NkiTensor"] = sorted(
-        m for m in members if m in NkiTensor.__dict__ or m in ("shape", "strides", "offset", "dtype", "name"))
+        m for m in members if (m in NkiTensor.__dict__ and m != "indirect") or m in ("shape", "strides", "offset", "dtype", "name"))
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import ops as O
 from neuron_compile.simulator import state as _state
@@ -382,7 +383,7 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
     m = C.scalar_or_vector(api, "max_value", max_value, p, x.ndim)
     with np.errstate(over="ignore"):
         y = np.exp(x - m)
-    if reduce_res is not None or reduce_cmd is not reduce_cmd.idle:
+    if reduce_res is not None or reduce_cmd is not _en.reduce_cmd.idle:
         regs = _state.current().dve_acc
         start = dst.pinfo()[0]
         init = reduce_init if isinstance(reduce_init, NkiTensor) else F32(reduce_init)

@@ -16,6 +16,7 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
@@ -183,10 +184,10 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
         C.removed_kwargs(api, removed)
     p, f = C.onchip(api, "data", data)
     pd, fd = C.onchip(api, "dst", dst)
-    if engine is engine.unknown:
+    if engine is _en.engine.unknown:
         eng = "tensor" if dst.storage.buffer is PSUM and data.storage.buffer is SBUF else "vector"
     else:
-        check_enum(engine, type(engine), api, "engine")
+        check_enum(engine, _en.engine, api, "engine")
         eng = engine.name
         if eng not in ("tensor", "vector"):
             raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng}", "nisa.engine.tensor or .vector")

@@ -13,6 +13,7 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
@@ -71,8 +72,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
     if dst.size != src.size:
         raise SimulatorConstraintError(api, "src", f"{src.shape} ({src.size} elements)",
                                        f"element count == dst element count ({dst.size}, dst shape {dst.shape})")
-    if dge_mode is not dge_mode.unknown:
-        check_enum(dge_mode, type(dge_mode), api, "dge_mode")
+    if dge_mode is not _en.dge_mode.unknown:
+        check_enum(dge_mode, _en.dge_mode, api, "dge_mode")
         if dge_mode.name == "hwdge":
             C.need_version(api + " (dge_mode=hwdge)", 3)
             if src.dtype != dst.dtype:
@@ -91,7 +92,7 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         else:
             C.write(dst, C.read32(src))
     else:
-        _dma_indirect(api, dst, src, oob_mode, same)
+        _dma_indirect(api, dst, src, check_enum(oob_mode, _en.oob_mode, api, "oob_mode"), same)
     if _trace.ACTIVE is not None:
         _trace.record("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
 
@@ -137,7 +138,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: tuple[int, ...] | None =
     expect = tuple(src.shape[a] for a in ax)
     if dst.shape != expect:
         raise SimulatorConstraintError(api, "dst", dst.shape, f"shape == permuted src shape {expect}")
-    if dge_mode is not dge_mode.unknown and dge_mode.name == "hwdge":
+    if dge_mode is not _en.dge_mode.unknown and check_enum(dge_mode, _en.dge_mode, api, "dge_mode").name == "hwdge":
         if src.itemsize != 2:
             raise SimulatorConstraintError(api, "src", src.dtype, "2-byte dtype on the HW-DGE path")
         if src.shape[-1] > 128:

@@ -13,10 +13,11 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import ops as O
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
-from neuron_compile.simulator.enums import reduce_cmd
+from neuron_compile.simulator.enums import check_enum, reduce_cmd
 from neuron_compile.simulator.isa_elementwise import _read_out, _row_reduce, _stage, update_registers
 from neuron_compile.simulator.tensor import NkiTensor
 
@@ -143,10 +144,10 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any,
     v = _stage(api, x, n0, C.scalar_or_vector(api, "imm0", imm0, p, 2), False, "imm0")
     regs = _state.current().dve_acc
     start = dst.pinfo()[0]
-    cmd = reduce_cmd
-    if cmd is reduce_cmd.reduce:
+    cmd = check_enum(reduce_cmd, _en.reduce_cmd, api, "reduce_cmd")
+    if cmd is _en.reduce_cmd.reduce:
         init = regs[start:start + p].copy()
-    elif cmd is reduce_cmd.load_reduce:
+    elif cmd is _en.reduce_cmd.load_reduce:
         init = np.broadcast_to(np.asarray(C.scalar_or_vector(api, "imm1", 0.0 if imm1 is None else imm1, p, 1),
                                           dtype=F32).reshape(-1), (p,)).copy()
     else:

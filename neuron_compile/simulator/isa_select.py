@@ -11,6 +11,7 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import ops as O
 from neuron_compile.simulator import state as _state
@@ -106,7 +107,7 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     red = O.reduce_name(reduce_op) if reduce_op is not None else "maximum"
     if red not in ("maximum", "minimum", "add"):
         raise SimulatorConstraintError(api, "reduce_op", red, "nl.maximum (or minimum/add)")
-    if reduce_res is not None or reduce_cmd is not reduce_cmd.idle:
+    if reduce_res is not None or reduce_cmd is not _en.reduce_cmd.idle:
         regs = _state.current().dve_acc
         start = dst.pinfo()[0]
         update_registers(api, regs, start, p, reduce_cmd, red, _row_reduce(y, p, red))

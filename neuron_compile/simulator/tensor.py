@@ -334,11 +334,11 @@ class NkiTensor:
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
         d = self._dim(dim, "broadcast")
-        if self.shape[d] != 1:
-            raise SimulatorError(f"NkiTensor.broadcast: dim {d} has size {self.shape[d]}, only size-1 dims broadcast")
         if self.on_chip and d == 0:
             raise SimulatorError("NkiTensor.broadcast: cannot broadcast the partition dim of an on-chip tensor "
                                  "(use nc_stream_shuffle, a ones matmul, or broadcast the HBM source)")
+        if self.shape[d] != 1:
+            raise SimulatorError(f"NkiTensor.broadcast: dim {d} has size {self.shape[d]}, only size-1 dims broadcast")
         shape = list(self.shape)
         strides = list(self.strides)
         shape[d] = int(size)
