@@ -82,6 +82,9 @@ class ProgramBuilder:
             full, row, reverse = (a, b, False) if a.kind == "full" else (b, a, True)
             return self.emit("tensor_scalar", "full", (full, row), {"op0": op, "reverse0": reverse and op not in COMMUTATIVE})
         tile, scalar, reverse = (a, b, False) if isinstance(a, TileVal) else (b, a, True)
+        if (op == "multiply" and float(scalar) == 1.0) or (op in ("add", "subtract") and float(scalar) == 0.0
+                                                          and not (op == "subtract" and reverse)):
+            return tile  # x*1, x+0, x-0: no instruction
         return self.emit("tensor_scalar", tile.kind, (tile, float(scalar)),
                          {"op0": op, "reverse0": reverse and op not in COMMUTATIVE})
 

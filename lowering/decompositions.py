@@ -34,10 +34,52 @@ KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, 
         aten.transpose.int, aten.cat.default}
 
 
+def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    """var_mean as mean + var (torch's reference decomposes into prims, which we do not lower)."""
+    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    mean = aten.mean.dim(x, dims, True)
+    var = aten.var.correction(x, dims, correction=1 if correction is None else correction, keepdim=keepdim)
+    return var, mean if keepdim else aten.squeeze.dims(mean, dims)
+
+
+def _native_layer_norm(x: torch.Tensor, normalized_shape: Any, weight: Any, bias: Any, eps: float) -> Any:
+    """LayerNorm as mean/var/rsqrt on ATen ops (torch's reference goes through prims)."""
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    acc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    mean = aten.mean.dim(acc, dims, True)
+    centered = aten.sub.Tensor(acc, mean)
+    var = aten.mean.dim(aten.mul.Tensor(centered, centered), dims, True)  # reuses the SBUF-resident rows
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.mul.Tensor(centered, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return out.to(x.dtype), mean, rstd
+
+
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    """addmm as mm + bias so the bias add fuses into the matmul's PSUM eviction."""
+    out = aten.mm.default(a, b)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return out
+    return aten.add.Tensor(out, bias if beta == 1 else aten.mul.Tensor(bias, beta))
+
+
+OWN: dict[Any, Callable[..., Any]] = {
+    aten.addmm.default: _addmm,
+    aten.var_mean.correction: _var_mean,
+    aten.native_layer_norm.default: _native_layer_norm,
+}
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op in EXTRA]))
     for op in KEEP:
         table.pop(op, None)
+    table.update(OWN)
     return table

@@ -174,8 +174,12 @@ def canonicalize(space: Sequence[int], roles: Sequence[str], stride_sets: Sequen
         free_idx += 1
     # Move part right before the reduce-outer/free block.
     n = len(perm)
-    others = [i for i in range(n) if i not in (part_idx, free_idx) and not _is_role(perm[i], roles, free_role)]
-    red_outer = [i for i in range(n) if i not in (part_idx, free_idx) and _is_role(perm[i], roles, free_role)]
+    rest = [i for i in range(n) if i not in (part_idx, free_idx)]
+    if free_role == "red":  # other reduced dims loop inside each phase; the rest are outer loops
+        others = [i for i in rest if not _is_role(perm[i], roles, free_role)]
+        red_outer = [i for i in rest if _is_role(perm[i], roles, free_role)]
+    else:
+        others, red_outer = rest, []
     final = others + [part_idx] + red_outer + [free_idx]
     new_perm = [perm[i] for i in final]
     new_sizes = [sizes[i] for i in final]

@@ -16,6 +16,20 @@ from neuron_compile.errors import (  # noqa: E402
     UnsupportedOpError,
 )
 
+
+def _register_backend() -> None:
+    """Register ``backend="neuron"`` with Dynamo unless the entry point already does (see NOTES.md)."""
+    from torch._dynamo.backends import registry
+
+    if "neuron" in registry._COMPILER_FNS or registry._BACKENDS.get("neuron") is not None:
+        return  # already registered, or the torch_dynamo_backends entry point is about to register it
+    from neuron_compile.backend import neuron_backend
+
+    registry.register_backend(compiler_fn=neuron_backend, name="neuron")
+
+
+_register_backend()
+
 __all__ = [
     "NeuronCompileError",
     "SimulatorConstraintError",

@@ -116,8 +116,8 @@ def check_lowerable(gm: fx.GraphModule, what: str) -> None:
               "torch.compile), or see `neuron-compile ops` for what is supported.", unique)
 
 
-def check_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    """Refuse symbolic shapes with the dims, the source line and the fix."""
+def symbolic_dims(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
+    """Placeholders with symbolic sizes, described with their source line."""
     dims = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -127,12 +127,53 @@ def check_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
                 not isinstance(s, int) for s in val.shape)):
             shape = list(val.shape) if isinstance(val, torch.Tensor) else [val]
             dims.append(f"{node.name} {shape} ({source_line(node)})")
-    if any(isinstance(x, torch.SymInt) for x in example_inputs) or dims:
-        raise DynamicShapeError(
-            "neuron backend compiles static shapes only, but Dynamo passed a graph with symbolic dims: "
-            + "; ".join(dims or ["SymInt inputs"])
-            + ". Fix: call torch.compile(..., dynamic=False) and do not use torch._dynamo.mark_dynamic; to limit "
-              "recompiles, pad or bucket input shapes (see neuron_compile.bucketing).")
+    if not dims and any(isinstance(x, torch.SymInt) for x in example_inputs):
+        dims.append("SymInt inputs")
+    return dims
+
+
+def dynamic_requested(gm: fx.GraphModule) -> bool:
+    """True for dynamic=True or torch._dynamo.mark_dynamic (not for Dynamo's automatic dynamic shapes)."""
+    import torch._dynamo.config as dynamo_config
+
+    if not dynamo_config.assume_static_by_default:
+        return True
+    for node in gm.graph.nodes:
+        example = getattr(node.meta.get("grapharg"), "example", None) if node.op == "placeholder" else None
+        if isinstance(example, torch.Tensor) and getattr(example, "_dynamo_dynamic_indices", None):
+            return True
+    return False
+
+
+def refuse_dynamic(dims: list[str]) -> DynamicShapeError:
+    return DynamicShapeError(
+        "neuron backend compiles static shapes only, but dynamic shapes were requested (dynamic=True or "
+        "torch._dynamo.mark_dynamic); symbolic dims: " + "; ".join(dims)
+        + ". Fix: call torch.compile(..., dynamic=False) and do not mark dims dynamic; to limit recompiles, "
+          "pad or bucket input shapes to a few sizes.")
+
+
+class StaticShapeDispatcher:
+    """Runs a graph Dynamo made symbolic on its own (automatic dynamic shapes) as one static compile per shape."""
+
+    def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]]) -> None:
+        self.gm = gm
+        self.make_backend = make_backend
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    @staticmethod
+    def signature(args: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple((tuple(a.shape), a.dtype, tuple(a.stride()), a.requires_grad) if isinstance(a, torch.Tensor)
+                     else ("value", a) for a in args)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.signature(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
+            fn = self.make_backend()(self.gm, list(args))
+            self.compiled[key] = fn
+        return fn(*args)
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
@@ -185,7 +226,6 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     overrides = _validate_options(options)
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
-    check_static(gm, example_inputs)
     _warn_float64(example_inputs)
 
     def with_config(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,13 +249,21 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         check_lowerable(joint, "training graph (forward + backward)")
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
-    backend = aot_autograd(
-        fw_compiler=with_config(fw_compiler),
-        bw_compiler=with_config(bw_compiler),
-        inference_compiler=with_config(inference_compiler),
-        partition_fn=partition_fn,
-        decompositions=decomposition_table(),
-        keep_inference_input_mutations=False,
-    )
+    def make_backend() -> Callable[..., Any]:
+        return aot_autograd(
+            fw_compiler=with_config(fw_compiler),
+            bw_compiler=with_config(bw_compiler),
+            inference_compiler=with_config(inference_compiler),
+            partition_fn=partition_fn,
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=False,
+        )
+
+    dims = symbolic_dims(gm, example_inputs)
+    if dims:
+        if dynamic_requested(gm):
+            raise refuse_dynamic(dims)
+        # Dynamo's automatic dynamic shapes: stay static, one compile per concrete shape.
+        return StaticShapeDispatcher(gm, make_backend)
     with config.patch(**overrides):
-        return backend(gm, example_inputs)
+        return make_backend()(gm, example_inputs)
