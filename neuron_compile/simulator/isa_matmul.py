@@ -122,6 +122,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         prod = np.ascontiguousarray(s.T)  # bit-exact transpose mode (no 0*inf NaNs)
     else:
         prod = np.matmul(s.T, mv)
+    if is_transpose and accumulate is None:
+        accumulate = False  # transpose mode writes its output (a transposed tile never accumulates)
     _accumulate(api, dst, prod, accumulate, lim.nc_version)
     if _trace.ACTIVE is not None:
         _trace.record("tensor", "nc_matmul", (dst, stationary, moving))
