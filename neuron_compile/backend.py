@@ -177,23 +177,71 @@ class StaticShapeDispatcher:
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
-    """Lower, render and load one ATen graph; returns the runner."""
-    from neuron_compile.codegen.render import render_kernel
-    from neuron_compile.lowering.graph import GraphLowering
+    """Lower, render and load one ATen graph (or take it from the cache); returns the runner."""
+    from neuron_compile.cache.key import compute_key
+    from neuron_compile.cache.store import get_or_compile
     from neuron_compile.runtime import CompiledGraph
 
     check_lowerable(gm, f"{kind} graph")
     start = time.perf_counter()
-    plan = GraphLowering(gm, list(example_inputs)).run()
-    sources = [(k.name, render_kernel(k)) for k in plan.kernels]
-    for name, src in sources:
-        log.debug("kernel %s:\n%s", name, src)
+    built: dict[str, Any] = {}
+
+    def build() -> tuple[dict[str, bytes], dict[str, Any]]:
+        files, summary, plan = build_artifacts(gm, example_inputs)
+        built["plan"] = plan
+        return files, summary
+
+    key = None
+    try:
+        key = compute_key(gm, list(example_inputs), kind=kind)
+    except Exception as exc:  # a failing cache never fails a compile
+        log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
+    if key is None or not config.cache:
+        files, hit = build()[0], False
+    else:
+        files, hit = get_or_compile(key, build)
+    plan, sources = load_artifacts(files)
     compiled = CompiledGraph(plan, sources)
-    log.info("neuron: compiled %s graph: %d nodes -> %d kernels in %.1f ms", kind,
-             sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(plan.kernels),
-             (time.perf_counter() - start) * 1000)
-    _STATS.append({"kind": kind, "kernels": len(plan.kernels), "plan": plan, "sources": sources})
+    ms = (time.perf_counter() - start) * 1000
+    log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,
+             sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(sources),
+             "hit" if hit else "miss", ms)
+    _STATS.append({"kind": kind, "kernels": len(sources), "plan": built.get("plan", plan), "sources": sources,
+                   "cache_hit": hit, "ms": ms, "key": key.digest if key else None})
     return compiled
+
+
+def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[dict[str, bytes], dict[str, Any], Any]:
+    """Lower and render: the files a cache entry holds (kernel sources + runner plan) and a summary."""
+    import json
+
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.lowering.graph import GraphLowering
+    from neuron_compile.runtime import plan_to_json
+
+    plan = GraphLowering(gm, list(example_inputs)).run()
+    files: dict[str, bytes] = {}
+    names = []
+    for k in plan.kernels:
+        src = render_kernel(k)
+        log.debug("kernel %s:\n%s", k.name, src)
+        files[f"kernels/{k.name}.py"] = src.encode()
+        names.append(k.name)
+    files["plan.json"] = json.dumps(plan_to_json(plan, names), sort_keys=True, indent=1).encode()
+    summary = dict(plan.summary)
+    summary["shapes"] = [list(i.shape) for i in plan.inputs if i.is_tensor]
+    return files, summary, plan
+
+
+def load_artifacts(files: dict[str, bytes]) -> tuple[Any, list[tuple[str, str]]]:
+    import json
+
+    from neuron_compile.runtime import plan_from_json
+
+    data = json.loads(files["plan.json"])
+    plan = plan_from_json(data)
+    sources = [(name, files[f"kernels/{name}.py"].decode()) for name in data["kernel_names"]]
+    return plan, sources
 
 
 _STATS: list[dict[str, Any]] = []  # per compiled graph (read by examples/tests through compiled_graphs())

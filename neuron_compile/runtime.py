@@ -154,6 +154,9 @@ class CompiledGraph:
         bufs: list[np.ndarray | None] = [None] * len(plan.buffers)
         originals: dict[int, torch.Tensor] = {}
         for b, ref in enumerate(plan.buffers):
+            if ref.kind == "random":  # training dropout: torch's CPU generator, in graph order (see lowering.ops.index)
+                bufs[b] = to_numpy(torch.rand(ref.numel, dtype=_TORCH_DTYPES[ref.dtype]), ref.dtype)
+                continue
             if ref.kind != "input":
                 continue
             spec = plan.inputs[ref.index]
@@ -192,6 +195,34 @@ class CompiledGraph:
                 out = out.to(want)
             results.append(out)
         return results
+
+
+def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
+    """The runner's part of a plan (what a cache hit needs besides the kernel sources)."""
+    from dataclasses import asdict
+
+    return {
+        "kernel_names": list(kernel_names),
+        "buffers": [asdict(b) for b in plan.buffers],
+        "calls": [asdict(c) for c in plan.calls],
+        "inputs": [asdict(i) for i in plan.inputs],
+        "outputs": [asdict(o) for o in plan.outputs],
+    }
+
+
+def plan_from_json(data: dict[str, Any]) -> Plan:
+    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec
+
+    def tup(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+    return Plan(
+        kernels=(),
+        buffers=tuple(BufferRef(**tup(b)) for b in data["buffers"]),
+        calls=tuple(KernelCall(**tup(c)) for c in data["calls"]),
+        inputs=tuple(InputSpec(**tup(i)) for i in data["inputs"]),
+        outputs=tuple(OutputSpec(**tup(o)) for o in data["outputs"]),
+    )
 
 
 def env_flag(name: str) -> bool:
