@@ -16,7 +16,15 @@ import textwrap
 from typing import Any
 
 import jinja2
-from neuron_compile.lowering.ir import CopyKernel, GatherKernel, Kernel, LoopKernel, TileOp
+from neuron_compile.lowering.ir import (
+    CopyKernel,
+    GatherKernel,
+    IndexAddKernel,
+    Kernel,
+    LoopKernel,
+    ScanKernel,
+    TileOp,
+)
 
 from neuron_compile.config import config
 from neuron_compile.errors import TemplateRenderError
@@ -45,8 +53,8 @@ def render_kernel(kernel: Kernel) -> str:
         body = LoopRenderer(kernel).body()
     elif isinstance(kernel, CopyKernel):
         body = _copy_body(kernel)
-    elif isinstance(kernel, GatherKernel):
-        body = _gather_body(kernel)
+    elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
+        body = _index_body(kernel)
     else:  # pragma: no cover
         raise TypeError(kernel)
     template_name = f"{kernel.family}.nki.j2"
@@ -246,6 +254,11 @@ def _copy_body(k: CopyKernel) -> str:
     return out.text()
 
 
-def _gather_body(k: GatherKernel) -> str:
-    macros = _macros()
-    return str(macros.gather_body(k, PMAX)) if hasattr(macros, "gather_body") else ""
+def _index_body(k: GatherKernel | IndexAddKernel | ScanKernel) -> str:
+    from neuron_compile.codegen import render_index  # imports Lines/_offset from this module
+
+    if isinstance(k, GatherKernel):
+        return render_index.gather_body(k, k.inputs[0].dtype)
+    if isinstance(k, IndexAddKernel):
+        return render_index.index_add_body(k)
+    return render_index.scan_body(k)

@@ -120,7 +120,13 @@ class CopyKernel:
 
 @dataclass(frozen=True)
 class GatherKernel:
-    """Row gather ``out[i, :] = table[idx[i], :]`` (embedding, index_select on dim 0)."""
+    """Row gather ``out[o, i, f] = table[t_off + o.t_outer + idx[i] * row_stride + f * elem_stride]``.
+
+    Embedding and index_select: ``rows`` indices (int32 in HBM, read through ``index``) are loaded
+    128 per tile onto partitions and each partition's row is fetched by an indirect DMA
+    (``vector_offset``). ``outer`` lists unrolled loops as (size, table stride, out stride); the
+    output is ``out[o_off + o.out_outer + i * row_size + f]`` (contiguous rows).
+    """
 
     name: str
     family: str  # 'gather'
@@ -129,24 +135,92 @@ class GatherKernel:
     rows: int
     row_size: int
     num_rows_table: int
+    table_offset: int = 0
+    row_stride: int = 0
+    elem_stride: int = 1
+    index: Access = Access(1, 0, (1,))  # over the rows
+    outer: tuple[tuple[int, int, int], ...] = ()  # (size, table stride, out stride)
     source_ops: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:
-        return f"kernel {self.name} [gather] rows={self.rows} row_size={self.row_size} table_rows={self.num_rows_table}"
+        return (f"kernel {self.name} [gather] rows={self.rows} row_size={self.row_size} "
+                f"table_rows={self.num_rows_table} row_stride={self.row_stride} outer={self.outer}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel
+@dataclass(frozen=True)
+class IndexAddKernel:
+    """``out = base; out[idx[n], :] += values[n, :]`` (index_put accumulate) as a one-hot matmul.
+
+    For each tile of ``rows`` (<= 128) target rows and ``row_size`` chunk (<= 512): PSUM accumulates
+    ``onehot[n, v]^T @ values[n, :]`` over 128-token tiles (the one-hot built on chip from iota and
+    an ``equal`` compare), then the base tile is added and stored. Deterministic; duplicates add up.
+    Accesses (arg, offset, (stride over rows/tokens, stride over the row)) plus unrolled ``outer``
+    loops as (size, base stride, values stride, out stride); the output is dense like the base.
+    """
+
+    name: str
+    family: str  # 'index_put'
+    inputs: tuple[ArgSpec, ...]  # (base, indices, values)
+    outputs: tuple[ArgSpec, ...]
+    rows: int  # rows of the target (V)
+    tokens: int  # number of indices (N)
+    row_size: int  # elements per row (D)
+    base: Access
+    index: Access
+    values: Access
+    out: Access
+    outer: tuple[tuple[int, int, int, int], ...] = ()
+    compute_dtype: str = "float32"
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [index_put] rows={self.rows} tokens={self.tokens} row_size={self.row_size} "
+                f"outer={self.outer}")
+
+
+@dataclass(frozen=True)
+class ScanKernel:
+    """Inclusive scan (cumsum) along the free dim of a canonical space ``(outer..., part, free)``.
+
+    Each 128-partition tile walks the free dim in chunks with ``tensor_tensor_scan``, carrying the
+    running (P, 1) value from one chunk to the next; fp32 accumulation.
+    """
+
+    name: str
+    family: str  # 'scan'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    src: Access
+    dst: Access
+    op: str = "add"
+    free_tile: int = 512
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [scan:{self.op}] space={self.space} outer={self.n_outer} "
+                f"src={self.src} dst={self.dst}")
+
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel
 
 
 @dataclass(frozen=True)
 class BufferRef:
     """A runtime buffer: a graph input, a kernel output, or a constant baked into the plan."""
 
-    kind: str  # 'input' | 'kernel' | 'const'
-    index: int  # input index / kernel index / constant index
+    kind: str  # 'input' | 'kernel' | 'const' | 'random' (uniform [0, 1) drawn by the runner per call)
+    index: int  # input index / kernel index / constant index (random: unused)
     slot: int = 0  # which output of the kernel
     numel: int = 0
     dtype: str = "float32"

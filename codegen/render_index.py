@@ -1,0 +1,136 @@
+"""Kernel bodies for the index families: row gathers, one-hot index_put accumulation, and scans.
+
+Inputs are :class:`~neuron_compile.lowering.ir.GatherKernel`, :class:`IndexAddKernel` and
+:class:`ScanKernel`; outputs are the NKI body text that ``gather.nki.j2`` / ``index_put.nki.j2`` /
+``scan.nki.j2`` place inside the shared kernel frame. Kernel arguments are flat 1-D HBM buffers, so
+every access is a raw ``.ap`` pattern; tile sizes respect the 128-partition, matmul-K/M <= 128 and
+PSUM-bank N <= 512 limits (``simulator_limits``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from neuron_compile.codegen.render import Lines, _offset
+from neuron_compile.lowering.ir import GatherKernel, IndexAddKernel, ScanKernel
+
+from neuron_compile.simulator_limits import PMAX
+
+log = logging.getLogger(__name__)
+
+GATHER_FREE_TILE = 2048  # elements of one gathered row chunk per partition (8 KiB fp32 of 192 KiB SBUF)
+MATMUL_N = 512  # one PSUM bank of fp32 per partition (matmul moving free size limit)
+
+
+def _outer_loops(out: Lines, sizes: list[int]) -> list[str]:
+    names = []
+    for i, size in enumerate(sizes):
+        out.add(f"for o{i} in range({size}):")
+        out.depth += 1
+        names.append(f"o{i}")
+    return names
+
+
+def gather_body(k: GatherKernel, table_dtype: str) -> str:
+    """Indices on partitions (128 per tile), one indirect DMA per row chunk, rows stored densely."""
+    out = Lines()
+    names = _outer_loops(out, [s for s, _, _ in k.outer])
+    t_terms = [(v, ts) for v, (_, ts, _) in zip(names, k.outer, strict=True)]
+    o_terms = [(v, os) for v, (_, _, os) in zip(names, k.outer, strict=True)]
+    si = k.index.strides[0]
+    out.add(f"""\
+for p0 in range(0, {k.rows}, {PMAX}):
+    P = min({PMAX}, {k.rows} - p0)
+    idx = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=in1.ap(pattern=[[{si}, P], [1, 1]], offset={_offset(k.index.offset, [("p0", si)])}))""")
+    out.depth += 1
+    idx = "idx"
+    if k.row_stride != 1:
+        # The HBM arguments are flat 1-D buffers, so one indirect "row" is one element: scale the
+        # indices by the row stride in exact int32 arithmetic (GpSimd) rather than in fp32.
+        out.add(f"""\
+row_stride = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+nisa.memset(dst=row_stride, value={k.row_stride})
+idx_scaled = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+nisa.tensor_tensor(dst=idx_scaled, data1=idx, data2=row_stride, op=nl.multiply)""")
+        idx = "idx_scaled"
+    ft = min(GATHER_FREE_TILE, k.row_size)
+    t_off = _offset(k.table_offset, t_terms + [("f0", k.elem_stride)])
+    o_off = _offset(0, o_terms + [("p0", k.row_size), ("f0", 1)])
+    out.add(f"""\
+for f0 in range(0, {k.row_size}, {ft}):
+    F = min({ft}, {k.row_size} - f0)
+    rows = nl.ndarray((P, F), dtype=nl.{table_dtype}, buffer=nl.sbuf)
+    nisa.dma_copy(dst=rows, src=in0.ap(pattern=[[{max(k.row_stride, 1)}, P], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}, indirect_dim=0))
+    nisa.dma_copy(dst=out0.ap(pattern=[[{k.row_size}, P], [1, F]], offset={o_off}), src=rows)""")
+    return out.text()
+
+
+def index_add_body(k: IndexAddKernel) -> str:
+    """PSUM accumulation of one-hot(indices)^T @ values over token tiles, plus the base rows."""
+    out = Lines()
+    names = _outer_loops(out, [s for s, *_ in k.outer])
+    b_terms = [(v, o[1]) for v, o in zip(names, k.outer, strict=True)]
+    v_terms = [(v, o[2]) for v, o in zip(names, k.outer, strict=True)]
+    d_terms = [(v, o[3]) for v, o in zip(names, k.outer, strict=True)]
+    si = k.index.strides[0]
+    vn, vd = k.values.strides
+    bn, bd = k.base.strides
+    dn, dd = k.out.strides
+    ft = min(MATMUL_N, k.row_size)
+    cdt = k.compute_dtype
+    out.add(f"""\
+for m0 in range(0, {k.rows}, {PMAX}):
+    M = min({PMAX}, {k.rows} - m0)
+    for f0 in range(0, {k.row_size}, {ft}):
+        F = min({ft}, {k.row_size} - f0)
+        acc = nl.ndarray((M, F), dtype=nl.float32, buffer=nl.psum)
+        for k0 in range(0, {k.tokens}, {PMAX}):
+            K = min({PMAX}, {k.tokens} - k0)
+            idx = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=idx, src=in{k.index.arg}.ap(pattern=[[{si}, K], [1, 1]], offset={_offset(k.index.offset, [("k0", si)])}))
+            ids = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.iota(dst=ids, pattern=[[1, M]], offset=m0)
+            onehot = nl.ndarray((K, M), dtype=nl.{cdt}, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=onehot, data=ids, op0=nl.equal, operand0=idx)
+            vals = nl.ndarray((K, F), dtype=nl.{cdt}, buffer=nl.sbuf)
+            nisa.dma_copy(dst=vals, src=in{k.values.arg}.ap(pattern=[[{vn}, K], [{vd}, F]], offset={_offset(k.values.offset, v_terms + [("k0", vn), ("f0", vd)])}))
+            nisa.nc_matmul(dst=acc, stationary=onehot, moving=vals, accumulate=(k0 > 0))
+        base = nl.ndarray((M, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=base, src=in{k.base.arg}.ap(pattern=[[{bn}, M], [{bd}, F]], offset={_offset(k.base.offset, b_terms + [("m0", bn), ("f0", bd)])}))
+        res = nl.ndarray((M, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=res, data1=acc, data2=base, op=nl.add)
+        nisa.dma_copy(dst=out0.ap(pattern=[[{dn}, M], [{dd}, F]], offset={_offset(k.out.offset, d_terms + [("m0", dn), ("f0", dd)])}), src=res)""")
+    return out.text()
+
+
+def scan_body(k: ScanKernel) -> str:
+    """Per 128-row tile: chunked ``tensor_tensor_scan`` (r = 1 * r + x) carrying a (P, 1) running value."""
+    out = Lines()
+    n_outer = k.n_outer
+    names = _outer_loops(out, list(k.space[:n_outer]))
+    np_, nf = k.space[n_outer], k.space[n_outer + 1]
+    s_terms = [(v, k.src.strides[i]) for i, v in enumerate(names)]
+    d_terms = [(v, k.dst.strides[i]) for i, v in enumerate(names)]
+    ssp, ssf = k.src.strides[n_outer], k.src.strides[n_outer + 1]
+    dsp, dsf = k.dst.strides[n_outer], k.dst.strides[n_outer + 1]
+    ft = min(k.free_tile, nf)
+    init = {"add": 0.0, "multiply": 1.0}[k.op]
+    op0 = {"add": "multiply", "multiply": "add"}[k.op]  # r_i = (1 * r) + x  or  (0 + r) * x
+    unit = {"add": 1.0, "multiply": 0.0}[k.op]
+    out.add(f"""\
+for p0 in range(0, {np_}, {PMAX}):
+    P = min({PMAX}, {np_} - p0)
+    carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=carry, value={init})
+    for f0 in range(0, {nf}, {ft}):
+        F = min({ft}, {nf} - f0)
+        x = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=in{k.src.arg}.ap(pattern=[[{ssp}, P], [{ssf}, F]], offset={_offset(k.src.offset, s_terms + [("p0", ssp), ("f0", ssf)])}))
+        unit = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=unit, value={unit})
+        acc = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor_scan(dst=acc, data0=unit, data1=x, initial=carry, op0=nl.{op0}, op1=nl.{k.op})
+        nisa.tensor_copy(dst=carry, src=acc[:, F - 1:F])
+        nisa.dma_copy(dst=out0.ap(pattern=[[{dsp}, P], [{dsf}, F]], offset={_offset(k.dst.offset, d_terms + [("p0", dsp), ("f0", dsf)])}), src=acc)""")
+    return out.text()

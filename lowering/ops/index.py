@@ -1,0 +1,281 @@
+"""Index lowerings: embedding/index_select (row gather), index_put accumulate, gather/scatter, random.
+
+- ``embedding`` / ``index_select`` become a :class:`GatherKernel`: indices on partitions, rows
+  fetched by an indirect DMA (``vector_offset``), any dim via strided (permuted) views.
+- ``index_put(accumulate=True)`` (what ``embedding_dense_backward`` and ``index_select``'s backward
+  decompose to) becomes an :class:`IndexAddKernel`: a one-hot matmul on TensorE, deterministic and
+  exact for duplicate indices.
+- ``gather`` / ``scatter`` / ``scatter_add`` with one index per row along ``dim`` (what
+  ``nll_loss`` / ``cross_entropy`` forward and backward produce) are fused loop-kernel rules: an
+  iota along ``dim`` compared with the index selects the element (masked reduction / select).
+- ``rand`` / ``rand_like`` (training-mode dropout) read a plan-level random buffer the runner fills
+  with torch's CPU generator at every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, GatherKernel, IndexAddKernel, KernelCall
+from neuron_compile.lowering.partition import node_shape, shape_map
+from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from torch import fx
+
+from neuron_compile.errors import LoweringError
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+
+def collapse(shape: tuple[int, ...], stride_sets: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
+    """Merge neighbouring dims (size-1 dims dropped) wherever every stride set allows it."""
+    sizes: list[int] = []
+    strides: list[list[int]] = [[] for _ in stride_sets]
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        if sizes and all(st[-1] == s[d] * size for st, s in zip(strides, stride_sets, strict=True)):
+            sizes[-1] *= size
+            for st, s in zip(strides, stride_sets, strict=True):
+                st[-1] = s[d]
+            continue
+        sizes.append(size)
+        for st, s in zip(strides, stride_sets, strict=True):
+            st.append(s[d])
+    return sizes, strides
+
+
+def _flat_index(gl: Any, idx: View, name: str) -> View:
+    """The index tensor as one strided 1-D run (copied to a dense buffer when it is not)."""
+    sizes, (strides,) = collapse(idx.shape, [idx.strides])
+    if len(sizes) > 1:
+        idx = gl.copy_contiguous(idx, name)
+        sizes, (strides,) = collapse(idx.shape, [idx.strides])
+    n = math.prod(idx.shape)
+    return View(idx.buffer, (n,), (strides[0] if strides else 1,), idx.offset, idx.torch_dtype)
+
+
+def _arg_index(args: list[int], buf: int) -> int:
+    if buf not in args:
+        args.append(buf)
+    return args.index(buf)
+
+
+def _emit_gather(gl: Any, node: fx.Node, table: View, dim: int, idx_node: fx.Node, source: str) -> None:
+    """``out = table.index_select(dim, idx)`` with ``idx`` flattened (embedding: dim 0, idx any shape)."""
+    dim %= max(len(table.shape), 1)
+    post_shape = table.shape[dim + 1:]
+    post_sizes, (post_strides,) = collapse(post_shape, [table.strides[dim + 1:]])
+    if len(post_sizes) > 1:  # the row is not one strided run: gather from a dense copy
+        table = gl.copy_contiguous(table, f"{node.name}_table")
+        post_sizes, (post_strides,) = collapse(post_shape, [table.strides[dim + 1:]])
+    idx = _flat_index(gl, gl.view_of(idx_node), f"{node.name}_index")
+    n = idx.shape[0]
+    row = math.prod(post_shape)
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    pre_shape = table.shape[:dim]
+    out_pre = contiguous_strides(pre_shape + (n * row,))[:-1] if pre_shape else ()
+    pre_sizes, (t_pre, o_pre) = collapse(pre_shape, [table.strides[:dim], out_pre])
+    args: list[int] = []
+    _arg_index(args, table.buffer)
+    _arg_index(args, idx.buffer)
+    if len(args) != 2:
+        raise LoweringError(f"{node.name}: table and indices share a buffer")
+    kernel = GatherKernel(
+        f"k{kernel_index}_{source.split('.')[1]}", "gather",
+        tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),),
+        rows=n, row_size=row, num_rows_table=table.shape[dim] if table.shape else 1,
+        table_offset=table.offset, row_stride=table.strides[dim] if table.shape else 1,
+        elem_stride=post_strides[0] if post_strides else 1, index=Access(1, idx.offset, idx.strides),
+        outer=tuple(zip(pre_sizes, t_pre, o_pre, strict=True)), source_ops=(source,))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
+    del out
+
+
+def _embedding_check(node: fx.Node) -> str | None:
+    if len(node_shape(node.args[0])) < 1:
+        return "embedding of a 0-d weight"
+    return None
+
+
+@register_lowering(aten.embedding.default, family="index", kind="gather", check=_embedding_check)
+def lower_embedding(gl: Any, node: fx.Node) -> None:
+    """aten.embedding: row gather by indirect DMA (128 indices per tile); padding_idx only affects backward."""
+    _emit_gather(gl, node, gl.view_of(node.args[0]), 0, node.args[1], "aten.embedding.default")
+
+
+@register_lowering(aten.index_select.default, family="index", kind="gather")
+def lower_index_select(gl: Any, node: fx.Node) -> None:
+    """aten.index_select along any dim: a row gather over the strided (permuted) view."""
+    _emit_gather(gl, node, gl.view_of(node.args[0]), int(node.args[1]), node.args[2], "aten.index_select.default")
+
+
+# -- index_put (accumulate) ----------------------------------------------------------------------
+
+
+def _index_put_check(node: fx.Node) -> str | None:
+    indices = list(node.args[1])
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate:
+        return ("index_put without accumulate=True is not supported (its result with duplicate indices is "
+                "unspecified); use index_add / accumulate=True")
+    real = [i for i, t in enumerate(indices) if t is not None]
+    if len(real) != 1:
+        return "index_put with more than one index tensor is not supported (index one dim at a time)"
+    idx = indices[real[0]]
+    val = idx.meta.get("val") if isinstance(idx, fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype in (torch.bool, torch.uint8):
+        return "index_put with a boolean mask index is not supported (use integer indices)"
+    return None
+
+
+@register_lowering(aten.index_put.default, family="index", kind="gather", check=_index_put_check)
+def lower_index_put(gl: Any, node: fx.Node) -> None:
+    """aten.index_put(accumulate=True), one integer index tensor: base + one-hot^T @ values on TensorE."""
+    base = gl.view_of(node.args[0])
+    indices = list(node.args[1])
+    k = next(i for i, t in enumerate(indices) if t is not None)
+    idx = _flat_index(gl, gl.view_of(indices[k]), f"{node.name}_index")
+    idx_shape = node_shape(indices[k])
+    n = idx.shape[0]
+    shape = base.shape
+    full_values_shape = shape[:k] + idx_shape + shape[k + 1:]
+    values = gl.view_of(node.args[2])
+    vstrides = sp.broadcast_strides(values.shape, values.strides, full_values_shape)
+    # Merge the index dims of the values into one token dim.
+    tok_sizes, (tok_strides,) = collapse(idx_shape, [tuple(vstrides[k:k + len(idx_shape)])])
+    if len(tok_sizes) > 1:
+        values = gl.copy_contiguous(View(values.buffer, tuple(full_values_shape), tuple(vstrides), values.offset,
+                                         values.torch_dtype), f"{node.name}_values")
+        vstrides = list(values.strides)
+        tok_sizes, (tok_strides,) = collapse(idx_shape, [tuple(vstrides[k:k + len(idx_shape)])])
+    v_tok = tok_strides[0] if tok_strides else 0
+    v_pre = vstrides[:k]
+    v_post = vstrides[k + len(idx_shape):]
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    post_shape = shape[k + 1:]
+    post_sizes, post_strides = collapse(post_shape, [base.strides[k + 1:], tuple(v_post), out.strides[k + 1:]])
+    if len(post_sizes) > 1:
+        raise LoweringError(f"{node.name}: index_put rows of shape {post_shape} are not one strided run in every "
+                            f"operand (make the values contiguous)")
+    pre_sizes, pre_strides = collapse(shape[:k], [base.strides[:k], tuple(v_pre), out.strides[:k]])
+    row = math.prod(post_shape)
+    ps = [s[0] if s else 1 for s in post_strides]
+    args: list[int] = []
+    a_base = _arg_index(args, base.buffer)
+    a_idx = _arg_index(args, idx.buffer)
+    a_val = _arg_index(args, values.buffer)
+    kernel = IndexAddKernel(
+        f"k{kernel_index}_index_put", "index_put",
+        tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),),
+        rows=shape[k], tokens=n, row_size=row,
+        base=Access(a_base, base.offset, (base.strides[k], ps[0])),
+        index=Access(a_idx, idx.offset, idx.strides),
+        values=Access(a_val, values.offset, (v_tok, ps[1])),
+        out=Access(0, out.offset, (out.strides[k], ps[2])),
+        outer=tuple(zip(pre_sizes, *pre_strides, strict=True)),
+        source_ops=("aten.index_put.default",))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
+
+
+# -- gather / scatter along a dim with one index per row -------------------------------------------
+
+
+def _one_per_row(node: fx.Node, dim_pos: int, idx_pos: int) -> str | None:
+    shape = node_shape(node.args[0])
+    ishape = node_shape(node.args[idx_pos])
+    dim = int(node.args[dim_pos]) % max(len(shape), 1)
+    if len(ishape) != len(shape) or (shape and ishape[dim] != 1) or any(
+            a != b for d, (a, b) in enumerate(zip(ishape, shape, strict=True)) if d != dim):
+        return (f"{node.target} with index shape {ishape} for input {shape} along dim {dim} is not supported "
+                f"(only one index per row along dim, other dims equal, as nll_loss/cross_entropy use)")
+    return None
+
+
+def _gather_check(node: fx.Node) -> str | None:
+    return _one_per_row(node, 1, 2)
+
+
+@register_lowering(aten.gather.default, family="index", kind="reduction", check=_gather_check)
+def lower_gather(ctx: Any, node: fx.Node, x: Any, dim: int, index: Any, *args: Any, **kwargs: Any) -> Any:
+    """aten.gather with one index per row along ``dim``: sum(where(iota == index, x, 0)) over dim."""
+    b = ctx.b
+    hit = b.binary("equal", ctx.iota_along_reduced(node), index)
+    return b.reduce("add", b.select(hit, x, 0.0))
+
+
+def _iota_along(ctx: Any, node: fx.Node, dim: int) -> Any:
+    """A full tile holding each element's index along ``dim`` of the node's shape."""
+    shape = node_shape(node)
+    role = ctx.member_role(node)
+    cmap = shape_map(shape, role, ctx.g)
+    if role != "full" or cmap is None:
+        raise LoweringError(f"{node.name}: {node.target} result of shape {shape} does not span kernel space "
+                            f"{ctx.g.space}")
+    dim %= len(shape)
+    coeffs = sp.to_space([1 if d == dim else 0 for d in range(len(shape))], shape, cmap, ctx.g.space)
+    return ctx.b.emit("iota", "full", (), {"coeffs": (0, coeffs)}, phase=0)
+
+
+def _scatter_check(node: fx.Node) -> str | None:
+    reason = _one_per_row(node, 1, 2)
+    if reason is None and node.target != aten.scatter.value and node_shape(node.args[3]) != node_shape(node.args[2]):
+        return f"{node.target} with src shape {node_shape(node.args[3])} != index shape {node_shape(node.args[2])}"
+    if reason is None and node.kwargs.get("reduce") is not None:
+        return f"{node.target} with reduce= is not supported"
+    return reason
+
+
+@register_lowering(aten.scatter.value, aten.scatter.src, family="index", check=_scatter_check)
+def lower_scatter(ctx: Any, node: fx.Node, x: Any, dim: int, index: Any, src: Any, **kwargs: Any) -> Any:
+    """aten.scatter (value or src) with one index per row along ``dim``: where(iota == index, src, x)."""
+    b = ctx.b
+    hit = b.binary("equal", _iota_along(ctx, node, dim), index)
+    return b.select(hit, src, x)
+
+
+@register_lowering(aten.scatter_add.default, family="index", check=_scatter_check)
+def lower_scatter_add(ctx: Any, node: fx.Node, x: Any, dim: int, index: Any, src: Any) -> Any:
+    """aten.scatter_add with one index per row along ``dim``: x + where(iota == index, src, 0)."""
+    b = ctx.b
+    hit = b.binary("equal", _iota_along(ctx, node, dim), index)
+    return b.binary("add", x, b.select(hit, src, 0.0))
+
+
+# -- random ----------------------------------------------------------------------------------------
+
+
+def _rand_check(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and (not val.dtype.is_floating_point or storage_dtype(val.dtype) is None):
+        return f"{node.target} of dtype {val.dtype} is not supported"
+    return None
+
+
+@register_lowering(aten.rand_like.default, aten.rand.default, family="random", kind="copy", check=_rand_check)
+def lower_rand(gl: Any, node: fx.Node) -> None:
+    """aten.rand/rand_like (training dropout): a uniform [0, 1) buffer the runner draws on the host.
+
+    Design: NeuronCore RNG instructions (nisa.rng/rand2) follow neither torch's generator nor its
+    seeding, so the plan marks a 'random' buffer and the runner fills it with ``torch.rand`` (the
+    CPU default generator) before the kernels run, in graph order. Results are therefore
+    deterministic under ``torch.manual_seed`` and have exactly torch's uniform distribution; the
+    kernels consume the buffer like any input (dropout's ``gt`` + ``mul`` fuse as usual).
+    """
+    shape = node_shape(node)
+    val = node.meta["val"]
+    nd = storage_dtype(val.dtype) or "float32"
+    n_random = sum(1 for b in gl.buffers if b.kind == "random")
+    buf = gl._buffer(BufferRef("random", n_random, 0, max(math.prod(shape), 1), nd))
+    gl.views[node] = View(buf, shape, contiguous_strides(shape), 0, val.dtype)

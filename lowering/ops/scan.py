@@ -1,0 +1,74 @@
+"""Scan lowerings: cumsum along any dim (a :class:`ScanKernel`), and flip (a negative-stride view).
+
+The scanned dim becomes the free dim of a canonical ``(outer..., part, free)`` space (other dims merge
+onto partitions and unrolled outer loops); each 128-row tile scans free-dim chunks with
+``nisa.tensor_tensor_scan`` carrying the running sum in a ``(P, 1)`` tile. cumsum's backward
+(``flip(cumsum(flip(g)))``) needs ``flip``, which is a view with a negated stride.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.ir import Access, ArgSpec, KernelCall, ScanKernel
+from neuron_compile.lowering.partition import node_shape
+from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.views import View
+from torch import fx
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+SCAN_FREE_TILE = 512
+
+
+def _cumsum_check(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype in (torch.int64, torch.int32) and \
+            math.prod(node_shape(node)) > 2**24:
+        return "integer cumsum of more than 2**24 elements is not supported (fp32 accumulation)"
+    return None
+
+
+@register_lowering(aten.cumsum.default, family="scan", kind="copy", check=_cumsum_check)
+def lower_cumsum(gl: Any, node: fx.Node) -> None:
+    """aten.cumsum along any dim: chunked tensor_tensor_scan with a carried (P, 1) sum (fp32 accumulation)."""
+    src = gl.view_of(node.args[0])
+    shape = node_shape(node)
+    rank = len(shape)
+    dim = int(node.args[1]) % max(rank, 1)
+    kernel_index = len(gl.kernels)
+    buf, dst = gl.new_output(node, kernel_index, 0)
+    space = shape or (1,)
+    roles = ["red" if d == dim else "keep" for d in range(len(space))]
+    s_strides = src.strides or (0,)
+    d_strides = dst.strides or (0,)
+    canon = sp.canonicalize(space, roles, [s_strides, d_strides], part_role="keep", free_role="red",
+                            split_limit=1 << 30)
+    kernel = ScanKernel(
+        f"k{kernel_index}_cumsum", "scan",
+        (ArgSpec(gl.buffers[src.buffer].numel, gl.buffers[src.buffer].dtype),),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),),
+        canon.space, canon.n_outer,
+        Access(0, src.offset, sp.canonical_strides(canon, s_strides)),
+        Access(0, dst.offset, sp.canonical_strides(canon, d_strides)),
+        "add", SCAN_FREE_TILE, ("aten.cumsum.default",))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, (src.buffer,), (buf,)))
+
+
+@register_lowering(aten.flip.default, family="movement", kind="view")
+def lower_flip(node: fx.Node, v: View) -> View:
+    """aten.flip: a view that starts at the last element of each flipped dim with a negated stride."""
+    dims = {int(d) % max(len(v.shape), 1) for d in node.args[1]}
+    offset = v.offset
+    strides = list(v.strides)
+    for d in dims:
+        if v.shape[d] > 1:
+            offset += (v.shape[d] - 1) * v.strides[d]
+            strides[d] = -strides[d]
+    return View(v.buffer, v.shape, tuple(strides), offset, v.torch_dtype)
