@@ -15,8 +15,8 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import checks as C
-from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import ops as O
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import targets as _targets

@@ -13,8 +13,8 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import checks as C
-from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import dtypes as _dt
+from neuron_compile.simulator import enums as _en
 from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.enums import check_enum, dge_mode, engine, oob_mode

@@ -23,7 +23,8 @@ def _resolver() -> Any:
     from neuron_compile.simulator import nki as sim_nki
 
     real_import = builtins.__import__
-    subs = {"nki": sim_nki, "nki.language": sim_nki.language, "nki.isa": sim_nki.isa}
+    subs = {"nki": sim_nki, "nki.language": sim_nki.language, "nki.isa": sim_nki.isa,
+            "nki.collectives": sim_nki.collectives}
 
     def sim_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if level == 0:

@@ -7,13 +7,12 @@ import gc
 import ml_dtypes
 import numpy as np
 import pytest
+from sim_helpers import tile, val
 
 from neuron_compile.errors import RemovedAPIError, SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import nisa, nl, use_target
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator.tensor import from_array
-
-from sim_helpers import tile, val
 
 
 def test_sentinel_fill_and_attributes() -> None:
