@@ -82,4 +82,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in KEEP:
         table.pop(op, None)
     table.update(OWN)
+    from neuron_compile.lowering.decomp_attention import ATTENTION
+
+    table.update(ATTENTION)
     return table

@@ -38,3 +38,9 @@ def lower_arange(ctx, node, *args, **kwargs):
         start = int(args[0])
         step = int(args[2]) if len(args) > 2 else int(kwargs.get("step", 1))
     return ctx.iota_for(node, start, step)
+
+
+@register_lowering(aten.full_like.default, family="constant", kind="constant")
+def lower_full_like(ctx, node, x, fill_value, **kwargs):
+    """aten.full_like: memset of a full tile (the input only gives the shape)."""
+    return ctx.b.fill(float(fill_value), ctx.member_role(node))

@@ -1,9 +1,9 @@
-"""Scan lowerings: cumsum along any dim (a :class:`ScanKernel`), and flip (a negative-stride view).
+"""Scan lowerings: cumsum along any dim (a :class:`ScanKernel`), and flip (a copy through a negated-stride view).
 
 The scanned dim becomes the free dim of a canonical ``(outer..., part, free)`` space (other dims merge
 onto partitions and unrolled outer loops); each 128-row tile scans free-dim chunks with
 ``nisa.tensor_tensor_scan`` carrying the running sum in a ``(P, 1)`` tile. cumsum's backward
-(``flip(cumsum(flip(g)))``) needs ``flip``, which is a view with a negated stride.
+(``flip(cumsum(flip(g)))``) needs ``flip``: one DMA copy reading a negated-stride view.
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def lower_cumsum(gl: Any, node: fx.Node) -> None:
     gl.calls.append(KernelCall(kernel_index, (src.buffer,), (buf,)))
 
 
-@register_lowering(aten.flip.default, family="movement", kind="view")
-def lower_flip(node: fx.Node, v: View) -> View:
-    """aten.flip: a view that starts at the last element of each flipped dim with a negated stride."""
+@register_lowering(aten.flip.default, family="movement", kind="copy")
+def lower_flip(gl: Any, node: fx.Node) -> None:
+    """aten.flip: one DMA copy reading a negated-stride view (outputs must not have negative strides)."""
+    v = gl.view_of(node.args[0])
     dims = {int(d) % max(len(v.shape), 1) for d in node.args[1]}
     offset = v.offset
     strides = list(v.strides)
@@ -71,4 +72,7 @@ def lower_flip(node: fx.Node, v: View) -> View:
         if v.shape[d] > 1:
             offset += (v.shape[d] - 1) * v.strides[d]
             strides[d] = -strides[d]
-    return View(v.buffer, v.shape, tuple(strides), offset, v.torch_dtype)
+    src = View(v.buffer, v.shape, tuple(strides), offset, v.torch_dtype)
+    kernel_index = len(gl.kernels)
+    buf, dst = gl.new_output(node, kernel_index, 0)
+    gl.emit_copy(f"k{kernel_index}_flip", [(src, dst)], [buf], ("aten.flip.default",))

@@ -1,0 +1,64 @@
+"""Decomposition of scaled_dot_product_attention's CPU backward into matmuls and a softmax.
+
+On CPU, ``F.scaled_dot_product_attention`` reaches AOTAutograd as
+``_scaled_dot_product_flash_attention_for_cpu``: its forward decomposes to the math path (bmm,
+softmax), but autograd records the fused ``..._backward`` op, which no NeuronCore kernel implements
+(and whose saved "logsumexp" is, after the forward decomposition, really the attention matrix).
+:func:`sdpa_flash_cpu_backward` recomputes the probabilities from q, k, v (causal or additive/bool
+mask, scale) and applies the standard softmax-attention gradients in fp32, so both passes lower
+through the ordinary matmul / reduction / elementwise rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+
+def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            out: torch.Tensor, logsumexp: torch.Tensor, dropout_p: float, is_causal: bool, *,
+                            attn_mask: torch.Tensor | None = None, scale: float | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of softmax(q k^T * scale + mask) v, recomputing the probabilities (dropout_p must be 0)."""
+    torch._check(dropout_p == 0.0, lambda: "scaled_dot_product_attention backward with dropout is not supported")
+    dtype = query.dtype
+    q, k, v, g = (t.to(torch.float32) for t in (query, key, value, grad_out))
+    rep = q.shape[1] // k.shape[1]
+    if rep != 1:  # grouped-query attention: share each key/value head across `rep` query heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s
+    n_q, n_k = scores.shape[-2], scores.shape[-1]
+    if is_causal:
+        rows = torch.arange(n_q).unsqueeze(1)
+        cols = torch.arange(n_k).unsqueeze(0)
+        scores = torch.where(cols <= rows, scores, -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = torch.where(attn_mask, scores, -math.inf)
+        else:
+            scores = scores + attn_mask.to(torch.float32)
+    p = torch.softmax(scores, dim=-1)
+    dv = torch.matmul(p.transpose(-2, -1), g)
+    dp = torch.matmul(g, v.transpose(-2, -1))
+    ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+    dq = torch.matmul(ds, k) * s
+    dk = torch.matmul(ds.transpose(-2, -1), q) * s
+    if rep != 1:
+        shape = (dk.shape[0], dk.shape[1] // rep, rep, *dk.shape[2:])
+        dk = dk.reshape(shape).sum(dim=2)
+        dv = dv.reshape(shape).sum(dim=2)
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+ATTENTION: dict[Any, Callable[..., Any]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: sdpa_flash_cpu_backward,
+}
