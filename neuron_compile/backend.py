@@ -10,6 +10,7 @@ backward ops at the first call. Each ATen graph is compiled by :func:`compile_at
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -94,6 +95,9 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
             continue
         if node.op != "call_function":
             continue
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) \
+                and unsupported_reason(node.args[0]) is not None:
+            continue  # the tuple-producing op is reported itself
         reason = unsupported_reason(node)
         if reason is None:
             val = node.meta.get("val")

@@ -1,0 +1,224 @@
+"""End-to-end behaviour of the `neuron` backend: entry points, options, static shapes, rejection, cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_compile
+from neuron_compile import backend as B
+from neuron_compile.errors import ConfigError, DynamicShapeError, UnsupportedOpError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    B.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _cause(exc: BaseException, kind: type) -> BaseException:
+    while exc is not None and not isinstance(exc, kind):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None, f"no {kind.__name__} in the exception chain"
+    return exc
+
+
+def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, timeout=300, cwd=REPO)
+
+
+ENTRY_ONLY = """
+import torch
+f = torch.compile(lambda x: torch.relu(x) * 3, backend="neuron", dynamic=False)
+x = torch.randn(5, 7)
+assert torch.allclose(f(x), torch.relu(x) * 3)
+import sys; assert "neuron_compile" in sys.modules
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("prefix", ["", "import neuron_compile\n", "IMPORT_AFTER"])
+def test_backend_name_works_in_fresh_process_all_registration_orders(prefix, tmp_path):
+    code = ENTRY_ONLY if prefix != "IMPORT_AFTER" else ENTRY_ONLY + "import neuron_compile\nprint(f(x).shape)\n"
+    if prefix and prefix != "IMPORT_AFTER":
+        code = prefix + code
+    res = _run(code, {"NEURON_COMPILE_CACHE_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "ok" in res.stdout
+
+
+def test_set_default_backend(tmp_path):
+    res = _run("""
+        import torch
+        torch.compiler.set_default_backend("neuron")
+        import neuron_compile.backend as B
+        f = torch.compile(lambda x: x.exp().sum(-1))
+        x = torch.randn(3, 4)
+        assert torch.allclose(f(x), x.exp().sum(-1), atol=1e-5)
+        assert len(B.compiled_graphs()) == 1
+        print("ok")
+    """, {"NEURON_COMPILE_CACHE_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_unknown_option_lists_valid_ones():
+    f = torch.compile(lambda x: x + 1, backend="neuron", options={"tagret": "trn2"})
+    with pytest.raises(Exception) as info:
+        f(torch.randn(2))
+    err = _cause(info.value, ConfigError)
+    assert "unknown option(s) tagret" in str(err)
+    assert "valid options:" in str(err) and "target" in str(err)
+
+
+def test_three_batch_sizes_three_static_compiles():
+    model = torch.nn.Linear(8, 4)
+    f = torch.compile(model, backend="neuron", dynamic=False)
+    with torch.no_grad():
+        for batch in (3, 5, 8):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
+    graphs = B.compiled_graphs()
+    assert len(graphs) == 3
+    shapes = sorted(g["plan"].inputs[-1].shape[0] for g in graphs if g["plan"].inputs)
+    assert shapes == [3, 5, 8]
+
+
+def test_default_dynamic_stays_static_per_shape():
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend="neuron")  # dynamic left at its default
+    for batch in (3, 5, 8):
+        x = torch.randn(batch, 6)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+    assert len(B.compiled_graphs()) == 3
+
+
+def test_dynamic_true_is_refused():
+    f = torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(3, 4))
+    err = _cause(info.value, DynamicShapeError)
+    msg = str(err)
+    assert "dynamic=False" in msg and "pad or bucket" in msg and "symbolic dims" in msg
+
+
+def test_mark_dynamic_is_refused():
+    f = torch.compile(lambda x: x * 2, backend="neuron")
+    x = torch.randn(3, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+    with pytest.raises(Exception) as info:
+        f(x)
+    assert "mark_dynamic" in str(_cause(info.value, DynamicShapeError))
+
+
+def _two_unsupported(x):
+    y = torch.sort(x, dim=-1).values
+    return torch.cumprod(y, dim=-1) + 1
+
+
+def test_unsupported_ops_rejected_in_one_error_with_shapes_and_source_line():
+    f = torch.compile(_two_unsupported, backend="neuron", dynamic=False)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(4, 6))
+    err = _cause(info.value, UnsupportedOpError)
+    msg = str(err)
+    assert "aten.sort" in msg and "aten.cumprod" in msg
+    assert "float32[4, 6]" in msg
+    assert "test_backend.py" in msg and "torch.sort(x, dim=-1)" in msg
+    assert len(err.unsupported) == 2
+
+
+def test_backward_only_ops_refused_at_first_call():
+    # every forward op lowers; the refusal must still come at the first (forward) call if backward cannot.
+    w = torch.randn(5, requires_grad=True)
+
+    def fn(x):
+        return torch.sort(x * w, dim=-1).values.sum()
+
+    f = torch.compile(fn, backend="neuron", dynamic=False)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(3, 5))
+    assert "training graph (forward + backward)" in str(_cause(info.value, UnsupportedOpError))
+
+
+def test_mlp_training_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.GELU(), torch.nn.Linear(20, 3))
+    ref = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.GELU(), torch.nn.Linear(20, 3))
+    ref.load_state_dict(model.state_dict())
+    f = torch.compile(model, backend="neuron", dynamic=False)
+    x = torch.randn(9, 12)
+    out = f(x)
+    out.pow(2).mean().backward()
+    ref(x).pow(2).mean().backward()
+    torch.testing.assert_close(out, ref(x), atol=1e-5, rtol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    kinds = sorted(g["kind"] for g in B.compiled_graphs())
+    assert kinds == ["backward", "forward"]
+
+
+def test_per_region_compile_rest_eager():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+    expected = model(torch.ones(2, 6))
+    model[1] = torch.compile(model[1], backend="neuron")
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.ones(2, 6)), expected.detach())
+    assert len(B.compiled_graphs()) == 1
+
+
+def test_graph_break_compiles_each_graph():
+    def fn(x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        return y.sum(-1)
+
+    f = torch.compile(fn, backend="neuron")
+    x = torch.randn(3, 10)
+    torch.testing.assert_close(f(x), fn(x))
+    assert len(B.compiled_graphs()) == 2
+
+
+def test_second_process_hits_the_cache(tmp_path):
+    code = """
+        import torch, neuron_compile.backend as B
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU())
+        with torch.no_grad():
+            out = torch.compile(m, backend="neuron", dynamic=False)(torch.randn(4, 16))
+        print("HIT" if all(g["cache_hit"] for g in B.compiled_graphs()) else "MISS", float(out.sum()))
+    """
+    env = {"NEURON_COMPILE_CACHE_DIR": str(tmp_path / "shared")}
+    first, second = _run(code, env), _run(code, env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-1500:] + second.stderr[-1500:]
+    assert first.stdout.split()[0] == "MISS" and second.stdout.split()[0] == "HIT"
+    assert first.stdout.split()[1] == second.stdout.split()[1]
+
+
+def test_float64_runs_as_float32_with_warning():
+    f = torch.compile(lambda x: x * 3 + 1, backend="neuron", dynamic=False)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="float64 tensors run as float32"):
+        out = f(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, x * 3 + 1, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_softmax_one_kernel():
+    x = torch.randn(5, 300, dtype=torch.bfloat16)
+    f = torch.compile(lambda t: F.softmax(t, dim=-1), backend="neuron", dynamic=False)
+    torch.testing.assert_close(f(x), F.softmax(x, dim=-1), atol=1e-2, rtol=1e-2)
+    assert [g["kernels"] for g in B.compiled_graphs()] == [1]
+    assert neuron_compile.__version__
