@@ -10,6 +10,11 @@ process and best of N runs each:
 It checks that both pairs of results agree, prints a table of times, ratios and targets ((a) <= 3x,
 (b) <= 5x), and exits 1 if a result is wrong (a missed ratio is only reported). ``--profile`` prints the
 top cProfile entries of one simulator run of each kernel, to find what is slow.
+
+BLAS threads matter: the simulator runs many small GEMMs (128x128x512), for which OpenBLAS's threading
+costs more than it gains on a busy machine, while NumPy's one big GEMM profits from it.
+``--blas-threads N`` re-executes the script with ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS``/
+``MKL_NUM_THREADS`` set to N for both sides (these must be set before NumPy is imported).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import logging
+import os
 import pstats
 import sys
 import time
@@ -31,6 +37,7 @@ from neuron_compile.simulator import nisa, nki, nl, simulate
 
 log = logging.getLogger(__name__)
 
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 MATMUL_TARGET = 3.0
 SOFTMAX_TARGET = 5.0
 
@@ -164,7 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     parser.add_argument("--profile", action="store_true", help="print cProfile of one simulator run each")
     parser.add_argument("--top", type=int, default=25, help="cProfile entries to print")
+    parser.add_argument(
+        "--blas-threads", type=int, default=None, help="BLAS threads for both sides (re-executes)"
+    )
     args = parser.parse_args(argv)
+    if args.blas_threads is not None and os.environ.get(BLAS_ENV[0]) != str(args.blas_threads):
+        for var in BLAS_ENV:
+            os.environ[var] = str(args.blas_threads)
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
 
     rng = np.random.default_rng(0)
     n = args.matmul_size
@@ -198,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         Row(f"softmax fp32 {args.softmax_rows}x{args.softmax_cols}", sim_t, np_t, SOFTMAX_TARGET, ok, err)
     )
 
-    print(f"best of {args.repeats} runs each")
+    threads = os.environ.get(BLAS_ENV[0], "default")
+    print(f"best of {args.repeats} runs each; {BLAS_ENV[0]}={threads}; {os.cpu_count()} CPUs")
     header = f"{'case':<28} {'simulator s':>12} {'numpy s':>10} {'ratio':>7} {'target':>7} {'ratio ok':>9} {'result':>8} {'max err':>10}"
     print(header)
     print("-" * len(header))
