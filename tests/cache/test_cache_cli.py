@@ -334,10 +334,9 @@ def test_console_script_and_python_m(two: tuple[CacheKey, CacheKey], cache_root:
     env = {"NEURON_COMPILE_CACHE_DIR": str(cache_root)}
     full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}, **env}
     exe = Path(sys.executable).with_name("neuron-compile")
-    cmds = [[sys.executable, "-m", "neuron_compile", "cache", "list", "--json"]]
-    if exe.exists():
-        cmds.append([str(exe), "cache", "list", "--json"])
-    for cmd in cmds:
+    # The console script when installed here, else the same entry through `python -m`.
+    cmds = [[str(exe)] if exe.exists() else [sys.executable, "-m", "neuron_compile"]]
+    for cmd in [[*c, "cache", "list", "--json"] for c in cmds]:
         res = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         assert sorted(e["key"] for e in json.loads(res.stdout)) == sorted(k.digest for k in two)

@@ -96,7 +96,7 @@ def test_lock_of_killed_process_is_recovered(cache_root: Path) -> None:
     t0 = time.monotonic()
     with config.patch(cache_lock_timeout=30.0):
         files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"a.py": b"x"}, {}))
-    assert time.monotonic() - t0 < 2.0 and (files, hit, calls) == ({"a.py": b"x"}, False, [1])
+    assert time.monotonic() - t0 < 5.0 and (files, hit, calls) == ({"a.py": b"x"}, False, [1])
     assert not lock_path.exists()
 
 
@@ -106,7 +106,7 @@ def test_stale_lock_file_with_dead_pid(cache_root: Path) -> None:
     with config.patch(cache_lock_timeout=30.0):
         t0 = time.monotonic()
         assert get_or_compile(synthetic_key(), lambda: ({"a.py": b"x"}, {})) == ({"a.py": b"x"}, False)
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0
 
 
 def test_lock_timeout_compiles_without_waiting_forever(cache_root: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -120,7 +120,7 @@ def test_lock_timeout_compiles_without_waiting_forever(cache_root: Path, caplog:
             files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"a.py": b"x"}, {}))
         waited = time.monotonic() - t0
         assert (files, hit, calls) == ({"a.py": b"x"}, False, [1])
-        assert 0.3 <= waited < 2.0
+        assert 0.3 <= waited < 5.0
         (msg,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert f"for pid {proc.pid} on host" in msg and "compiling without waiting" in msg  # type: ignore[attr-defined]
         assert "NEURON_COMPILE_CACHE_LOCK_TIMEOUT=0.3" in msg

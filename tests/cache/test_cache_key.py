@@ -237,28 +237,39 @@ def f(x, w):
     return torch.relu(x @ w + torch.tensor([0.5, -1.0]))
 x, w = torch.randn(4, 3), torch.randn(3, 2, requires_grad=True)
 k = compute_key(make_fx(f)(x, w), [x, w], kind="forward")
-print(json.dumps({"digest": k.digest, "pid": os.getpid()}))
+print(json.dumps({"digest": k.digest, "pid": os.getpid(), "fingerprint": k.parts["neuron_compile"]["source_sha256"]}))
 """
 
 
-def test_stable_across_processes_cache_paths_and_homes(tmp_path: Path) -> None:
+def _keys_from_two_processes(tmp_path: Path, attempt: int) -> list[dict[str, object]]:
     outs = []
     for i in range(2):
-        home = tmp_path / f"home{i}"
-        home.mkdir()
+        home = tmp_path / f"try{attempt}" / f"home{i}"
+        home.mkdir(parents=True)
         env = {"HOME": str(home), "NEURON_COMPILE_CACHE_DIR": str(tmp_path / f"cache{i}"),
                "XDG_CACHE_HOME": str(home / ".cache"), "HOSTNAME": f"host{i}"}
         proc = run_py(_KEY_SCRIPT, env=env, cwd=home)
         assert proc.returncode == 0, proc.stderr
         outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert outs[0]["pid"] != outs[1]["pid"]
-    assert outs[0]["digest"] == outs[1]["digest"]
-    # ... and equal to this process's key for the same graph. (Re-fingerprint: other people edit the
-    # package's sources while tests run, and the fingerprint is memoized per process.)
-    key_mod.reset_source_fingerprint()
+    return outs
+
+
+def test_stable_across_processes_cache_paths_and_homes(tmp_path: Path) -> None:
     x, w = torch.randn(4, 3), torch.randn(3, 2, requires_grad=True)
     gm = make_fx(lambda x, w: torch.relu(x @ w + torch.tensor([0.5, -1.0])))(x, w)
-    assert compute_key(gm, [x, w], kind="forward").digest == outs[0]["digest"]
+    # Other engineers edit the package's sources while tests run, which (rightly) changes the
+    # source fingerprint between processes; retry until one attempt sees a quiet tree.
+    for attempt in range(3):
+        outs = _keys_from_two_processes(tmp_path, attempt)
+        key_mod.reset_source_fingerprint()
+        here = compute_key(gm, [x, w], kind="forward")
+        fingerprints = {o["fingerprint"] for o in outs} | {here.parts["neuron_compile"]["source_sha256"]}  # type: ignore[index]
+        if len(fingerprints) == 1:
+            break
+    else:
+        pytest.fail("package sources kept changing during the test: no stable fingerprint in 3 attempts")
+    assert outs[0]["pid"] != outs[1]["pid"]
+    assert outs[0]["digest"] == outs[1]["digest"] == here.digest
 
 
 def _aot_keys(model: torch.nn.Module, batches: list[int], dynamic: bool | None) -> list[tuple[str, CacheKey]]:

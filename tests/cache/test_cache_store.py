@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cache_helpers import ARTIFACTS, SUMMARY, run_py, synthetic_key
+from cache_helpers import ARTIFACTS, LIGHT_IMPORT, SUMMARY, run_py, synthetic_key
 from neuron_compile.cache import stats
 from neuron_compile.cache import store as store_mod
 from neuron_compile.cache.store import CacheStore, get_or_compile
@@ -239,7 +239,7 @@ def test_read_only_mount(tmp_path: Path) -> None:
         pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr!r}")
     proc = subprocess.run(
         ["unshare", "-m", "sh", "-c", f'mount --bind -o ro {root} {root} && exec "$0" -c "$1"', sys.executable,
-         _RO_SCRIPT], env={**{k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE")},
+         LIGHT_IMPORT + _RO_SCRIPT], env={**{k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE")},
                        "NEURON_COMPILE_CACHE_DIR": str(root)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "calls 3"
@@ -251,7 +251,7 @@ def test_full_disk_degrades_with_one_warning(tmp_path: Path) -> None:
     """A real write failure (EFBIG from RLIMIT_FSIZE, as a full disk would give ENOSPC) while publishing."""
     code = ("import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n" + _RO_SCRIPT)
-    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path / "c")})
+    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path / "c")}, light=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "calls 3"
     warns = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
