@@ -28,12 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--sdpa", action="store_true", help="use F.scaled_dot_product_attention")
+    parser.add_argument("--manual-attention", action="store_true",
+                        help="write attention out (matmul, masked_fill, softmax) instead of F.scaled_dot_product_attention")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     cfg = GPTConfig(vocab=512, seq=args.seq, d_model=128, n_heads=4, n_layers=args.layers)
-    attention = None if args.sdpa else ManualCausalSelfAttention
+    attention = ManualCausalSelfAttention if args.manual_attention else None
     model = GPT(cfg, attention) if attention else GPT(cfg)
     model.eval()
     idx = torch.randint(0, cfg.vocab, (args.batch, cfg.seq))
