@@ -18,7 +18,15 @@ from neuron_compile.errors import (  # noqa: E402
 
 
 def _register_backend() -> None:
-    """Register ``backend="neuron"`` with Dynamo unless the entry point already does (see NOTES.md)."""
+    """Register ``backend="neuron"`` with Dynamo unless the entry point already does (see NOTES.md).
+
+    Skipped when torch is not imported yet (the CLI never needs Dynamo, and importing it costs
+    seconds): the installed ``torch_dynamo_backends`` entry point registers the name on first use.
+    """
+    import sys
+
+    if "torch" not in sys.modules:
+        return
     from torch._dynamo.backends import registry
 
     if "neuron" in registry._COMPILER_FNS or registry._BACKENDS.get("neuron") is not None:
