@@ -166,6 +166,10 @@ def _accumulate(api: str, dst: NkiTensor, prod: np.ndarray, accumulate: bool | N
     else:
         f1 = flags == 1
         if f1.all():
+            if store:  # hot path of K-accumulation: add in place
+                a += prod
+                dst.storage.written = True
+                return
             prod = prod + C.read32(dst)
         elif f1.any():
             prod = np.where(f1, prod + C.read32(dst), prod)
