@@ -107,6 +107,16 @@ def test_index_select_dim1_and_transposed_table():
     check(lambda w, i: w.t().index_select(0, i) * 2, _leaf(9, 140), torch.tensor([139, 0, 7, 7]))
 
 
+def test_advanced_index_one_tensor_wraps_negative_indices():
+    idx = torch.tensor([[0, -1, 4], [-5, 2, 2]])
+    check(lambda x, i: x[i] * 2, _leaf(5, 7), idx)
+    check(lambda x, i: x[:, i], _leaf(3, 5, 4), idx)
+
+
+def test_embedding_scale_grad_by_freq():
+    check(lambda w, i: F.embedding(i, w, scale_grad_by_freq=True), _leaf(40, 8), torch.tensor([[1, 1, 3, 39, 1]]))
+
+
 # -- gather / cross_entropy -----------------------------------------------------------------------------
 
 
