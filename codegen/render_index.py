@@ -45,6 +45,17 @@ for p0 in range(0, {k.rows}, {PMAX}):
     nisa.dma_copy(dst=idx, src=in1.ap(pattern=[[{si}, P], [1, 1]], offset={_offset(k.index.offset, [("p0", si)])}))""")
     out.depth += 1
     idx = "idx"
+    if k.wrap_negative:
+        # x[idx] wraps negative indices: idx + rows * (idx < 0), exact in fp32 for any realistic row count.
+        out.add(f"""\
+idx_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_copy(dst=idx_f, src=idx)
+neg = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_scalar(dst=neg, data=idx_f, op0=nl.less, operand0=0.0, op1=nl.multiply, operand1={float(k.num_rows_table)})
+nisa.tensor_tensor(dst=idx_f, data1=idx_f, data2=neg, op=nl.add)
+idx_w = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+nisa.tensor_copy(dst=idx_w, src=idx_f)""")
+        idx = "idx_w"
     if k.row_stride != 1:
         # The HBM arguments are flat 1-D buffers, so one indirect "row" is one element: scale the
         # indices by the row stride in exact int32 arithmetic (GpSimd) rather than in fp32.
@@ -52,7 +63,7 @@ for p0 in range(0, {k.rows}, {PMAX}):
 row_stride = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
 nisa.memset(dst=row_stride, value={k.row_stride})
 idx_scaled = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-nisa.tensor_tensor(dst=idx_scaled, data1=idx, data2=row_stride, op=nl.multiply)""")
+nisa.tensor_tensor(dst=idx_scaled, data1={idx}, data2=row_stride, op=nl.multiply)""")
         idx = "idx_scaled"
     ft = min(GATHER_FREE_TILE, k.row_size)
     t_off = _offset(k.table_offset, t_terms + [("f0", k.elem_stride)])
@@ -67,7 +78,10 @@ for f0 in range(0, {k.row_size}, {ft}):
 
 
 def index_add_body(k: IndexAddKernel) -> str:
-    """PSUM accumulation of one-hot(indices)^T @ values over token tiles, plus the base rows."""
+    """PSUM accumulation of one-hot(indices)^T @ values over token tiles, plus the base rows.
+
+    Negative indices wrap (``idx + rows`` where ``idx < 0``) as index_put does eagerly.
+    """
     out = Lines()
     names = _outer_loops(out, [s for s, *_ in k.outer])
     b_terms = [(v, o[1]) for v, o in zip(names, k.outer, strict=True)]
@@ -89,6 +103,9 @@ for m0 in range(0, {k.rows}, {PMAX}):
             K = min({PMAX}, {k.tokens} - k0)
             idx = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=idx, src=in{k.index.arg}.ap(pattern=[[{si}, K], [1, 1]], offset={_offset(k.index.offset, [("k0", si)])}))
+            neg = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=neg, data=idx, op0=nl.less, operand0=0.0, op1=nl.multiply, operand1={float(k.rows)})
+            nisa.tensor_tensor(dst=idx, data1=idx, data2=neg, op=nl.add)
             ids = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
             nisa.iota(dst=ids, pattern=[[1, M]], offset=m0)
             onehot = nl.ndarray((K, M), dtype=nl.{cdt}, buffer=nl.sbuf)

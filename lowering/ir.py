@@ -140,6 +140,7 @@ class GatherKernel:
     elem_stride: int = 1
     index: Access = Access(1, 0, (1,))  # over the rows
     outer: tuple[tuple[int, int, int], ...] = ()  # (size, table stride, out stride)
+    wrap_negative: bool = False  # index + num_rows_table for negative indices (x[idx] semantics)
     source_ops: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

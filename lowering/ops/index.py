@@ -1,6 +1,6 @@
 """Index lowerings: embedding/index_select (row gather), index_put accumulate, gather/scatter, random.
 
-- ``embedding`` / ``index_select`` become a :class:`GatherKernel`: indices on partitions, rows
+- ``embedding`` / ``index_select`` / ``index.Tensor`` (one index tensor) become a :class:`GatherKernel`: indices on partitions, rows
   fetched by an indirect DMA (``vector_offset``), any dim via strided (permuted) views.
 - ``index_put(accumulate=True)`` (what ``embedding_dense_backward`` and ``index_select``'s backward
   decompose to) becomes an :class:`IndexAddKernel`: a one-hot matmul on TensorE, deterministic and
@@ -66,7 +66,8 @@ def _arg_index(args: list[int], buf: int) -> int:
     return args.index(buf)
 
 
-def _emit_gather(gl: Any, node: fx.Node, table: View, dim: int, idx_node: fx.Node, source: str) -> None:
+def _emit_gather(gl: Any, node: fx.Node, table: View, dim: int, idx_node: fx.Node, source: str,
+                 wrap_negative: bool = False) -> None:
     """``out = table.index_select(dim, idx)`` with ``idx`` flattened (embedding: dim 0, idx any shape)."""
     dim %= max(len(table.shape), 1)
     post_shape = table.shape[dim + 1:]
@@ -94,7 +95,7 @@ def _emit_gather(gl: Any, node: fx.Node, table: View, dim: int, idx_node: fx.Nod
         rows=n, row_size=row, num_rows_table=table.shape[dim] if table.shape else 1,
         table_offset=table.offset, row_stride=table.strides[dim] if table.shape else 1,
         elem_stride=post_strides[0] if post_strides else 1, index=Access(1, idx.offset, idx.strides),
-        outer=tuple(zip(pre_sizes, t_pre, o_pre, strict=True)), source_ops=(source,))
+        outer=tuple(zip(pre_sizes, t_pre, o_pre, strict=True)), wrap_negative=wrap_negative, source_ops=(source,))
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
     del out
@@ -116,6 +117,25 @@ def lower_embedding(gl: Any, node: fx.Node) -> None:
 def lower_index_select(gl: Any, node: fx.Node) -> None:
     """aten.index_select along any dim: a row gather over the strided (permuted) view."""
     _emit_gather(gl, node, gl.view_of(node.args[0]), int(node.args[1]), node.args[2], "aten.index_select.default")
+
+
+def _index_check(node: fx.Node) -> str | None:
+    indices = list(node.args[1])
+    real = [i for i, t in enumerate(indices) if t is not None]
+    if len(real) != 1:
+        return "advanced indexing with more than one index tensor is not supported (index one dim at a time)"
+    val = indices[real[0]].meta.get("val") if isinstance(indices[real[0]], fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype in (torch.bool, torch.uint8):
+        return "indexing with a boolean mask is not supported (data-dependent shape); use integer indices"
+    return None
+
+
+@register_lowering(aten.index.Tensor, family="index", kind="gather", check=_index_check)
+def lower_index(gl: Any, node: fx.Node) -> None:
+    """aten.index with one integer index tensor (``x[idx]``, ``x[:, idx]``): a row gather; negative indices wrap."""
+    indices = list(node.args[1])
+    k = next(i for i, t in enumerate(indices) if t is not None)
+    _emit_gather(gl, node, gl.view_of(node.args[0]), k, indices[k], "aten.index.Tensor", wrap_negative=True)
 
 
 # -- index_put (accumulate) ----------------------------------------------------------------------
