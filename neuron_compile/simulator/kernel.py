@@ -8,6 +8,9 @@ of the caller's kind. HBM arguments the kernel wrote are copied back into the ca
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import contextlib
 import functools
 import logging
 import math
@@ -113,6 +116,20 @@ def _result(r: Any, as_torch: bool) -> Any:
     return r
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_controller() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Kernels issue many small (128x128x512) GEMMs: multi-threaded BLAS only adds contention there."""
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        yield
+
+
 def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = ()) -> Any:
     """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind."""
     conv: list[_Arg] = []
@@ -126,7 +143,8 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
         st.shared_replay = shared if pid else None
         _state.push(st)
         try:
-            out = fn(*cargs, **ckw)
+            with single_threaded_blas():
+                out = fn(*cargs, **ckw)
         finally:
             _state.pop(st)
         if pid == 0:
