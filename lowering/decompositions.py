@@ -68,8 +68,20 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 
     return aten.add.Tensor(out, bias if beta == 1 else aten.mul.Tensor(bias, beta))
 
 
+def _max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """max.dim as (amax, argmax): both lower as reductions (torch has no decomposition for it)."""
+    return aten.amax.default(x, [dim], keepdim), aten.argmax.default(x, dim, keepdim)
+
+
+def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """min.dim as (amin, argmin)."""
+    return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
+
+
 OWN: dict[Any, Callable[..., Any]] = {
     aten.addmm.default: _addmm,
+    aten.max.dim: _max_dim,
+    aten.min.dim: _min_dim,
     aten.var_mean.correction: _var_mean,
     aten.native_layer_norm.default: _native_layer_norm,
 }

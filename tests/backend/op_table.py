@@ -201,6 +201,7 @@ def _cases() -> list[OpCase]:
     add("amin", lambda x: x.amin(1), A(2, 5, 129, domain="distinct"), tol=R)
     add("amin_all", lambda x: x.amin(), A(3, 130, domain="distinct"), tol=R, grad=False)
     add("max_dim_values", lambda x: x.max(-1).values, A(3, 130, domain="distinct"), tol=R)
+    add("min_dim_both", lambda x: tuple(x.min(1, keepdim=True)), A(2, 5, 129, domain="distinct"), tol=R)
     add("var", lambda x: x.var(-1), A(2, 5, 129), tol=R)
     add("var_unbiased_false_keep", lambda x: x.var(0, unbiased=False, keepdim=True), A(3, 130), tol=R)
     add("std", lambda x: x.std(-1), A(3, 130), tol=R)
@@ -247,7 +248,7 @@ def _cases() -> list[OpCase]:
     add("permute", lambda x: x.permute(2, 0, 1) * 2, A(2, 5, 129))
     add("permute_contiguous", lambda x: x.permute(1, 0, 2).contiguous(), A(2, 5, 129))
     add("transpose", lambda x: x.transpose(0, 1) + 1, A(3, 130))
-    add("t_out", lambda x: x.t(), A(3, 130))
+    add("t_out", lambda x: x.t(), A(3, 130), grad=False)  # a pure view: autograd replays it
     add("expand", lambda x: x.expand(3, 4, 130) * 1.5, A(3, 1, 130))
     add("slice", lambda x: x[:, 2:100:3] * 2, A(3, 130))
     add("slice_neg", lambda x: x[1:, -5:] + 1, A(3, 130))
