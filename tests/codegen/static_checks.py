@@ -1,0 +1,159 @@
+"""Static hardware/API rules for rendered NKI kernel source, beyond the name check of ``nki_api_check``.
+
+:func:`check_kernel_rules` parses a kernel's source and reports (as a list of messages, empty when
+clean): kernel outputs not allocated in ``nl.shared_hbm``; ``nisa.*`` calls that don't pass ``dst=``
+when the API's first parameter is ``dst``; on-chip tiles whose partition dim may exceed 128 or
+whose PSUM tile exceeds one 2 KiB bank per partition; ``nc_matmul`` operands whose K/M may exceed 128
+or whose moving free size N may exceed 512. Tile extents are bounded statically: an int literal, or
+a name assigned ``min(<int>, ...)`` / an int literal; anything else is reported as unbounded.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import logging
+from dataclasses import dataclass
+
+from nki_api_check import API_JSON_PATH
+
+from neuron_compile.simulator_limits import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PMAX, PSUM_BANK_FMAX
+
+log = logging.getLogger(__name__)
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1, "int8": 1, "int16": 2,
+             "uint32": 4, "uint16": 2}
+
+
+@functools.lru_cache(maxsize=1)
+def dst_first_isa_ops() -> frozenset[str]:
+    """``nki.isa`` functions whose first parameter is ``dst`` (from api.json)."""
+    data = json.loads(API_JSON_PATH.read_text())
+    return frozenset(e["qualname"] for e in data["entries"]
+                     if e["module"] == "nki.isa" and e["kind"] == "function" and e.get("params")
+                     and e["params"][0]["name"] == "dst")
+
+
+@dataclass(frozen=True)
+class Tile:
+    name: str
+    line: int
+    dims: tuple[int | None, ...]  # static upper bound per dim (None: unbounded)
+    buffer: str  # "sbuf" | "psum" | "shared_hbm" | ...
+    dtype: str
+
+
+def _attr_name(node: ast.expr | None, module: str = "nl") -> str | None:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == module:
+        return node.attr
+    return None
+
+
+def _kw(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.bounds: dict[str, int | None] = {}  # scalar name -> static upper bound
+        self.tiles: dict[str, list[Tile]] = {}
+        self.calls: list[ast.Call] = []
+        self.returns: list[str] = []
+
+    def bound(self, node: ast.expr) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return self.bounds.get(node.id)
+        return None
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "min":
+                bounds = [self.bound(a) for a in value.args]
+                known = [b for b in bounds if b is not None]
+                self.bounds[name] = min(known) if known else None
+            elif isinstance(value, ast.Constant) and isinstance(value.value, int):
+                self.bounds[name] = value.value
+            elif isinstance(value, ast.Call) and _attr_name(value.func) == "ndarray":
+                self._tile(name, value)
+        self.generic_visit(node)
+
+    def _tile(self, name: str, call: ast.Call) -> None:
+        shape = call.args[0] if call.args else _kw(call, "shape")
+        elts = shape.elts if isinstance(shape, ast.Tuple) else []
+        dims = tuple(self.bound(e) for e in elts) if elts else (None,)
+        buffer = _attr_name(_kw(call, "buffer")) or "?"
+        dtype = _attr_name(_kw(call, "dtype")) or "?"
+        self.tiles.setdefault(name, []).append(Tile(name, call.lineno, dims, buffer, dtype))
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.calls.append(node)
+        self.generic_visit(node)
+
+    def visit_Return(self, node: ast.Return) -> None:
+        values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        self.returns += [v.id for v in values if isinstance(v, ast.Name)]
+        self.generic_visit(node)
+
+
+def _fmt(dims: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def check_kernel_rules(source: str) -> list[str]:
+    """Problems of one rendered kernel against the output, ``dst=`` and tile-size rules (empty: clean)."""
+    tree = ast.parse(source)
+    col = _Collector()
+    col.visit(tree)
+    problems: list[str] = []
+    if not col.returns:
+        problems.append("kernel returns no named output")
+    for out in col.returns:
+        allocs = col.tiles.get(out, [])
+        if not allocs or any(t.buffer != "shared_hbm" for t in allocs):
+            where = ", ".join(f"line {t.line}: nl.{t.buffer}" for t in allocs) or "never allocated"
+            problems.append(f"output {out} must be allocated in nl.shared_hbm ({where})")
+    for tiles in col.tiles.values():
+        for t in tiles:
+            if t.buffer not in ("sbuf", "psum"):
+                continue
+            if t.dims[0] is None or t.dims[0] > PMAX:
+                problems.append(f"line {t.line}: tile {t.name}{_fmt(t.dims)} in nl.{t.buffer}: partition dim "
+                                f"not statically <= {PMAX}")
+            if t.buffer == "psum":
+                free = 1
+                for d in t.dims[1:]:
+                    free = free * d if d is not None and free is not None else None  # type: ignore[operator]
+                nbytes = None if free is None else free * _ITEMSIZE.get(t.dtype, 4)
+                if nbytes is None or nbytes > PSUM_BANK_FMAX * 4:
+                    problems.append(f"line {t.line}: PSUM tile {t.name}{_fmt(t.dims)} {t.dtype}: free bytes per "
+                                    f"partition not statically <= one {PSUM_BANK_FMAX * 4} B bank")
+    isa_dst = dst_first_isa_ops()
+    for call in col.calls:
+        op = _attr_name(call.func, "nisa")
+        if op is None:
+            continue
+        if op in isa_dst and _kw(call, "dst") is None:
+            problems.append(f"line {call.lineno}: nisa.{op} must pass its destination as dst=")
+        if op == "nc_matmul":
+            problems += _matmul_problems(col, call)
+    return problems
+
+
+def _matmul_problems(col: _Collector, call: ast.Call) -> list[str]:
+    problems = []
+    limits = {"stationary": (PMAX, GEMM_STATIONARY_FMAX), "moving": (PMAX, GEMM_MOVING_FMAX)}
+    for arg, (kmax, fmax) in limits.items():
+        node = _kw(call, arg)
+        tiles = col.tiles.get(node.id, []) if isinstance(node, ast.Name) else []
+        if not tiles:
+            problems.append(f"line {call.lineno}: nisa.nc_matmul {arg}= is not a tile allocated in this kernel")
+        for t in tiles:
+            k, f = (t.dims + (None, None))[:2]
+            if k is None or k > kmax or f is None or f > fmax or len(t.dims) != 2:
+                problems.append(f"line {call.lineno}: nisa.nc_matmul {arg}={t.name}{_fmt(t.dims)}: needs "
+                                f"K <= {kmax} and free size <= {fmax} statically")
+    return problems

@@ -1,0 +1,180 @@
+"""Every kernel the code generator renders for the corpus uses only current NKI 0.6 API and fits the hardware.
+
+For each corpus entry (``corpus.py``): every rendered kernel parses, passes
+``nki_api_check.check_source_against_api`` (names and keywords of api.json, not removed, not deprecated)
+and ``static_checks.check_kernel_rules`` (outputs in ``nl.shared_hbm``, ``dst=`` on ``nisa`` calls,
+partition dim <= 128, PSUM bank, matmul K/M <= 128 and N <= 512); the compiled results (and gradients)
+match eager PyTorch. The corpus runs under the configured target's simulator limits, so the same tile
+rules are also enforced dynamically; negative tests prove both the static checks and the simulator
+reject kernels that break them.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+
+import numpy as np
+import pytest
+import torch
+from corpus import CORPUS
+from nki_api_check import check_source_against_api, require_api
+from static_checks import check_kernel_rules
+
+from neuron_compile import simulator
+from neuron_compile.errors import SimulatorConstraintError
+from neuron_compile.simulator.targets import use_target
+
+log = logging.getLogger(__name__)
+
+NAMES = [e.name for e in CORPUS]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernels_parse_and_use_current_api(name: str, corpus_results) -> None:
+    require_api()
+    result = corpus_results.get(name)
+    assert result.sources, f"{name}: no kernels were rendered"
+    problems = {}
+    for kernel, source in result.sources.items():
+        ast.parse(source, filename=f"{kernel}.py")
+        found = check_source_against_api(source)
+        if found:
+            problems[kernel] = found
+    assert not problems, f"{name}: NKI API problems: {problems}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernels_respect_hardware_rules(name: str, corpus_results) -> None:
+    require_api()
+    result = corpus_results.get(name)
+    problems = {k: p for k, src in result.sources.items() if (p := check_kernel_rules(src))}
+    assert not problems, f"{name}: kernel rule violations: {problems}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numerics_match_eager(name: str, corpus_results) -> None:
+    result = corpus_results.get(name)
+    atol, rtol = result.entry.tol
+    assert len(result.got) == len(result.expected)
+    pairs = list(zip(result.got, result.expected, strict=True)) + result.grads
+    for i, (got, exp) in enumerate(pairs):
+        assert got.dtype == exp.dtype and got.shape == exp.shape, f"{name}[{i}]: {got.dtype}{tuple(got.shape)} " \
+            f"vs eager {exp.dtype}{tuple(exp.shape)}"
+        if exp.is_floating_point():
+            torch.testing.assert_close(got, exp, atol=atol, rtol=rtol, msg=lambda m, i=i: f"{name}[{i}]: {m}")
+        else:
+            assert torch.equal(got, exp), f"{name}[{i}]: integer/bool result differs from eager"
+    if result.entry.backward:
+        assert result.grads, f"{name}: no gradients were produced"
+
+
+def test_corpus_covers_every_kernel_family(corpus_results) -> None:
+    families = set()
+    for name in NAMES:
+        for source in corpus_results.get(name).sources.values():
+            doc = re.search(r'"""(\w+) kernel', source)
+            assert doc, f"{name}: kernel docstring does not name its family:\n{source[:400]}"
+            families.add(doc.group(1))
+    assert families >= {"pointwise", "reduction", "matmul", "copy", "gather", "scan", "index_put"}, families
+
+
+def test_linear_gelu_is_one_tiled_matmul_kernel(corpus_results) -> None:
+    """M=130, K=300, N=700: partition tiles of 128, K chunks of 128, PSUM tiles of 512 columns, one kernel."""
+    sources = corpus_results.get("linear_gelu").sources
+    assert list(sources) == ["k0_mm_add_gelu"]
+    src = sources["k0_mm_add_gelu"]
+    for loop in ("for p0 in range(0, 130, 128):", "for f0 in range(0, 700, 512):", "for k0 in range(0, 300, 128):"):
+        assert loop in src, loop
+    assert "nl.psum" in src and "nisa.nc_matmul(dst=" in src and "op=nl.gelu" in src
+
+
+# Negative tests: the checks must be able to fail --------------------------------------------------------
+
+_GOOD = '''\
+import nki
+import nki.language as nl
+import nki.isa as nisa
+
+
+@nki.jit
+def k(in0, in1):
+    out0 = nl.ndarray((1000,), dtype=nl.float32, buffer=nl.shared_hbm)
+    for p0 in range(0, 300, 128):
+        P = min(128, 300 - p0)
+        F = min(512, 1000)
+        acc = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.psum)
+        a = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+        b = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a, src=in0.ap(pattern=[[1, P], [1, P]], offset=0))
+        nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+        t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=acc)
+        nisa.dma_copy(dst=out0.ap(pattern=[[F, P], [1, F]], offset=0), src=t)
+    return out0
+'''
+
+
+def test_static_rules_accept_the_reference_kernel() -> None:
+    require_api()
+    assert check_kernel_rules(_GOOD) == []
+    assert check_source_against_api(_GOOD) == []
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("buffer=nl.shared_hbm", "buffer=nl.sbuf", "output out0 must be allocated in nl.shared_hbm"),
+    ("P = min(128, 300 - p0)", "P = min(256, 300 - p0)", "partition dim not statically <= 128"),
+    ("P = min(128, 300 - p0)", "P = 300 - p0", "tile acc(?, 512) in nl.psum: partition dim not statically"),
+    ("F = min(512, 1000)", "F = min(1024, 1000)", "free bytes per partition not statically <= one 2048 B bank"),
+    ("nisa.tensor_copy(dst=t, src=acc)", "nisa.tensor_copy(t, src=acc)", "nisa.tensor_copy must pass its destination as dst="),
+    ("b = nl.ndarray((P, F)", "b = nl.ndarray((P, 2 * F)", "nc_matmul moving=b(128, ?): needs K <= 128 and free size <= 512"),
+    ("stationary=a", "stationary=a[0:P, 0:P]", "nc_matmul stationary= is not a tile allocated in this kernel"),
+])
+def test_static_rules_reject_violations(old: str, new: str, expected: str) -> None:
+    require_api()
+    assert old in _GOOD
+    problems = check_kernel_rules(_GOOD.replace(old, new))
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("nisa.tensor_copy(", "nisa.tensor_copy_fancy(", "nki.isa.tensor_copy_fancy: not a public name of api.json"),
+    ("nisa.tensor_copy(dst=t, src=acc)", "nisa.tensor_copy(dst=t, src=acc, shape=3)",
+     "keyword shape= is not a parameter"),
+    ("buffer=nl.psum", "buffer=nl.psum_fancy", "nki.language.psum_fancy: not a public name of api.json"),
+])
+def test_api_check_rejects_unknown_names(old: str, new: str, expected: str) -> None:
+    require_api()
+    problems = check_source_against_api(_GOOD.replace(old, new))
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("edits", "expected"), [
+    ({"range(0, 130, 128)": "range(0, 130, 256)", "min(128, 130 - p0)": "min(256, 130 - p0)"}, "partition dim <= 128"),
+    ({"range(0, 700, 512)": "range(0, 700, 1024)", "min(512, 700 - f0)": "min(1024, 700 - f0)"},
+     "free size <= 512 (gemm_moving_fmax on trn2)"),
+    ({"range(0, 300, 128)": "range(0, 300, 256)", "min(128, 300 - k0)": "min(256, 300 - k0)"}, "partition dim <= 128"),
+])
+def test_simulator_enforces_tile_limits_on_a_rendered_kernel(edits: dict[str, str], expected: str,
+                                                             corpus_results) -> None:
+    """Re-tile the rendered ragged matmul past a limit: the trn2 simulator refuses it, static rules flag it."""
+    src = corpus_results.get("mm_ragged").sources["k0_mm"]
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal(130 * 300, dtype=np.float32), rng.standard_normal(300 * 700, dtype=np.float32))
+
+    def run(text: str) -> np.ndarray:
+        kernel = simulator.load_kernel_source(text, filename="<k0_mm>")["k0_mm"]
+        with use_target("trn2"):
+            return simulator.simulate(kernel)(*args)
+
+    ok = run(src)
+    a, b = args[0].reshape(130, 300), args[1].reshape(300, 700)
+    np.testing.assert_allclose(np.asarray(ok).reshape(130, 700), a @ b, atol=1e-3, rtol=1e-4)
+    bad = src
+    for old, new in edits.items():
+        assert old in bad, old
+        bad = bad.replace(old, new)
+    with pytest.raises(SimulatorConstraintError, match=re.escape(expected)):
+        run(bad)
+    assert check_kernel_rules(bad), "static rules missed a tile past the hardware limit"
