@@ -143,3 +143,37 @@ def lower_cat(gl, node: fx.Node) -> None:
         pairs.append((src, dst))
         start += src.shape[dim]
     gl.emit_copy(f"k{kernel_index}_cat", pairs, [buf], ("aten.cat.default",))
+
+
+def _slice_bounds(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = min(max(start + size if start < 0 else start, 0), size)
+    end = min(max(end + size if end < 0 else end, start), size)
+    return start, end
+
+
+@register_lowering(aten.slice_scatter.default, family="movement", kind="copy")
+def lower_slice_scatter(gl, node: fx.Node) -> None:
+    """aten.slice_scatter (slice's backward): DMA ``input`` into the output, then ``src`` over its slice.
+
+    Both DMAs are issued in order on one queue of one kernel, so the slice write lands last.
+    """
+    base, src_node = node.args[0], node.args[1]
+    extra = list(node.args[2:]) + [None] * 4
+    dim = node.kwargs.get("dim", extra[0] if extra[0] is not None else 0)
+    start = node.kwargs.get("start", extra[1])
+    end = node.kwargs.get("end", extra[2])
+    step = node.kwargs.get("step", extra[3] if extra[3] is not None else 1)
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    dim %= max(len(out.shape), 1)
+    start, _ = _slice_bounds(out.shape[dim], start, end)
+    pairs = [(gl.view_of(base), out)]
+    src = gl.view_of(src_node)
+    if src.numel > 0:
+        strides = list(out.strides)
+        strides[dim] *= step
+        dst = View(out.buffer, src.shape, tuple(strides), out.offset + start * out.strides[dim], out.torch_dtype)
+        pairs.append((src, dst))
+    gl.emit_copy(f"k{kernel_index}_slice_scatter", pairs, [buf], ("aten.slice_scatter.default",))
