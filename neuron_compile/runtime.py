@@ -164,8 +164,10 @@ class CompiledGraph:
             if not isinstance(t, torch.Tensor):
                 raise RuntimeExecutionError(f"input {ref.index}: expected a tensor, got {type(t).__name__}")
             t = t.detach()
-            if tuple(t.stride()) != spec.strides:
-                t = t.contiguous()
+            if tuple(t.stride()) != spec.strides and t.numel() > 1:
+                # Kernels address the buffer with the compiled strides (e.g. a saved activation AOTAutograd
+                # expects column-major): lay the data out exactly that way, not merely contiguously.
+                t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype).copy_(t)
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
             originals[b] = t
             bufs[b] = to_numpy(flat, ref.dtype)
