@@ -1,0 +1,276 @@
+"""``neuron-compile ops``: the supported ATen overloads and their dtypes, generated from the registry.
+
+The lowering registry (``neuron_compile.lowering.registry.rules()``) is the only source: for every
+registered overload and every candidate dtype, :func:`probe` builds a one-node FX graph on meta
+tensors (sample arguments derived from the op's schema) and asks the backend's own refusal check
+(``neuron_compile.backend.unsupported_nodes``: the rule's ``check`` plus the input/output dtype
+rules) whether it would be lowered. A dtype torch itself rejects for the op is left out.
+Output: text (default), ``--json`` (schema below) or ``--markdown PATH`` (``docs/ops.md``, which
+is generated, never edited by hand; ``--check`` tells whether a committed copy is stale).
+
+JSON schema (``"schema": 1``)::
+
+    {"schema": 1, "dtypes": [str...], "families": [str...],
+     "ops": [{"op": "aten.add.Tensor", "family": str, "kind": str, "dtypes": [str...], "doc": str}...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch._ops import OpOverload
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+SCHEMA_VERSION = 1
+
+# Candidate dtypes, in display order. float64 is accepted but runs as float32 (with a warning).
+DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
+                                   torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64", torch.int64: "i64",
+         torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool"}
+
+SHAPE = (4, 8)  # sample data shape: small, 2-D, so reductions/views/transposes all have a dim to act on
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _t(dtype: torch.dtype, shape: Sequence[int] = SHAPE) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+def _idx(shape: Sequence[int]) -> torch.Tensor:
+    return _t(torch.int64, shape)
+
+
+Sample = tuple[tuple[Any, ...], dict[str, Any]]
+
+# Ops whose schema alone does not give a valid (and lowerable) call: explicit sample arguments.
+# Index tensors are int64 and masks bool whatever the probed data dtype ``d``.
+_OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
+    aten.mm.default: lambda d: ((_t(d, (4, 8)), _t(d, (8, 5))), {}),
+    aten.bmm.default: lambda d: ((_t(d, (2, 4, 8)), _t(d, (2, 8, 5))), {}),
+    aten.embedding.default: lambda d: ((_t(d), _idx((3,))), {}),
+    aten.index_select.default: lambda d: ((_t(d), 0, _idx((3,))), {}),
+    aten.index.Tensor: lambda d: ((_t(d), [_idx((3,))]), {}),
+    aten.index_put.default: lambda d: ((_t(d), [_idx((3,))], _t(d, (3, 8)), True), {}),
+    aten.gather.default: lambda d: ((_t(d), 1, _idx((4, 1))), {}),
+    aten.scatter.value: lambda d: ((_t(d), 1, _idx((4, 1)), 1), {}),
+    aten.scatter.src: lambda d: ((_t(d), 1, _idx((4, 1)), _t(d, (4, 1))), {}),
+    aten.scatter_add.default: lambda d: ((_t(d), 1, _idx((4, 1)), _t(d, (4, 1))), {}),
+    aten.masked_fill.Tensor: lambda d: ((_t(d), _t(torch.bool), _t(d, ())), {}),
+    aten.clamp.default: lambda d: ((_t(d), 0, 1), {}),
+    aten.clamp.Tensor: lambda d: ((_t(d), _t(d)), {}),
+    aten.transpose.int: lambda d: ((_t(d), 0, 1), {}),
+    aten.select.int: lambda d: ((_t(d), 0, 1), {}),
+    aten.expand.default: lambda d: ((_t(d, (1, 8)), [4, 8]), {}),
+    aten.as_strided.default: lambda d: ((_t(d), [8, 4], [1, 8]), {}),
+    aten.view.default: lambda d: ((_t(d), [8, 4]), {}),
+    aten._unsafe_view.default: lambda d: ((_t(d), [8, 4]), {}),
+    aten.reshape.default: lambda d: ((_t(d), [8, 4]), {}),
+    aten.permute.default: lambda d: ((_t(d), [1, 0]), {}),
+    aten.slice.Tensor: lambda d: ((_t(d), 1, 2, 6), {}),
+    aten.squeeze.default: lambda d: ((_t(d, (4, 1, 8)),), {}),
+    aten.squeeze.dim: lambda d: ((_t(d, (4, 1, 8)), 1), {}),
+    aten.squeeze.dims: lambda d: ((_t(d, (4, 1, 8)), [1]), {}),
+    aten.cat.default: lambda d: (([_t(d), _t(d)], 1), {}),
+    torch.ops.prims.convert_element_type.default: lambda d: ((_t(d), d), {}),
+    aten.pow.Scalar: lambda d: ((2, _t(d)), {}),
+    aten.arange.default: lambda d: ((8,), {"dtype": d}),
+    aten.arange.start: lambda d: ((0, 8), {"dtype": d}),
+    aten.arange.start_step: lambda d: ((0, 8, 1), {"dtype": d}),
+}
+
+
+def _schema_sample(op: OpOverload, d: torch.dtype) -> Sample:
+    """Sample arguments from the schema: tensors of dtype ``d`` (masks bool), dims -1, scalars 2."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    tensor_inputs = False
+    for a in op._schema.arguments:
+        t = str(a.type)  # "Tensor", "Optional[Tensor]", "List[int]", "Optional[int]", "number", ...
+        if a.kwarg_only:
+            continue
+        base = t[len("Optional["):-1] if t.startswith("Optional[") else t
+        if base == "Tensor":
+            tensor_inputs = True
+            if t != base and a.has_default_value():
+                break
+            args.append(_t(torch.bool if a.name in ("condition", "mask") else d))
+        elif a.name in ("dim", "dims") and base == "int":
+            args.append(-1)
+        elif a.name in ("dim", "dims") and base == "List[int]":
+            args.append([-1])
+        elif base == "List[int]" and not a.has_default_value():
+            args.append(list(SHAPE))
+        elif base == "number" and not a.has_default_value():
+            args.append(2)
+        elif a.has_default_value():
+            break  # keep every later positional at its default
+        else:
+            raise ValueError(f"no sample for argument {a.name}: {t} of {op}")
+    if not tensor_inputs and any(a.name == "dtype" for a in op._schema.arguments):
+        kwargs["dtype"] = d  # factories: the dtype is the one they create
+    return tuple(args), kwargs
+
+
+def sample(op: OpOverload, d: torch.dtype) -> Sample:
+    maker = _OVERRIDES.get(op)
+    return maker(d) if maker is not None else _schema_sample(op, d)
+
+
+def _node_arg(graph: fx.Graph, value: Any, counter: list[int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        counter[0] += 1
+        node = graph.placeholder(f"arg{counter[0]}")
+        node.meta["val"] = value
+        return node
+    if isinstance(value, (list, tuple)):
+        return type(value)(_node_arg(graph, v, counter) for v in value)
+    return value
+
+
+def probe(op: OpOverload, d: torch.dtype) -> bool | None:
+    """True if the backend lowers ``op`` on dtype ``d``, False if it refuses, None if torch rejects the call."""
+    from neuron_compile.backend import unsupported_nodes
+
+    try:
+        args, kwargs = sample(op, d)
+        factory = "device" in (a.name for a in op._schema.arguments) and not any(
+            isinstance(a, torch.Tensor) for a in args)
+        out = op(*args, **kwargs, **({"device": "meta"} if factory else {}))
+    except Exception:  # the dtype is not valid for this op in torch itself (or the sample is)
+        return None
+    graph = fx.Graph()
+    counter = [0]
+    node = graph.call_function(op, _node_arg(graph, args, counter), kwargs)
+    node.meta["val"] = out
+    graph.output(node)
+    return not unsupported_nodes(fx.GraphModule(torch.nn.Module(), graph))
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    op: str
+    family: str
+    kind: str
+    dtypes: tuple[str, ...]
+    doc: str
+
+
+def matrix() -> list[OpSupport]:
+    """Every registered overload with the dtypes it lowers, sorted by family then op name."""
+    from neuron_compile.lowering.registry import rules
+
+    rows = []
+    for op, rule in rules().items():
+        dtypes = tuple(dtype_name(d) for d in DTYPES if probe(op, d))
+        if not dtypes:
+            log.warning("support matrix: no dtype probed as supported for %s (add a sample to _OVERRIDES)", rule.name)
+        rows.append(OpSupport(rule.name, rule.family, rule.kind, dtypes, rule.doc))
+    return sorted(rows, key=lambda r: (r.family, r.op))
+
+
+def to_json(rows: list[OpSupport]) -> dict[str, Any]:
+    return {"schema": SCHEMA_VERSION, "dtypes": [dtype_name(d) for d in DTYPES],
+            "families": sorted({r.family for r in rows}),
+            "ops": [dict(asdict(r), dtypes=list(r.dtypes)) for r in rows]}
+
+
+def render_text(rows: list[OpSupport]) -> str:
+    width = max((len(r.op) for r in rows), default=10)
+    out: list[str] = []
+    for family in sorted({r.family for r in rows}):
+        members = [r for r in rows if r.family == family]
+        out.append(f"{family} ({len(members)})")
+        for r in members:
+            out.append(f"  {r.op:<{width}}  {' '.join(r.dtypes) or '(none)'}")
+    out.append(f"{len(rows)} ATen overloads; float64 runs as float32 (with a warning).")
+    return "\n".join(out) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(rows: list[OpSupport]) -> str:
+    names = [dtype_name(d) for d in DTYPES]
+    out = [
+        "# Supported ATen ops",
+        "",
+        "<!-- Generated by `neuron-compile ops --markdown docs/ops.md`: do not edit by hand. -->",
+        "",
+        f"{len(rows)} ATen overloads lower to NKI kernels, grouped by family; ✓ marks each dtype the backend "
+        "accepts for the op (probed with int64 index tensors and bool masks). Everything else PyTorch uses is either "
+        "decomposed first by AOTAutograd into these ops (softmax, layer_norm, linear, cross_entropy, SDPA, ...) or "
+        "refused at compile time with an `UnsupportedOpError` naming the op and your source line. float64 runs "
+        "as float32 (with a warning); integer tensors are computed in fp32 tiles, exact for magnitudes up to 2**24.",
+        "",
+    ]
+    header = "| ATen op | kind | " + " | ".join(SHORT[d] for d in DTYPES) + " | notes |"
+    rule = "|" + "---|" * (len(DTYPES) + 3)
+    for family in sorted({r.family for r in rows}):
+        members = [r for r in rows if r.family == family]
+        out += [f"## {family}", "", header, rule]
+        for r in members:
+            marks = " | ".join("✓" if n in r.dtypes else "" for n in names)
+            out.append(f"| `{r.op}` | {r.kind} | {marks} | {_md_cell(r.doc)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="machine-readable output (schema in the module docstring)")
+    fmt.add_argument("--markdown", metavar="PATH", help="write the Markdown table (docs/ops.md) to PATH")
+    parser.add_argument("--check", action="store_true",
+                        help="with --markdown: write nothing, exit 1 if PATH differs from the generated table")
+    parser.add_argument("--family", action="append", metavar="NAME", help="only this op family (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.check and not args.markdown:
+        print("neuron-compile ops: error: --check needs --markdown PATH", file=sys.stderr)
+        return 2
+    rows = matrix()
+    if args.family:
+        known = sorted({r.family for r in rows})
+        unknown = [f for f in args.family if f not in known]
+        if unknown:
+            print(f"neuron-compile ops: error: unknown family {', '.join(unknown)}; families: {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
+        rows = [r for r in rows if r.family in args.family]
+    try:
+        if args.json:
+            sys.stdout.write(json.dumps(to_json(rows), indent=1) + "\n")
+        elif args.markdown:
+            path = Path(args.markdown)
+            text = render_markdown(rows)
+            if args.check:
+                current = path.read_text(encoding="utf-8") if path.exists() else None
+                if current != text:
+                    print(f"{path} is out of date: run `neuron-compile ops --markdown {path}`", file=sys.stderr)
+                    return 1
+                print(f"{path} is up to date ({len(rows)} ops)")
+                return 0
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path} ({len(rows)} ops)")
+        else:
+            sys.stdout.write(render_text(rows))
+    except BrokenPipeError:  # `neuron-compile ops | head`
+        return 0
+    return 0
