@@ -1,0 +1,37 @@
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+@nki.jit
+def k0_mul_add_gelu(in0, in1):
+    """pointwise kernel: aten.mul.Tensor, aten.add.Tensor, aten.gelu.default, aten._to_copy.default"""
+    out0 = nl.ndarray((39000,), dtype=nl.float32, buffer=nl.shared_hbm)
+    for p0 in range(0, 130, 128):
+        P = min(128, 130 - p0)
+        for f0 in range(0, 300, 300):
+            F = min(300, 300 - f0)
+            v1 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v1, src=in0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0))
+            v2 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=v2, src=in1.ap(pattern=[[0, P], [1, F]], offset=f0))
+            v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.multiply)
+            v4_low = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v4_low, src=v3)
+            v4 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v4, src=v4_low)
+            v5 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=v5, data=v4, op0=nl.add, operand0=1.0)
+            v6_low = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v6_low, src=v5)
+            v6 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v6, src=v6_low)
+            v7 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=v7, op=nl.gelu, data=v6)
+            v8_low = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v8_low, src=v7)
+            v8 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=v8, src=v8_low)
+            nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v8)
+    return out0
