@@ -200,19 +200,97 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
         key = compute_key(gm, list(example_inputs), kind=kind)
     except Exception as exc:  # a failing cache never fails a compile
         log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
+    lookup_start = time.perf_counter()
     if key is None or not config.cache:
         files, hit = build()[0], False
     else:
         files, hit = get_or_compile(key, build)
     plan, sources = load_artifacts(files)
     compiled = CompiledGraph(plan, sources)
+    cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
     ms = (time.perf_counter() - start) * 1000
     log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,
              sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(sources),
              "hit" if hit else "miss", ms)
     _STATS.append({"kind": kind, "kernels": len(sources), "plan": built.get("plan", plan), "sources": sources,
-                   "cache_hit": hit, "ms": ms, "key": key.digest if key else None})
+                   "cache_hit": hit, "ms": ms, "cache_load_ms": cache_ms, "files": files, "key": key.digest if key else None})
     return compiled
+
+
+def inference_whole_graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """Cache key of a whole Dynamo graph compiled for inference (None when not eligible or caching is off).
+
+    A custom backend gets nothing from AOTAutogradCache, and Dynamo capture + AOT tracing dominate a
+    warm start; for inference graphs whose AOT wrapper is a pass-through the cache can skip AOT too.
+    """
+    if not config.cache or torch.is_grad_enabled() or symbolic_dims(gm, example_inputs):
+        return None
+    if any(isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled() for x in example_inputs):
+        return None
+    try:
+        from neuron_compile.cache.key import compute_key
+
+        return compute_key(gm, list(example_inputs), kind="dynamo-inference")
+    except Exception as exc:  # a failing cache never fails a compile
+        log.debug("no whole-graph cache key: %s", exc)
+        return None
+
+
+def _aot_is_passthrough(gm: fx.GraphModule, igm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """AOT's runtime wrapper adds nothing: same inputs, same outputs (no mutations, no aliases of inputs)."""
+    phs = [n for n in igm.graph.nodes if n.op == "placeholder"]
+    if len(phs) != len(example_inputs):
+        return False
+    dyn_out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    aot_out = next(n for n in igm.graph.nodes if n.op == "output").args[0]
+    dyn_out = dyn_out if isinstance(dyn_out, (list, tuple)) else (dyn_out,)
+    if len(dyn_out) != len(aot_out):
+        return False
+    plan = _STATS[-1]["plan"]
+    input_buffers = {i for i, b in enumerate(plan.buffers) if b.kind == "input"}
+    return all(o.buffer not in input_buffers for o in plan.outputs)
+
+
+def publish_whole_graph(key: Any, stats: dict[str, Any]) -> None:
+    from neuron_compile.cache.store import CacheStore
+
+    store = CacheStore.default()
+    files = stats.get("files")
+    if store is None or files is None:
+        return
+    store.publish(key, files, {"kernels": [n for n, _ in stats["sources"]], "whole_graph": True},
+                  stats["ms"] / 1000)
+
+
+def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], overrides: dict[str, Any]) -> Any:
+    """A runner straight from the cache for a whole inference graph, or None."""
+    from neuron_compile.cache.store import CacheStore
+    from neuron_compile.runtime import CompiledGraph
+
+    with config.patch(**overrides):
+        start = time.perf_counter()
+        key = inference_whole_graph_key(gm, example_inputs)
+        if key is None:
+            return None
+        store = CacheStore.default()
+        entry = store.lookup(key) if store is not None else None
+        if entry is None:
+            return None
+        try:
+            plan, sources = load_artifacts(entry.files())
+            compiled = CompiledGraph(plan, sources)
+        except Exception as exc:  # never fail a compile because of the cache
+            log.warning("neuron-compile cache: entry %s unusable (%s); compiling", key.digest[:12], exc)
+            return None
+    ms = (time.perf_counter() - start) * 1000
+    log.info("neuron: whole inference graph from the cache (%d kernels, %.1f ms)", len(sources), ms)
+    _STATS.append({"kind": "inference", "kernels": len(sources), "plan": plan, "sources": sources,
+                   "cache_hit": True, "ms": ms, "cache_load_ms": ms, "key": key.digest, "whole_graph": True})
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        return tuple(compiled(*args))
+
+    return run
 
 
 def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[dict[str, bytes], dict[str, Any], Any]:
@@ -293,8 +371,13 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         return compile_aten_graph(bgm, inputs, "backward")
 
+    whole_graph_key = inference_whole_graph_key(gm, example_inputs)
+
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_aten_graph(igm, inputs, "inference")
+        compiled = compile_aten_graph(igm, inputs, "inference")
+        if whole_graph_key is not None and _aot_is_passthrough(gm, igm, example_inputs):
+            publish_whole_graph(whole_graph_key, _STATS[-1])
+        return compiled
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().
@@ -312,6 +395,10 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         )
 
     dims = symbolic_dims(gm, example_inputs)
+    if not dims:
+        cached = load_whole_graph(gm, example_inputs, overrides)
+        if cached is not None:
+            return cached
     if dims:
         if dynamic_requested(gm):
             raise refuse_dynamic(dims)
