@@ -17,6 +17,7 @@ JSON schema (``"schema": 1``)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -174,13 +175,19 @@ def matrix() -> list[OpSupport]:
     """Every registered overload with the dtypes it lowers, sorted by family then op name."""
     from neuron_compile.lowering.registry import rules
 
+    return list(_matrix(tuple(rules().values())))
+
+
+@functools.cache
+def _matrix(registered: tuple[Any, ...]) -> tuple[OpSupport, ...]:
     rows = []
-    for op, rule in rules().items():
+    for rule in registered:
+        op = rule.op
         dtypes = tuple(dtype_name(d) for d in DTYPES if probe(op, d))
         if not dtypes:
             log.warning("support matrix: no dtype probed as supported for %s (add a sample to _OVERRIDES)", rule.name)
         rows.append(OpSupport(rule.name, rule.family, rule.kind, dtypes, rule.doc))
-    return sorted(rows, key=lambda r: (r.family, r.op))
+    return tuple(sorted(rows, key=lambda r: (r.family, r.op)))
 
 
 def to_json(rows: list[OpSupport]) -> dict[str, Any]:
