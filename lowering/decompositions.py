@@ -26,6 +26,8 @@ EXTRA = [
     aten.nll_loss_forward, aten.nll_loss_backward, aten.clamp_min, aten.clamp_max, aten.square, aten.trunc,
     aten.full_like, aten.zeros_like, aten.ones_like, aten.new_zeros, aten.new_ones, aten.new_full, aten.zeros,
     aten.ones, aten.empty_like, aten.index_select, aten.mean.dim,
+    aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
+    aten.native_batch_norm_backward,
 ]
 # Ops we lower ourselves even though a decomposition exists.
 KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, aten.var.correction,

@@ -1,0 +1,135 @@
+"""Eager semantics the backend must keep: input mutations, buffers, aliasing, dtypes, transforms, executors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile import backend as B
+from neuron_compile import runtime
+from neuron_compile.config import patch
+from neuron_compile.errors import NeuronCompileError, UnsupportedOpError
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    B.reset()
+
+
+def _compile(fn):
+    return torch.compile(fn, backend="neuron", dynamic=False)
+
+
+def test_inplace_op_on_input_mutates_like_eager():
+    def f(x):
+        x.mul_(3).add_(1)
+        return x.sum(-1)
+
+    a = torch.randn(4, 5)
+    b = a.clone()
+    torch.testing.assert_close(_compile(f)(a), f(b))
+    torch.testing.assert_close(a, b)
+
+
+def test_batchnorm_training_updates_running_stats():
+    torch.manual_seed(0)
+    m = torch.nn.BatchNorm1d(6)
+    ref = torch.nn.BatchNorm1d(6)
+    ref.load_state_dict(m.state_dict())
+    compiled = _compile(m)
+    for _ in range(2):
+        x = torch.randn(8, 6)
+        torch.testing.assert_close(compiled(x), ref(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m.running_mean, ref.running_mean)
+    torch.testing.assert_close(m.running_var, ref.running_var)
+    assert int(m.num_batches_tracked) == int(ref.num_batches_tracked) == 2
+
+
+def test_batchnorm_eval_uses_running_stats():
+    m = torch.nn.BatchNorm1d(6).eval()
+    m.running_mean.uniform_(-1, 1)
+    m.running_var.uniform_(0.5, 2)
+    x = torch.randn(8, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(_compile(m)(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_output_aliasing_an_input_is_a_view_of_it():
+    x = torch.randn(3, 4)
+    t, doubled = _compile(lambda v: (v.t(), v * 2))(x)
+    assert t.data_ptr() == x.data_ptr()
+    x.add_(1)
+    torch.testing.assert_close(t, x.t())
+    assert not torch.allclose(doubled, x * 2)
+
+
+def test_autocast_bf16_graph():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _compile(lin)(x)
+        ref = lin(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_float16_and_int64_and_bool():
+    x = torch.randn(4, 70, dtype=torch.float16)
+    f = lambda t: torch.softmax(t, -1) * 2 + t  # noqa: E731
+    torch.testing.assert_close(_compile(f)(x), f(x), atol=2e-3, rtol=2e-3)
+    idx = torch.tensor([[3, -2, 7]], dtype=torch.int64)
+    g = lambda i: ((i * 2 + 1) > 3, (i + 5).argmax(-1))  # noqa: E731
+    mask, amax = _compile(g)(idx)
+    assert mask.dtype == torch.bool and amax.dtype == torch.int64
+    assert torch.equal(mask, g(idx)[0]) and torch.equal(amax, g(idx)[1])
+
+
+def test_torch_func_transforms_inlined_by_dynamo_match_eager():
+    x = torch.randn(3, 4)
+    vm = _compile(lambda v: torch.func.vmap(lambda r: (r * r).sum())(v))
+    torch.testing.assert_close(vm(x), (x * x).sum(-1))
+    gr = _compile(lambda v: torch.func.grad(lambda r: (r * r).sum())(v))
+    torch.testing.assert_close(gr(x), 2 * x)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float8_e4m3fn])
+def test_unsupported_input_dtypes_rejected(dtype):
+    x = torch.randn(3).to(dtype)
+    with pytest.raises(Exception) as info:
+        _compile(lambda v: v * 2 if dtype.is_complex else v.float() * 2)(x)
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None
+    assert f"dtype {dtype} is not supported" in str(exc)
+
+
+def test_executor_selection_without_nki():
+    if runtime.real_nki() is not None:
+        pytest.skip("a working nki is installed: the default executor is not the bundled simulator")
+    assert runtime.select_executor() == "simulator"
+    with patch(executor="nki-simulate"), pytest.raises(NeuronCompileError, match="needs the real `nki` package"):
+        runtime.select_executor()
+    with patch(executor="nki-jit"), pytest.raises(NeuronCompileError, match="needs the real `nki` package"):
+        runtime.select_executor()
+
+
+@pytest.mark.neuron_sdk
+def test_real_nki_simulate_executor_matches_eager():
+    if runtime.real_nki() is None:
+        pytest.skip("needs the real `nki` package from the Neuron package repository (not installable here)")
+    with patch(executor="nki-simulate"):
+        x = torch.randn(130, 300)
+        torch.testing.assert_close(_compile(lambda t: torch.softmax(t, -1))(x), torch.softmax(x, -1))
+
+
+@pytest.mark.neuron_device
+def test_nki_jit_on_device_matches_eager():
+    if runtime.real_nki() is None or not runtime.neuron_device_present():
+        pytest.skip("needs the real `nki` package and a Neuron device (/dev/neuron*); neither is available here")
+    with patch(executor="nki-jit"):
+        x = torch.randn(130, 300)
+        torch.testing.assert_close(_compile(lambda t: torch.softmax(t, -1))(x), torch.softmax(x, -1))
