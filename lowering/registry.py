@@ -79,7 +79,29 @@ def register_lowering(*ops: OpOverload, family: str, kind: str = "pointwise",
 
 def lookup(target: Any) -> LoweringRule | None:
     _ensure_loaded()
-    return _RULES.get(target) if isinstance(target, OpOverload) else None
+    rule = _RULES.get(target) if isinstance(target, OpOverload) else None
+    if rule is not None and rule.kind == "pointwise":
+        from neuron_compile.config import config
+
+        if config.test_break_op and config.test_break_op == rule.name:
+            return _broken(rule)
+    return rule
+
+
+_WARNED_BROKEN: set[str] = set()
+
+
+def _broken(rule: LoweringRule) -> LoweringRule:
+    """TEST ONLY (``NEURON_COMPILE_TEST_BREAK_OP``): the rule's result shifted by +1.0, a wrong lowering."""
+
+    def fn(ctx: Any, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+        val = rule.fn(ctx, node, *args, **kwargs)
+        return ctx.b.binary("add", val, 1.0)
+
+    if rule.name not in _WARNED_BROKEN:
+        _WARNED_BROKEN.add(rule.name)
+        log.warning("NEURON_COMPILE_TEST_BREAK_OP: lowering of %s is deliberately broken (test-only knob)", rule.name)
+    return LoweringRule(rule.op, fn, rule.family, rule.kind, rule.check, rule.doc)
 
 
 def rules() -> dict[OpOverload, LoweringRule]:

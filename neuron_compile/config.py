@@ -64,6 +64,15 @@ _knob("cache_lock_timeout", float, 600.0, "Seconds to wait for another process c
 _knob("cache_allow_shared", bool, False, "Accept a cache directory writable by other users (team caches).")
 # Debugging.
 _knob("debug_dir", str, "", "Write per-graph debug dumps (graphs, IR, kernels) under this folder.")
+# Migration evaluation (see neuron_compile.fallback / neuron_compile.check).
+_knob("fallback", str, "strict", "Unsupported ATen ops: 'strict' refuses the graph, 'eager' runs them in PyTorch "
+      "between kernels (recorded, see neuron_compile.get_fallback_ops()).", choices=("strict", "eager"))
+_knob("check", bool, False, "Also run every compiled graph eagerly and compare outputs (numeric check mode).")
+_knob("progress", str, "auto", "Compile progress bar on stderr: 'auto' (a terminal, not CI, many kernels), "
+      "'always' or 'never'.", choices=("auto", "always", "never"))
+_knob("test_break_op", str, "", "TEST ONLY: the ATen op (e.g. aten.exp.default) whose pointwise lowering is "
+      "deliberately broken (its result shifted by +1.0), so tests can prove the check mode catches a bad "
+      "lowering. Never set this outside tests.", codegen=True)
 
 
 def _parse(knob: Knob, raw: str, source: str) -> Any:
