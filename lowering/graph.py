@@ -57,6 +57,7 @@ class GraphLowering:
         self.literals: dict[fx.Node, Any] = {}
         self.constants: list[tuple[str, tuple[int, ...], list[Any]]] = []
         self.inputs: list[InputSpec] = []
+        self.buffer_nodes: dict[int, str] = {}  # kernel result buffer -> the graph node it holds (check mode)
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -70,6 +71,7 @@ class GraphLowering:
             "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ()))}
                         for k in self.kernels],
             "ops": sorted({qualified_name(n.target) for n in self.gm.graph.nodes if n.op == "call_function"}),
+            "buffer_nodes": dict(self.buffer_nodes),
         }
         return Plan(tuple(self.kernels), tuple(self.buffers), tuple(self.calls), tuple(self.inputs),
                     tuple(outputs), tuple(self.constants), summary)
@@ -163,6 +165,7 @@ class GraphLowering:
         buf = self._buffer(BufferRef("kernel", kernel_index, slot, max(math.prod(shape), 1), nd))
         view = View(buf, shape, contiguous_strides(shape), 0, dtype)
         self.views[node] = view
+        self.buffer_nodes[buf] = node.name
         return buf, view
 
     def _outputs(self) -> list[OutputSpec]:
