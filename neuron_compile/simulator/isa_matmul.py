@@ -126,7 +126,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         accumulate = False  # transpose mode writes its output (a transposed tile never accumulates)
     _accumulate(api, dst, prod, accumulate, lim.nc_version)
     if _trace.ACTIVE is not None:
-        _trace.record("tensor", "nc_matmul", (dst, stationary, moving))
+        flags = (("is_transpose",) if is_transpose else ()) + (("double_row",) if double else ())
+        _trace.record("tensor", "nc_matmul", (dst, stationary, moving), flags=flags)
 
 
 def _check_tiling(api: str, pos: Any, size: Any, k: int, m: int, ver: int) -> None:

@@ -8,14 +8,12 @@ of the caller's kind. HBM arguments the kernel wrote are copied back into the ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import contextlib
 import functools
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +21,7 @@ import numpy as np
 from neuron_compile.errors import RemovedAPIError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
+from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, from_array, to_numpy
 
 log = logging.getLogger(__name__)
@@ -136,6 +135,8 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
     ckw = {k: _convert(v, -1, conv) for k, v in kwargs.items()}
     as_torch = any(a.torch for a in conv)
+    if _trace.ACTIVE is not None:
+        _trace.mark_kernel(getattr(fn, "__name__", "kernel"))
     result = None
     shared: list[Any] = []
     for pid in range(math.prod(grid) if grid else 1):
