@@ -1,0 +1,167 @@
+"""Cold compile time of the quickstart GPT: ``backend="neuron"`` against ``backend="inductor"``, same run.
+
+Run ``python benchmarks/compile_time.py`` (``--help`` for repeats and model size). Each measurement is
+a fresh Python process (``--worker``) with an empty temporary ``NEURON_COMPILE_CACHE_DIR`` and a fresh
+``TORCHINDUCTOR_CACHE_DIR``, so nothing is reused from earlier compiles. In the worker, after imports
+and one eager call (both backends pay the same), it times ``torch.compile(model)`` plus the first call
+(the cold compile + first run, including the lazy import of the backend's own package), then the steady-state time of further calls, and compares the result
+with eager. The parent prints each run, the best of N per backend, the neuron/inductor ratio against
+the target (<= 0.25x Inductor's cold time) and the steady-state run time of the simulator vs eager.
+It only reports: exit status 0 unless a worker crashed (then the worker's error is printed, status 1).
+The model is ``examples/models.py`` GPT with the config of ``examples/quickstart.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 0.25
+BACKENDS = ("neuron", "inductor")
+MARK = "COMPILE_TIME_RESULT "
+
+
+def worker(backend: str, layers: int, batch: int, seq: int, steady_runs: int) -> dict[str, Any]:
+    """One cold compile in this (fresh) process; returns timings and the max error vs eager."""
+    t_start = time.perf_counter()
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from models import GPT, GPTConfig
+
+    # neuron_compile is not imported here: backend="neuron" resolves through the torch_dynamo_backends entry
+    # point inside torch.compile, so its import cost is part of the cold time (as Inductor's imports are).
+    t_imports = time.perf_counter()
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab=512, seq=seq, d_model=128, n_heads=4, n_layers=layers)  # examples/quickstart.py
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, cfg.vocab, (batch, cfg.seq))
+    with torch.no_grad():
+        expected = model(idx)
+        eager = []
+        for _ in range(steady_runs):
+            t0 = time.perf_counter()
+            model(idx)
+            eager.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        got = compiled(idx)
+        cold = time.perf_counter() - t0
+        steady = []
+        for _ in range(steady_runs):
+            t0 = time.perf_counter()
+            compiled(idx)
+            steady.append(time.perf_counter() - t0)
+    result: dict[str, Any] = {
+        "backend": backend, "cold_s": cold, "imports_s": t_imports - t_start,
+        "steady_s": min(steady), "eager_s": min(eager),
+        "max_err": (got - expected).abs().max().item(),
+    }
+    if backend == "neuron":
+        from neuron_compile.backend import compiled_graphs
+
+        graphs = compiled_graphs()
+        result["graphs"] = len(graphs)
+        result["kernels"] = sum(g["kernels"] for g in graphs)
+        result["cache_hits"] = sum(bool(g["cache_hit"]) for g in graphs)
+    return result
+
+
+def run_worker(backend: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, float]:
+    """A fresh process with empty caches; returns (result or None, error text, process wall time)."""
+    with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
+        env = dict(os.environ)
+        env["NEURON_COMPILE_CACHE_DIR"] = str(Path(tmp) / "neuron-cache")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
+        env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton-cache")
+        env.pop("NEURON_COMPILE_CACHE", None)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--layers", str(args.layers),
+               "--batch", str(args.batch), "--seq", str(args.seq), "--steady-runs", str(args.steady_runs)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=tmp)
+        wall = time.perf_counter() - t0
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK) and proc.returncode == 0:
+            return json.loads(line[len(MARK):]), "", wall
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
+    return None, f"exit status {proc.returncode}:\n{tail}", wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="cold runs per backend (best is reported)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--steady-runs", type=int, default=3, help="warm calls timed per process (min reported)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--worker", choices=BACKENDS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        result = worker(args.worker, args.layers, args.batch, args.seq, args.steady_runs)
+        print(MARK + json.dumps(result), flush=True)
+        return 0
+
+    print(f"quickstart GPT: {args.layers} layers, d_model=128, heads=4, vocab=512, batch={args.batch}, "
+          f"seq={args.seq}; {args.repeats} cold runs per backend, each a fresh process with empty caches")
+    results: dict[str, list[dict[str, Any]]] = {b: [] for b in args.backends}
+    failures: dict[str, str] = {}
+    # Interleave backends so machine load drifts affect both alike.
+    for rep in range(args.repeats):
+        for backend in args.backends:
+            if backend in failures:
+                continue
+            res, err, wall = run_worker(backend, args)
+            if res is None:
+                failures[backend] = err
+                print(f"  run {rep + 1} {backend:8s}: FAILED ({err.splitlines()[0]})")
+                continue
+            res["process_s"] = wall
+            results[backend].append(res)
+            extra = f", {res['graphs']} graph(s), {res['kernels']} kernels, cache hits {res['cache_hits']}" \
+                if backend == "neuron" else ""
+            print(f"  run {rep + 1} {backend:8s}: cold compile + first call {res['cold_s']:7.2f} s "
+                  f"(process {wall:6.2f} s, imports {res['imports_s']:.2f} s), steady {res['steady_s'] * 1000:8.1f} ms, "
+                  f"max |err| vs eager {res['max_err']:.2e}{extra}")
+
+    best = {b: min(rs, key=lambda r: r["cold_s"]) for b, rs in results.items() if rs}
+    print()
+    for backend, res in best.items():
+        print(f"best cold compile + first call, {backend:8s}: {res['cold_s']:.2f} s")
+    if "neuron" in best and "inductor" in best:
+        ratio = best["neuron"]["cold_s"] / best["inductor"]["cold_s"]
+        verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
+        print(f"neuron / inductor cold time: {ratio:.3f}x (target <= {TARGET_RATIO}x: {verdict})")
+        procs = {b: min(r["process_s"] for r in results[b]) for b in ("neuron", "inductor")}
+        print(f"whole fresh process (python start, imports, eager, compile, runs): neuron {procs['neuron']:.2f} s, "
+              f"inductor {procs['inductor']:.2f} s ({procs['neuron'] / procs['inductor']:.3f}x)")
+    if "neuron" in best:
+        sim = min(r["steady_s"] for r in results["neuron"])
+        eager = min(r["eager_s"] for rs in results.values() for r in rs)
+        print(f"steady-state run: simulator {sim * 1000:.1f} ms vs eager {eager * 1000:.2f} ms "
+              f"({sim / eager:.0f}x eager)")
+    if "inductor" in best:
+        ind = min(r["steady_s"] for r in results["inductor"])
+        print(f"steady-state run: inductor {ind * 1000:.2f} ms")
+    for backend, err in failures.items():
+        print(f"\n{backend} FAILED (a cold compile crashed; no figure for it):\n{err}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
