@@ -90,6 +90,16 @@ def test_linear_gelu_is_one_tiled_matmul_kernel(corpus_results) -> None:
     assert "nl.psum" in src and "nisa.nc_matmul(dst=" in src and "op=nl.gelu" in src
 
 
+@pytest.mark.parametrize(("name", "kernels"), [
+    ("softmax", ["k0_amax_sub_exp"]), ("log_softmax_wide", ["k0_amax_sub_exp"]), ("layer_norm", ["k0_mean_sub_mul"]),
+    ("rms_norm", ["k0_pow_mean_add"]), ("bf16_chain", ["k0_mul_add_gelu"]), ("mm_ragged", ["k0_mm"]),
+    ("embedding", ["k0_embedding"]), ("cumsum", ["k0_cumsum"]),
+])
+def test_fused_families_render_one_kernel(name: str, kernels: list[str], corpus_results) -> None:
+    """Softmax, norms, an elementwise chain, a matmul, a gather and a scan are each exactly one kernel."""
+    assert list(corpus_results.get(name).sources) == kernels
+
+
 # Negative tests: the checks must be able to fail --------------------------------------------------------
 
 _GOOD = '''\
