@@ -33,6 +33,8 @@ OPTIONS = {
     "matmul_tile_n": "matmul_tile_n",
     "cache": "cache",
     "debug_dir": "debug_dir",
+    "fallback": "fallback",
+    "check": "check",
 }
 _SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                            torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -181,7 +183,23 @@ class StaticShapeDispatcher:
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    """Compile one ATen graph into a runner (with eager fallback / check mode / metrics when enabled)."""
+    from neuron_compile import metrics
+
+    with metrics.graph(gm, example_inputs, kind) as rec:
+        if config.fallback == "eager" and unsupported_nodes(gm):
+            from neuron_compile.fallback import compile_with_fallback
+
+            runner: Callable[..., Any] = compile_with_fallback(gm, example_inputs, kind)
+        else:
+            runner = _compile_lowerable(gm, example_inputs, kind)
+            rec.add_unit(gm, example_inputs, _STATS[-1])
+        return metrics.finish(rec, gm, runner)
+
+
+def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     """Lower, render and load one ATen graph (or take it from the cache); returns the runner."""
+    from neuron_compile import metrics
     from neuron_compile.cache.key import compute_key
     from neuron_compile.cache.store import get_or_compile
     from neuron_compile.runtime import CompiledGraph
@@ -197,16 +215,19 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
 
     key = None
     try:
-        key = compute_key(gm, list(example_inputs), kind=kind)
+        with metrics.phase("cache_lookup"):
+            key = compute_key(gm, list(example_inputs), kind=kind)
     except Exception as exc:  # a failing cache never fails a compile
         log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
     lookup_start = time.perf_counter()
     if key is None or not config.cache:
         files, hit = build()[0], False
     else:
-        files, hit = get_or_compile(key, build)
-    plan, sources = load_artifacts(files)
-    compiled = CompiledGraph(plan, sources)
+        with metrics.phase("cache_lookup"):
+            files, hit = get_or_compile(key, build)
+    with metrics.phase("load"):
+        plan, sources = load_artifacts(files)
+        compiled = CompiledGraph(plan, sources)
     cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
     ms = (time.perf_counter() - start) * 1000
     log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,
@@ -225,6 +246,8 @@ def inference_whole_graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any])
     """
     if not config.cache or torch.is_grad_enabled() or symbolic_dims(gm, example_inputs):
         return None
+    if config.check or config.fallback == "eager" or config.debug_dir:
+        return None  # these modes need the ATen graph (eager reference, segments, dumps)
     if any(isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled() for x in example_inputs):
         return None
     try:
@@ -286,6 +309,9 @@ def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], override
     log.info("neuron: whole inference graph from the cache (%d kernels, %.1f ms)", len(sources), ms)
     _STATS.append({"kind": "inference", "kernels": len(sources), "plan": plan, "sources": sources,
                    "cache_hit": True, "ms": ms, "cache_load_ms": ms, "key": key.digest, "whole_graph": True})
+    from neuron_compile import metrics
+
+    metrics.record_whole_graph(_STATS[-1], gm, example_inputs)
 
     def run(*args: Any) -> tuple[Any, ...]:
         return tuple(compiled(*args))
@@ -297,18 +323,25 @@ def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[
     """Lower and render: the files a cache entry holds (kernel sources + runner plan) and a summary."""
     import json
 
+    from neuron_compile import metrics
     from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.debug import Progress
     from neuron_compile.lowering.graph import GraphLowering
     from neuron_compile.runtime import plan_to_json
 
-    plan = GraphLowering(gm, list(example_inputs)).run()
+    with metrics.phase("lowering"):
+        plan = GraphLowering(gm, list(example_inputs)).run()
     files: dict[str, bytes] = {}
     names = []
-    for k in plan.kernels:
-        src = render_kernel(k)
-        log.debug("kernel %s:\n%s", k.name, src)
-        files[f"kernels/{k.name}.py"] = src.encode()
-        names.append(k.name)
+    bar = Progress(len(plan.kernels), "neuron-compile: rendering kernels")
+    with metrics.phase("codegen"):
+        for k in plan.kernels:
+            src = render_kernel(k)
+            log.debug("kernel %s:\n%s", k.name, src)
+            files[f"kernels/{k.name}.py"] = src.encode()
+            names.append(k.name)
+            bar.tick(k.name)
+    bar.close()
     files["plan.json"] = json.dumps(plan_to_json(plan, names), sort_keys=True, indent=1).encode()
     summary = dict(plan.summary)
     summary["shapes"] = [list(i.shape) for i in plan.inputs if i.is_tensor]
@@ -354,14 +387,19 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     from neuron_compile.lowering.decompositions import decomposition_table
 
     overrides = _validate_options(options)
+    from neuron_compile import metrics
+
+    metrics.dynamo_graph(gm)
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)
 
     def with_config(fn: Callable[..., Any]) -> Callable[..., Any]:
+        from torch._functorch.aot_autograd import make_boxed_func
+
         def inner(*args: Any, **kwargs: Any) -> Any:
             with config.patch(**overrides):
-                return fn(*args, **kwargs)
+                return make_boxed_func(fn(*args, **kwargs))  # AOT's calling convention: f(list_of_args)
 
         return inner
 
@@ -371,7 +409,8 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         return compile_aten_graph(bgm, inputs, "backward")
 
-    whole_graph_key = inference_whole_graph_key(gm, example_inputs)
+    with config.patch(**overrides):
+        whole_graph_key = inference_whole_graph_key(gm, example_inputs)
 
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         compiled = compile_aten_graph(igm, inputs, "inference")
@@ -381,7 +420,10 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().
-        check_lowerable(joint, "training graph (forward + backward)")
+        with config.patch(**overrides):
+            strict = config.fallback != "eager"  # eager fallback: each graph is split when compiled
+        if strict:
+            check_lowerable(joint, "training graph (forward + backward)")
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
     def make_backend() -> Callable[..., Any]:
