@@ -38,11 +38,34 @@ def _register_backend() -> None:
 
 _register_backend()
 
+
+def get_fallback_ops() -> list[dict[str, object]]:
+    """Ops that ran eagerly under ``options={"fallback": "eager"}`` (see :mod:`neuron_compile.fallback`)."""
+    from neuron_compile.fallback import get_fallback_ops as _get
+
+    return _get()
+
+
+def clear_fallback_ops() -> None:
+    from neuron_compile.fallback import clear_fallback_ops as _clear
+
+    _clear()
+
+
+def get_compile_metrics() -> list[dict[str, object]]:
+    """Per compiled graph: nodes, kernels, fallbacks, time split, cache hit/miss (see :mod:`neuron_compile.metrics`)."""
+    from neuron_compile.metrics import get_compile_metrics as _get
+
+    return _get()
+
 __all__ = [
     "NeuronCompileError",
     "SimulatorConstraintError",
     "UnsupportedOpError",
     "__version__",
+    "clear_fallback_ops",
     "config",
+    "get_compile_metrics",
+    "get_fallback_ops",
     "patch",
 ]

@@ -150,6 +150,10 @@ class CompiledGraph:
         self.kernels = load_kernels(self.sources, self.executor)
 
     def __call__(self, *args: Any) -> list[Any]:
+        return self.outputs(self.run_buffers(*args))
+
+    def run_buffers(self, *args: Any) -> list[np.ndarray | None]:
+        """Run every kernel; returns all flat buffers (inputs, intermediates, results) by plan buffer index."""
         plan = self.plan
         bufs: list[np.ndarray | None] = [None] * len(plan.buffers)
         originals: dict[int, torch.Tensor] = {}
@@ -178,6 +182,11 @@ class CompiledGraph:
                 outs = (outs,)
             for slot, buf in enumerate(call.results):
                 bufs[buf] = np.asarray(outs[slot]).reshape(-1)
+        return bufs
+
+    def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
+        """The graph outputs: strided torch views of the result buffers."""
+        plan = self.plan
         results: list[Any] = []
         for spec in plan.outputs:
             if spec.buffer is None:
