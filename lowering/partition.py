@@ -135,6 +135,14 @@ class Partitioner:
                     g.members.append(node)
                     self.group_of[node] = g
                     return
+            # A node reading only graph inputs (x.abs() beside a chain on x, a constant) may run in any
+            # kernel: join the latest loop kernel when the shapes line up instead of starting a new one.
+            last = self.groups[-1] if self.groups else None
+            if last is not None and last.kind in ("pointwise", "reduction", "matmul") \
+                    and not self.producer_groups(node) and self._fits(node, shape, last):
+                last.members.append(node)
+                self.group_of[node] = last
+                return
         self._new(node, "pointwise", shape)
 
     def _fits(self, node: fx.Node, shape: tuple[int, ...], g: Group) -> bool:
