@@ -209,8 +209,9 @@ def _cases() -> list[OpCase]:
     add("argmax", lambda x: x.argmax(-1), A(2, 5, 129, domain="distinct"), grad=False)
     add("argmax_dim0_keepdim", lambda x: x.argmax(0, keepdim=True), A(3, 130, domain="distinct"), grad=False)
     add("argmin", lambda x: x.argmin(1), A(2, 5, 129, domain="distinct"), grad=False)
-    add("prod", lambda x: x.prod(-1), A(3, 13, domain="pos"), tol=R)
-    add("prod_dim0", lambda x: x.prod(0), A(3, 130, domain="pos"), tol=R)
+    # prod's backward needs cumprod (no lowering yet: rejected), so forward only.
+    add("prod", lambda x: x.prod(-1), A(3, 13, domain="pos"), tol=R, grad=False)
+    add("prod_dim0", lambda x: x.prod(0), A(3, 130, domain="pos"), tol=R, grad=False)
     add("any", lambda m: m.any(-1), A(3, 130, domain="bool"), dtypes=(f32,), grad=False)
     add("any_all", lambda x: (x > 2.5).any(), A(3, 130), grad=False)
     add("all", lambda m: m.all(0), A(3, 130, domain="bool"), dtypes=(f32,), grad=False)
@@ -251,6 +252,7 @@ def _cases() -> list[OpCase]:
     add("t_out", lambda x: x.t(), A(3, 130), grad=False)  # a pure view: autograd replays it
     add("expand", lambda x: x.expand(3, 4, 130) * 1.5, A(3, 1, 130))
     add("slice", lambda x: x[:, 2:100:3] * 2, A(3, 130))
+    add("slice_dim0_step", lambda x: x[1::2].exp(), A(7, 13, layout="t"))
     add("slice_neg", lambda x: x[1:, -5:] + 1, A(3, 130))
     add("select", lambda x: x[:, 1] * 2, A(2, 5, 129))
     add("select_last", lambda x: x[..., -1] + 1, A(2, 5, 129))

@@ -96,3 +96,127 @@ def test_backward(case: OpCase, dtype: torch.dtype) -> None:
         assert (x.grad is None) == (xe.grad is None), f"{case.name}: grad of input {i} missing on one side"
         if xe.grad is not None:
             _assert_close(x.grad, xe.grad, case, dtype, f"grad of input {i}")
+
+
+# -- fusion ---------------------------------------------------------------------------------------------
+
+def _kernels_of(fn: Callable[..., Any], *xs: torch.Tensor) -> list[Any]:
+    """Run ``fn`` compiled (inference), check it against eager, return the kernels of its only graph."""
+    neuron_compile.backend.reset()
+    with torch.no_grad():
+        got = _compile(fn)(*xs)
+        want = fn(*xs)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    graphs = neuron_compile.backend.compiled_graphs()
+    assert len(graphs) == 1, [g["kind"] for g in graphs]
+    return list(graphs[0]["plan"].kernels)
+
+
+def test_fusion_elementwise_chain_is_one_kernel() -> None:
+    x, y, z = torch.randn(2, 5, 129), torch.randn(129), torch.rand(5, 1) + 0.5
+    kernels = _kernels_of(lambda x, y, z: (torch.sigmoid(x * 2 + y) - x.abs()).exp() / z - 1, x, y, z)
+    assert len(kernels) == 1, "\n".join(map(str, kernels))
+    assert kernels[0].family == "pointwise"
+
+
+def test_fusion_softmax_is_one_kernel() -> None:
+    kernels = _kernels_of(lambda x: torch.softmax(x, -1), torch.randn(3, 5, 300))
+    assert len(kernels) == 1, "\n".join(map(str, kernels))
+    assert kernels[0].family == "reduction"
+
+
+def test_fusion_layer_norm_is_one_kernel() -> None:
+    ln = torch.nn.LayerNorm(130)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+    kernels = _kernels_of(ln, torch.randn(2, 3, 130))
+    assert len(kernels) == 1, "\n".join(map(str, kernels))
+
+
+def test_fusion_rms_norm_is_one_kernel() -> None:
+    w = torch.rand(130) + 0.5
+    kernels = _kernels_of(lambda x: F.rms_norm(x, (130,), w, eps=1e-6), torch.randn(2, 3, 130))
+    assert len(kernels) == 1, "\n".join(map(str, kernels))
+
+
+def test_fusion_linear_bias_gelu_is_one_kernel() -> None:
+    lin = torch.nn.Linear(130, 70)
+    kernels = _kernels_of(lambda x: F.gelu(lin(x)), torch.randn(5, 130))
+    assert len(kernels) == 1, "\n".join(map(str, kernels))
+    assert kernels[0].family == "matmul"
+    ops = {op.opcode for op in kernels[0].ops}
+    assert {"matmul", "activation"} <= ops, ops
+
+
+# -- rejection --------------------------------------------------------------------------------------------
+
+def _unsupported_error(exc: BaseException) -> UnsupportedOpError:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, UnsupportedOpError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    raise AssertionError(f"no UnsupportedOpError in the chain of {type(exc).__name__}: {exc}")
+
+
+def _reject(fn: Callable[..., Any], *xs: torch.Tensor) -> tuple[UnsupportedOpError, str]:
+    with pytest.raises(Exception) as info:
+        _compile(fn)(*xs)
+    err = _unsupported_error(info.value)
+    assert not neuron_compile.backend.compiled_graphs(), "nothing may be compiled for a rejected graph"
+    return err, str(err)
+
+
+def _line_of(fn: Callable[..., Any], offset: int = 1) -> str:
+    return f"{Path(__file__).resolve()}:{fn.__code__.co_firstlineno + offset}"
+
+
+def test_reject_sort_names_op_shapes_and_line() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, -1).values * 2
+
+    err, msg = _reject(fn, torch.randn(3, 130))
+    assert "aten.sort.default(float32[3, 130]): no lowering rule" in msg, msg
+    assert f"{_line_of(fn)}: return torch.sort(x, -1).values * 2" in msg, msg
+    assert len(err.unsupported) == 1 and "aten.sort.default" in err.unsupported[0]
+    assert "neuron-compile ops" in msg  # how to find out what is supported
+
+
+def test_reject_fft() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.fft(x).abs()
+
+    err, msg = _reject(fn, torch.randn(4, 33))
+    assert "aten._fft_r2c.default(float32[4, 33]" in msg, msg
+    assert _line_of(fn) in msg, msg
+
+
+def test_reject_lists_every_unsupported_op_in_one_message() -> None:
+    w = torch.randn(4, 3, 3, 3)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, w).relu()
+        return torch.sort(y.flatten(1), -1).values
+
+    err, msg = _reject(fn, torch.randn(2, 3, 9, 10))
+    assert "2 unsupported op(s)" in msg, msg
+    assert "aten.convolution.default(float32[2, 3, 9, 10], float32[4, 3, 3, 3]" in msg, msg
+    assert f"{_line_of(fn)}: y = F.conv2d(x, w).relu()" in msg, msg
+    assert "aten.sort.default(float32[2, 224])" in msg, msg
+    assert f"{_line_of(fn, 2)}: return torch.sort(y.flatten(1), -1).values" in msg, msg
+    assert len(err.unsupported) == 2
+
+
+def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w).sum()
+
+    x = torch.randn(2, 3, 9, 10, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    err, msg = _reject(fn, x, w)  # refused at the forward call, before any .backward()
+    assert "training graph (forward + backward)" in msg, msg
+    assert "aten.convolution.default(float32[2, 3, 9, 10], float32[4, 3, 3, 3]" in msg, msg
+    assert "aten.convolution_backward.default(" in msg, msg
+    assert f"{_line_of(fn)}: return F.conv2d(x, w).sum()" in msg, msg
+    assert len(err.unsupported) == 2, err.unsupported
