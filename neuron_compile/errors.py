@@ -70,3 +70,7 @@ class CacheError(NeuronCompileError):
 
 class RuntimeExecutionError(NeuronCompileError):
     """A compiled graph failed while running its kernels."""
+
+
+class BucketingError(NeuronCompileError, ValueError):
+    """A shape-bucketing wrapper refused an input or output it cannot pad or slice safely."""
