@@ -64,12 +64,15 @@ class GraphLowering:
         self._placeholders()
         part = Partitioner(self.gm, fuse=config.fuse).run()
         self.part = part
+        reasons: dict[str, str] = {}
         for g in part.groups:
+            first = len(self.kernels)
             self._emit_group(g)
+            reasons.update((k.name, g.reason) for k in self.kernels[first:])
         outputs = self._outputs()
         summary = {
-            "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ()))}
-                        for k in self.kernels],
+            "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ())),
+                         "reason": reasons.get(k.name, "")} for k in self.kernels],
             "ops": sorted({qualified_name(n.target) for n in self.gm.graph.nodes if n.op == "call_function"}),
             "buffer_nodes": dict(self.buffer_nodes),
         }

@@ -37,6 +37,7 @@ class Group:
     red: tuple[int, ...] = ()  # reduced dims of `space` (reduction groups)
     members: list[fx.Node] = field(default_factory=list)
     refined: bool = False  # space was refined past the first member's shape
+    reason: str = ""  # why this group starts a new kernel (explain reports)
 
     def kept(self) -> tuple[int, ...]:
         return tuple(d for d in range(len(self.space)) if d not in self.red)
@@ -83,14 +84,15 @@ class Partitioner:
             elif kind == "reduction":
                 self._reduction(node)
             elif kind == "matmul":
-                self._new(node, "matmul", node_shape(node))
+                self._new(node, "matmul", node_shape(node), reason="a matmul starts its own kernel")
             else:
-                self._new(node, kind, node_shape(node))
+                self._new(node, kind, node_shape(node), reason=f"{kind} ops run as their own kernel")
         return Partition(self.groups, self.group_of, self.absorbed)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _new(self, node: fx.Node, kind: str, space: tuple[int, ...], red: tuple[int, ...] = ()) -> Group:
-        g = Group(len(self.groups), kind, tuple(space), red)
+    def _new(self, node: fx.Node, kind: str, space: tuple[int, ...], red: tuple[int, ...] = (),
+             reason: str = "") -> Group:
+        g = Group(len(self.groups), kind, tuple(space), red, reason=reason)
         g.members.append(node)
         self.groups.append(g)
         self.group_of[node] = g
@@ -143,7 +145,7 @@ class Partitioner:
                 last.members.append(node)
                 self.group_of[node] = last
                 return
-        self._new(node, "pointwise", shape)
+        self._new(node, "pointwise", shape, reason=self._why_not(node, shape))
 
     def _fits(self, node: fx.Node, shape: tuple[int, ...], g: Group) -> bool:
         """Can a pointwise node of ``shape`` live in ``g`` with its in-group inputs broadcasting right?"""
@@ -199,7 +201,21 @@ class Partitioner:
                     g.members.append(node)
                     self.group_of[node] = g
                     return
-        self._new(node, "reduction", xshape, red)
+        self._new(node, "reduction", xshape, red, reason=self._why_not(node, xshape, reduction=True))
+
+    def _why_not(self, node: fx.Node, shape: tuple[int, ...], reduction: bool = False) -> str:
+        """One line on why ``node`` could not join an existing kernel (only called when it didn't)."""
+        if not self.fuse:
+            return "fusion is disabled (config.fuse)"
+        cands = self._candidates(node)
+        if not cands:
+            return "no input comes from a fusable loop kernel"
+        g = cands[0]
+        if not self._can_join(node, g):
+            return f"an input comes from a kernel after group {g.id} (joining would reorder kernels)"
+        if reduction:
+            return f"reduction of {shape} does not match the producer's {g.kind} space {g.space}"
+        return f"shape {shape} does not fit the producer's {g.kind} space {g.space}"
 
     def _view(self, node: fx.Node) -> None:
         """Absorb a view into its input's group when it keeps the group's layout."""
