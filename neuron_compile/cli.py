@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("neuron_compile.cache.cli", "inspect and manage the compiled-artifact cache"),
     "ops": ("neuron_compile.support_matrix", "list the supported ATen ops and dtypes"),
+    "check": ("neuron_compile.evaluate_cli", "run a script in fallback + numeric-check mode; print a readiness report"),
 }
 
 
