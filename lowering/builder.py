@@ -159,7 +159,9 @@ class ProgramBuilder:
         if op not in REDUCE_OPS:
             raise self.fail(f"{op} is not a reduction op")
         if x.kind != "full":
-            raise self.fail("reduction of a row value")
+            # Constant along the reduced dims (an expanded input, or reduced dims of size 1): reduce the
+            # broadcast tile, so sum counts every element and prod/max/min see the same values as torch.
+            x = self.broadcast_to(x, "full")
         val = self.emit("reduce", "row", (x,), {"op": op, "negate": negate}, phase=x.phase)
         return TileVal(val.name, "row", val.dtype, x.phase + 1)
 
