@@ -152,7 +152,14 @@ def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks:
         f["location"] = f["location"] or r.location
         f["compiles"] += 1
         f["shapes"].append(r.input_shapes)
-    recompiles = [{"frame": k, **v} for k, v in frames.items() if v["compiles"] > 1]
+    recompiles = []
+    for k, v in frames.items():
+        if v["compiles"] < 2:
+            continue
+        shapes = v["shapes"]
+        width = min(len(s) for s in shapes)
+        varying = [i for i in range(width) if len({tuple(s[i]) for s in shapes}) > 1]
+        recompiles.append({"frame": k, **v, "varying_inputs": {str(i): [s[i] for s in shapes] for i in varying}})
     n_fallback = sum(op["count"] for op in fallback_ops)
     ready = bool(records) and not n_fallback and not mismatches
     if ready:
@@ -160,7 +167,8 @@ def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks:
     elif records:
         parts = []
         if n_fallback:
-            parts.append(f"{n_fallback} op(s) fell back to eager ({', '.join(op['op'] for op in fallback_ops)})")
+            parts.append(f"{len(fallback_ops)} op(s) fell back to eager ({', '.join(op['op'] for op in fallback_ops)}; "
+                         f"{n_fallback} node(s))")
         if mismatches:
             parts.append(f"{len(mismatches)} graph(s) differ from eager")
         verdict = "not ready: " + "; ".join(parts)
@@ -227,7 +235,8 @@ def render_text(report: dict[str, Any]) -> str:
     rc = report["recompiles"]
     out.append(f"recompiles by shape: {'none' if not rc else ''}")
     for r in rc:
-        out.append(f"  {r['location']} ({r['frame']}): {r['compiles']} compiles, input shapes {r['shapes']}")
+        vary = "; ".join(f"input {i}: " + " -> ".join(str(x) for x in seq) for i, seq in r["varying_inputs"].items())
+        out.append(f"  {r['location']} ({r['frame']}): {r['compiles']} compiles; {vary or 'same shapes'}")
     if "wall_s" in report:
         out.append(f"\nscript wall time: {report['wall_s']:.1f} s")
     return "\n".join(out)
