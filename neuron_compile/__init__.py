@@ -58,6 +58,14 @@ def get_compile_metrics() -> list[dict[str, object]]:
 
     return _get()
 
+
+def explain(model_or_fn: object, *example_inputs: object, **kwargs: object) -> object:
+    """Per graph and kernel: fused ops, tiles, FLOPs, HBM bytes, estimated vs roofline time (see :mod:`neuron_compile.explain`)."""
+    from neuron_compile.explain import explain as _explain
+
+    return _explain(model_or_fn, *example_inputs, **kwargs)
+
+
 __all__ = [
     "NeuronCompileError",
     "SimulatorConstraintError",
@@ -65,6 +73,7 @@ __all__ = [
     "__version__",
     "clear_fallback_ops",
     "config",
+    "explain",
     "get_compile_metrics",
     "get_fallback_ops",
     "patch",

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("neuron_compile.cache.cli", "inspect and manage the compiled-artifact cache"),
     "ops": ("neuron_compile.support_matrix", "list the supported ATen ops and dtypes"),
     "check": ("neuron_compile.evaluate_cli", "run a script in fallback + numeric-check mode; print a readiness report"),
+    "explain": ("neuron_compile.explain", "run a script; per graph and kernel: estimated vs roofline time, fusion"),
 }
 
 
