@@ -23,6 +23,8 @@ import neuron_compile.backend
 from neuron_compile.errors import UnsupportedOpError
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from nki_api_check import API_JSON_PATH, check_source_against_api  # noqa: E402
 from op_table import CASES, OpCase, make_input  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,10 @@ def test_forward(case: OpCase, dtype: torch.dtype) -> None:
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         _assert_close(g, w, case, dtype, f"output {i}")
-    assert neuron_compile.backend.compiled_graphs(), "the neuron backend compiled nothing"
+    graphs = neuron_compile.backend.compiled_graphs()
+    assert graphs, "the neuron backend compiled nothing"
+    for name, source in (src for g in graphs for src in g["sources"] if API_JSON_PATH.is_file()):
+        assert not check_source_against_api(source), (name, check_source_against_api(source), source)
 
 
 @pytest.mark.parametrize(("case", "dtype"), BWD_PARAMS)
