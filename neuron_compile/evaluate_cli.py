@@ -200,7 +200,9 @@ def render_text(report: dict[str, Any]) -> str:
     for g in graphs:
         est = f", est. device {g['est_device_us']:.1f} us" if g.get("est_device_us") is not None else ""
         fb = f", {g['fallback_ops']} eager op(s)" if g["fallback_ops"] else ""
-        out.append(f"  {g['name']:<16} {g['location']}  inputs {g['input_shapes']}: {g['nodes']} nodes -> "
+        shapes = g["input_shapes"]
+        shown = ", ".join(str(x) for x in shapes[:3]) + (f", ... ({len(shapes)} inputs)" if len(shapes) > 3 else "")
+        out.append(f"  {g['name']:<16} {g['location']}  inputs {shown}: {g['nodes']} nodes -> "
                    f"{g['kernels']} kernels{fb}, cache {g['cache']}, {g['total_ms']:.0f} ms{est}")
     lowered = report["ops_lowered"]
     out.append(f"\nops lowered: {len(lowered)} distinct, {sum(lowered.values())} nodes")
