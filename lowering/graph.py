@@ -250,6 +250,8 @@ class LoopGroupEmitter:
         if isinstance(a, fx.Node):
             if self.gl.part.group_of.get(a) is self.g:
                 return self.values[a]
+            if a in self.gl.part.inlined:
+                return self.gl.part.inlined[a]
             if a in self.gl.literals:
                 return self.gl.literals[a]
             return self.load(a, consumer)

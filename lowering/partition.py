@@ -48,6 +48,7 @@ class Partition:
     groups: list[Group]
     group_of: dict[fx.Node, Group]
     absorbed: set[fx.Node]  # view nodes folded into their input's group
+    inlined: dict[fx.Node, float] = field(default_factory=dict)  # scalar constants folded into consumers
 
 
 def reduce_dims_of(node: fx.Node) -> tuple[int, ...] | None:
@@ -69,6 +70,7 @@ class Partitioner:
         self.groups: list[Group] = []
         self.group_of: dict[fx.Node, Group] = {}
         self.absorbed: set[fx.Node] = set()
+        self.inlined: dict[fx.Node, float] = {}
 
     def run(self) -> Partition:
         for node in self.gm.graph.nodes:
@@ -77,6 +79,10 @@ class Partitioner:
             rule = lookup(node.target)
             assert rule is not None, f"unsupported node {node} reached the partitioner"
             kind = rule.kind
+            value = self._inlinable_constant(node)
+            if value is not None:
+                self.inlined[node] = value
+                continue
             if kind in ("view", "alias"):
                 self._view(node)
             elif kind in ("pointwise", "constant"):
@@ -87,7 +93,20 @@ class Partitioner:
                 self._new(node, "matmul", node_shape(node), reason="a matmul starts its own kernel")
             else:
                 self._new(node, kind, node_shape(node), reason=f"{kind} ops run as their own kernel")
-        return Partition(self.groups, self.group_of, self.absorbed)
+        return Partition(self.groups, self.group_of, self.absorbed, self.inlined)
+
+    def _inlinable_constant(self, node: fx.Node) -> float | None:
+        """A filled constant (full, scalar_tensor) read only by elementwise ops becomes an immediate operand."""
+        if node.target not in _FILL_CONSTANTS or not self.fuse:
+            return None
+        value = node.args[1] if node.target in (_aten.full.default, _aten.full_like.default) else node.args[0]
+        if not isinstance(value, (int, float, bool)):
+            return None
+        for user in node.users:
+            rule = lookup(user.target) if user.op == "call_function" else None
+            if rule is None or rule.kind != "pointwise":
+                return None
+        return float(value)
 
     # -- helpers -----------------------------------------------------------------------------
     def _new(self, node: fx.Node, kind: str, space: tuple[int, ...], red: tuple[int, ...] = (),
@@ -248,6 +267,8 @@ class Partitioner:
             self.absorbed.add(node)
 
 
+_aten = torch.ops.aten
+_FILL_CONSTANTS = {_aten.full.default, _aten.scalar_tensor.default, _aten.full_like.default}
 _LAYOUT_VIEWS: set[object] = set()  # filled by lowering.ops.movement: reshape-like views (view, unsqueeze, ...)
 
 

@@ -13,6 +13,7 @@ between kernels cost nothing; outputs are strided views of the result buffers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -147,6 +148,7 @@ class CompiledGraph:
         self.plan = plan
         self.sources = list(sources)
         self.executor = executor or select_executor()
+        self.target = config.target  # the generation the kernels were generated for (and must run under)
         self.kernels = load_kernels(self.sources, self.executor)
 
     def __call__(self, *args: Any) -> list[Any]:
@@ -175,14 +177,25 @@ class CompiledGraph:
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
             originals[b] = t
             bufs[b] = to_numpy(flat, ref.dtype)
-        for call in plan.calls:
+        with self._target():
+            self._run_calls(bufs)
+        return bufs
+
+    def _target(self) -> Any:
+        if self.executor != "simulator":
+            return contextlib.nullcontext()  # the real nki reads NEURON_PLATFORM_TARGET_OVERRIDE itself
+        from neuron_compile.simulator import use_target
+
+        return use_target(self.target)
+
+    def _run_calls(self, bufs: list[np.ndarray | None]) -> None:
+        for call in self.plan.calls:
             fn = self.kernels[call.kernel]
             outs = fn(*[bufs[a] for a in call.args])
             if not isinstance(outs, tuple):
                 outs = (outs,)
             for slot, buf in enumerate(call.results):
                 bufs[buf] = np.asarray(outs[slot]).reshape(-1)
-        return bufs
 
     def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
         """The graph outputs: strided torch views of the result buffers."""
