@@ -141,7 +141,7 @@ def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks:
                     lowered[qualified_name(node.target)] += 1
     cold = [r for r in records if r.cache != "hit"]
     warm = [r for r in records if r.cache == "hit"]
-    estimates = [r.est_device_us for r in records]
+    estimates = [r.device_estimate() for r in records]
     mismatches = [c for c in checks if c["mismatched_calls"]]
     frames: dict[str, dict[str, Any]] = defaultdict(lambda: {"compiles": 0, "shapes": [], "location": ""})
     for r in records:
@@ -232,7 +232,7 @@ def render_text(report: dict[str, Any]) -> str:
     out.append(f"\ncompile time: cold {cm['cold']:.0f} ms ({cm['cold_graphs']} graph(s)), cached {cm['cached']:.0f} ms "
                f"({cm['cached_graphs']} graph(s))")
     est = report["est_device_us"]
-    out.append("estimated device time: " + (f"{est:.1f} us per run of every graph" if est is not None
+    out.append("estimated device time (compiled kernels, eager ops excluded): " + (f"{est:.1f} us per run of every graph" if est is not None
                                             else "n/a (no cost model estimate)"))
     rc = report["recompiles"]
     out.append(f"recompiles by shape: {'none' if not rc else ''}")

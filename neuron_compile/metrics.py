@@ -62,6 +62,7 @@ class GraphRecord:
     whole_graph: bool = False
     _start: float = 0.0
     _depth: int = 0
+    _estimated: bool = False
 
     @property
     def name(self) -> str:
@@ -70,6 +71,13 @@ class GraphRecord:
     def add_unit(self, gm: fx.GraphModule, example_inputs: Sequence[Any], stats: dict[str, Any]) -> None:
         self.units.append(Unit(gm, list(example_inputs), stats))
 
+    def device_estimate(self) -> float | None:
+        """Estimated device time (us) of one run, computed on first use (tracing kernels costs time)."""
+        if self.est_device_us is None and not self._estimated:
+            self._estimated = True
+            self.est_device_us = estimate_device_us(self)
+        return self.est_device_us
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "index": self.index, "kind": self.kind, "compile_id": self.compile_id,
@@ -77,7 +85,7 @@ class GraphRecord:
             "kernels": self.kernels, "fallback_ops": self.fallback_ops, "fallback": self.fallback,
             "segments": self.segments, "cache": self.cache,
             "times_ms": {k: round(v, 3) for k, v in self.times_ms.items()}, "total_ms": round(self.total_ms, 3),
-            "est_device_us": self.est_device_us, "check": self.check, "debug_dir": self.debug_dir,
+            "est_device_us": self.device_estimate(), "check": self.check, "debug_dir": self.debug_dir,
             "whole_graph": self.whole_graph,
         }
 
@@ -211,7 +219,6 @@ def finish(rec: GraphRecord, gm: fx.GraphModule, runner: Callable[..., Any]) -> 
     else:
         rec.cache = "miss"
     rec.segments = max(len(rec.units), 1) if not rec.fallback_ops else getattr(runner, "n_segments", 1)
-    rec.est_device_us = estimate_device_us(rec)
     if config.debug_dir:
         from neuron_compile import debug
 
@@ -233,47 +240,44 @@ def record_whole_graph(stats: dict[str, Any], gm: fx.GraphModule, example_inputs
         rec.times_ms["load"] = float(stats.get("ms", 0.0))
         rec.kernels = int(stats.get("kernels", 0))
         rec.cache = "hit"
-        rec.est_device_us = _estimate_plan_us(stats.get("plan"))
+        rec.est_device_us = estimate_stats_us(stats)
+        rec._estimated = True
 
 
 def estimate_device_us(rec: GraphRecord) -> float | None:
     """Sum of the cost model's estimates over the record's plans (None without a cost model)."""
     total = 0.0
     for u in rec.units:
-        us = _estimate_plan_us(u.stats.get("plan"))
+        us = estimate_stats_us(u.stats)
         if us is None:
             return None
         total += us
     return round(total, 3) if rec.units else None
 
 
-def _estimate_plan_us(plan: Any) -> float | None:
-    """Ask ``neuron_compile.costmodel`` (when it exists) for a plan's device time in microseconds."""
-    if plan is None or not getattr(plan, "kernels", ()):
+def estimate_stats_us(stats: dict[str, Any]) -> float | None:
+    """Device time of one compiled graph (every kernel call, in order) from ``neuron_compile.costmodel``.
+
+    Each call's rendered kernel is traced into an instruction stream for its argument sizes and
+    costed; None when the cost model is not installed or cannot cost a kernel (informative only).
+    """
+    plan, sources = stats.get("plan"), stats.get("sources")
+    if plan is None or not sources:
         return None
     try:
-        from neuron_compile import costmodel  # type: ignore[attr-defined]
+        from neuron_compile import costmodel
+        from neuron_compile.instruction_stream import source_stream
     except ImportError:
         return None
-    for fn_name in ("estimate_plan_us", "estimate_plan", "estimate", "plan_cost"):
-        fn = getattr(costmodel, fn_name, None)
-        if fn is None:
-            continue
-        try:
-            result = fn(plan)
-        except Exception as exc:  # the estimate is informative: never fail a compile for it
-            log.debug("cost model %s failed: %s", fn_name, exc)
-            return None
-        return _as_us(result)
-    return None
-
-
-def _as_us(result: Any) -> float | None:
-    if isinstance(result, (int, float)):
-        return float(result)
-    for attr, scale in (("total_us", 1.0), ("us", 1.0), ("device_us", 1.0), ("total_ns", 1e-3),
-                        ("total_s", 1e6), ("seconds", 1e6)):
-        value = getattr(result, attr, None) if not isinstance(result, dict) else result.get(attr)
-        if isinstance(value, (int, float)):
-            return float(value) * scale
-    return None
+    names = [name for name, _ in sources]
+    by_name = dict(sources)
+    total_ns = 0.0
+    try:
+        for call in plan.calls:
+            name = names[call.kernel]
+            args = [(plan.buffers[b].numel, plan.buffers[b].dtype) for b in call.args]
+            total_ns += costmodel.estimate(source_stream(by_name[name], name, args), config.target).time_ns
+    except Exception as exc:  # the estimate is informative: never fail a compile or a report for it
+        log.debug("cost model could not estimate a graph: %s", exc)
+        return None
+    return total_ns / 1000
