@@ -35,7 +35,20 @@ def test_metrics_per_graph_with_cache_miss_then_hit() -> None:
     assert cold["times_ms"]["trace_aot"] > 0 and cold["times_ms"]["load"] > 0
     assert cold["total_ms"] >= sum(cold["times_ms"].values()) * 0.99
     assert cold["location"].endswith("test_metrics_debug.py:19")
-    assert "est_device_us" in cold
+    assert cold["est_device_us"] > 0 and warm["est_device_us"] == pytest.approx(cold["est_device_us"])
+
+
+def test_metrics_of_a_whole_graph_cache_hit() -> None:
+    x, w = torch.randn(4, 16), torch.randn(16, 8)
+    with torch.no_grad():
+        torch.compile(small, backend="neuron", dynamic=False)(x, w)
+        torch._dynamo.reset()
+        out = torch.compile(small, backend="neuron", dynamic=False)(x, w)
+    torch.testing.assert_close(out, small(x, w), atol=1e-5, rtol=1e-4)
+    cold, warm = neuron_compile.get_compile_metrics()
+    assert not cold["whole_graph"] and cold["cache"] == "miss"
+    assert warm["whole_graph"] and warm["cache"] == "hit" and warm["kernels"] == cold["kernels"]
+    assert warm["times_ms"]["load"] > 0 and warm["times_ms"]["lowering"] == 0
 
 
 def test_debug_dump_contents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
