@@ -3,7 +3,11 @@
 its per-lane fp32 accumulators), ``reciprocal`` and ``exponential`` (VectorE, NC-v4).
 
 Inputs are read as fp32, computed in fp32 NumPy and rounded to the dst dtype on write; bit-vector
-ops work on the raw integers; GpSimd integer arithmetic is exact (int64, saturated on write).
+ops work on the raw integers. ``tensor_tensor`` whose data1, data2 *and* dst are all int32/uint32
+defaults to GpSimd and uses native integer arithmetic (NKI docs: "when all input/output tiles are
+int32 or uint32"): exact for every 32-bit value, wrapping modulo 2**32 like a native 32-bit ALU.
+An fp32 (or other) dst, an explicit ``engine=nisa.engine.vector`` or a PSUM operand means Vector and
+fp32 math.
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     C.tensor(api, "data1", data1)
     C.tensor(api, "data2", data2)
     C.tensor(api, "dst", dst)
-    ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH
+    # Native integer math only when every tile (dst included) is int32/uint32 (REFERENCE 1.7, 3.3).
+    ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH and dst.dtype in _INT32ISH
     anypsum = PSUM in (data1.storage.buffer, data2.storage.buffer, dst.storage.buffer)
     default = "gpsimd" if (n == "power" or ints) and not anypsum else "vector"
     eng = _resolve(api, engine, ("vector", "gpsimd"), default)
@@ -103,7 +108,9 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
         a = data1.arr.astype(np.int64)
         b = data2.arr.astype(np.int64).reshape(a.shape)
         with np.errstate(all="ignore"):
-            C.write(dst, O.ARITH[n](a, b))
+            r = np.asarray(O.ARITH[n](a, b), dtype=np.int64)
+        # A native 32-bit integer ALU wraps (two's complement); saturation is the float->int cast rule.
+        C.write_raw(dst, r.astype(dst.arr.dtype))
     else:
         a = C.read32(data1)
         b = C.read32(data2)

@@ -60,11 +60,31 @@ def test_tensor_tensor_broadcast_view_and_psum_and_bitwise(rng: np.random.Genera
                            engine=nisa.engine.gpsimd)
 
 
-def test_int32_gpsimd_math_is_exact_and_saturates() -> None:
-    big = np.array([[2**30, 2**31 - 5, -(2**31)]], dtype=np.int32)
-    d = out((1, 3), "int32")
-    nisa.tensor_tensor(dst=d, data1=tile(big), data2=tile(np.array([[1, 10, -1]], np.int32)), op=nl.add)
-    np.testing.assert_array_equal(val(d), [[2**30 + 1, 2**31 - 1, -(2**31)]])
+def test_int32_gpsimd_math_is_exact_and_wraps() -> None:
+    big = np.array([[2**30, 2**31 - 5, -(2**31), 2**24 + 1]], dtype=np.int32)
+    one = np.array([[1, 10, -1, 2**24]], np.int32)
+    d = out((1, 4), "int32")
+    nisa.tensor_tensor(dst=d, data1=tile(big), data2=tile(one), op=nl.add)
+    # native 32-bit integer ALU: exact, wrapping modulo 2**32 like torch int32
+    np.testing.assert_array_equal(val(d), [[2**30 + 1, -(2**31) + 5, 2**31 - 1, 2**25 + 1]])
+    nisa.tensor_tensor(dst=d, data1=tile(big), data2=tile(one), op=nl.subtract)
+    np.testing.assert_array_equal(val(d), [[2**30 - 1, 2**31 - 15, -(2**31) + 1, 1]])
+    nisa.tensor_tensor(dst=d, data1=tile(big), data2=tile(one), op=nl.greater)
+    np.testing.assert_array_equal(val(d), [[1, 1, 0, 1]])
+
+
+def test_int32_tensor_tensor_with_non_int_dst_or_vector_engine_is_fp32() -> None:
+    """Only all-int32/uint32 tiles (dst included) get exact GpSimd math; otherwise fp32 (NKI tensor_tensor doc)."""
+    a = tile(np.array([[2**24 + 1, 2**30 + 1]], np.int32))
+    b = tile(np.array([[2**24, 2**30]], np.int32))
+    d = out((1, 2), "float32")
+    nisa.tensor_tensor(dst=d, data1=a, data2=b, op=nl.subtract)
+    np.testing.assert_array_equal(val(d), [[0.0, 0.0]])  # both operands rounded to fp32 first
+    e = out((1, 2), "int32")
+    nisa.tensor_tensor(dst=e, data1=a, data2=b, op=nl.subtract, engine=nisa.engine.vector)
+    np.testing.assert_array_equal(val(e), [[0, 0]])
+    nisa.tensor_tensor(dst=e, data1=a, data2=b, op=nl.subtract)
+    np.testing.assert_array_equal(val(e), [[1, 1]])
 
 
 @pytest.mark.parametrize(("dtype", "values", "expect"), [
