@@ -6,7 +6,7 @@ forward graph with Dynamo + AOTAutograd (our decompositions; the graph runs eage
 is simulated), then times the backend's own work, ``neuron_compile.backend.build_artifacts``
 (lowering + codegen of every kernel), and loading the rendered kernels into the simulator (no
 kernel executes). The parent prints per depth: capture s, build s, load s, kernels, and checks the
-issue's targets: growth at most linear (time per layer of the largest model <= 1.25x that of the
+issue's targets (for the backend's own work, and again including the capture): growth at most linear (time per layer of the largest model <= 1.25x that of the
 smallest) and 24 layers compiled (build + load) in <= 60 s. Exit status 0 (it reports).
 """
 
@@ -80,22 +80,30 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         row = json.loads(line[len(MARK):])
         row["compile_s"] = row["build_s"] + row["load_s"]
+        row["total_s"] = row["capture_s"] + row["compile_s"]
         rows.append(row)
         if not args.json:
             print(f"{n:>3} layers: capture {row['capture_s']:6.2f} s  build {row['build_s']:6.2f} s  load "
                   f"{row['load_s']:5.2f} s  compile {row['compile_s']:6.2f} s  ({row['compile_s'] / n:.3f} s/layer)  "
+                  f"with capture {row['total_s']:6.2f} s  "
                   f"{row['kernels']} kernels", flush=True)
     per_layer = [r["compile_s"] / r["layers"] for r in rows]
     linear = per_layer[-1] <= LINEAR_SLACK * per_layer[0] if len(rows) > 1 else True
     big = next((r for r in rows if r["layers"] == 24), None)
     within = big is not None and big["compile_s"] <= LIMIT_S
-    summary = {"rows": rows, "at_most_linear": linear, "24_layers_within_60s": within}
+    total_per_layer = [r["total_s"] / r["layers"] for r in rows]
+    linear_total = total_per_layer[-1] <= LINEAR_SLACK * total_per_layer[0] if len(rows) > 1 else True
+    within_total = big is not None and big["total_s"] <= LIMIT_S
+    summary = {"rows": rows, "at_most_linear": linear, "24_layers_within_60s": within,
+               "with_capture_at_most_linear": linear_total, "with_capture_24_layers_within_60s": within_total}
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         print(f"growth at most linear (s/layer {per_layer[-1]:.3f} vs {per_layer[0]:.3f}, slack {LINEAR_SLACK}x): "
               f"{'yes' if linear else 'NO'}")
         print(f"24 layers within {LIMIT_S:.0f} s: " + ("n/a" if big is None else ("yes" if within else "NO")))
+        print(f"including Dynamo + AOT capture: at most linear {'yes' if linear_total else 'NO'}; 24 layers within "
+              f"{LIMIT_S:.0f} s: " + ("n/a" if big is None else ("yes" if within_total else "NO")))
     return 0
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import runpy
 import sys
+import types
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -268,3 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neuron-compile explain")
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+class _CallableModule(types.ModuleType):
+    """``import neuron_compile.explain`` rebinds the package attribute ``explain`` to this module; calling
+    the module keeps ``neuron_compile.explain(model, *inputs)`` working either way."""
+
+    def __call__(self, model_or_fn: Any, *example_inputs: Any, **kwargs: Any) -> Report:
+        return explain(model_or_fn, *example_inputs, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,94 @@
+"""The analytic instruction stream (no execution) equals the simulator's trace, kernel by kernel."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile import backend, costmodel
+from neuron_compile.instruction_stream import count_instructions, kernel_stream, source_stream
+from neuron_compile.simulator import trace
+
+log = logging.getLogger(__name__)
+
+bf16 = torch.bfloat16
+CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = {
+    "chain": (lambda x: ((x * 2 + 1).relu() - 0.5).abs(), lambda: [torch.randn(300, 700)]),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda: [torch.randn(130, 3000)]),
+    "layernorm": (lambda x: F.layer_norm(x, (96,)), lambda: [torch.randn(4, 50, 96)]),
+    "matmul_epilogue": (lambda a, b: F.gelu(a @ b) + 1, lambda: [torch.randn(200, 300), torch.randn(300, 600)]),
+    "bf16_bmm": (lambda a, b: torch.bmm(a, b), lambda: [torch.randn(3, 64, 200, dtype=bf16),
+                                                       torch.randn(3, 200, 100, dtype=bf16)]),
+    "cat_cumsum": (lambda x, y: torch.cat([x, y], 0).cumsum(-1), lambda: [torch.randn(5, 40), torch.randn(3, 40)]),
+    "embedding": (lambda w, i: F.embedding(i, w) * 2, lambda: [torch.randn(50, 32), torch.randint(0, 50, (2, 70))]),
+}
+
+
+def traced_and_plan(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[Any, list[Any]]:
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    with trace() as tr, torch.no_grad():
+        compiled(*inputs)
+    (stats,) = backend.compiled_graphs()
+    return stats["plan"], tr.by_kernel()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stream_matches_trace(case: str) -> None:
+    fn, make = CASES[case]
+    plan, runs = traced_and_plan(fn, make())
+    assert [name for name, _ in runs] == [plan.kernels[c.kernel].name for c in plan.calls]
+    for call, (name, recs) in zip(plan.calls, runs, strict=True):
+        analytic = kernel_stream(plan.kernels[call.kernel])
+        assert analytic == Counter(recs), name  # same records (shapes, strides, dtypes, bytes), same counts
+        assert costmodel.estimate(analytic).time_ns == pytest.approx(costmodel.estimate(recs).time_ns)
+
+
+def test_families_covered() -> None:
+    families = set()
+    for fn, make in CASES.values():
+        torch._dynamo.reset()
+        backend.reset()
+        plan, _ = traced_and_plan(fn, make())
+        families |= {k.family for k in plan.kernels}
+    assert {"pointwise", "reduction", "matmul", "copy", "scan", "gather"} <= families
+
+
+def test_counts_scale_without_execution() -> None:
+    src = '''
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+@nki.jit
+def k(in0):
+    out0 = nl.ndarray((4096 * 4096,), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    for p0 in range(0, 4096, 128):
+        for f0 in range(0, 4096, 2048):
+            t = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=in0.ap(pattern=[[4096, 128], [1, 2048]], offset=p0 * 4096 + f0))
+            nisa.activation(dst=t, op=nl.exp, data=t)
+            nisa.dma_copy(dst=out0.ap(pattern=[[4096, 128], [1, 2048]], offset=p0 * 4096 + f0), src=t)
+    return out0
+'''
+    counts = source_stream(src, "k", [(4096 * 4096, "bfloat16")])
+    assert count_instructions(counts) == {("dma", "dma_copy"): 128, ("scalar", "activation"): 64}
+    assert len(counts) == 3  # identical tiles collapse into one record each
+
+
+def test_unmodelled_instruction_is_named() -> None:
+    src = '''
+import nki.isa as nisa
+
+
+def k(in0):
+    nisa.dma_transpose(dst=in0, src=in0)
+'''
+    with pytest.raises(NotImplementedError, match="nisa.dma_transpose is not modelled"):
+        source_stream(src, "k", [(4, "float32")])
