@@ -173,6 +173,8 @@ class CheckedRunner:
             _RESULTS.append(self.result)
 
     def __getattr__(self, name: str) -> Any:  # plan, sources, ... of the wrapped runner
+        if name == "runner":
+            raise AttributeError(name)
         return getattr(self.runner, name)
 
     def __call__(self, *args: Any) -> Any:
