@@ -291,3 +291,58 @@ def _jsonable(obj: Any) -> Any:
 
 def dumps(obj: Any) -> str:
     return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"))
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    """Rebuild a value of type ``tp`` from its JSON form (dataclasses, tuples, unions; Any stays as loaded)."""
+    import dataclasses
+    import types
+    import typing
+
+    if value is None:
+        return value
+    if tp is Any:
+        return _tuplify(value)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            try:
+                return _decode(arg, value)
+            except (TypeError, KeyError, ValueError):
+                continue
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        hints = typing.get_type_hints(tp)
+        fields = {f.name for f in dataclasses.fields(tp)}
+        return tp(**{k: _decode(hints[k], v) for k, v in value.items() if k in fields})
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _tuplify(value: Any) -> Any:
+    return tuple(_tuplify(v) for v in value) if isinstance(value, list) else value
+
+
+KERNEL_TYPES: dict[str, type] = {}
+
+
+def kernel_to_json(kernel: Any) -> dict[str, Any]:
+    """Lossless JSON form of a kernel (floats such as inf kept: encode with ``allow_nan=True``)."""
+    return dict(asdict(kernel), _type=type(kernel).__name__)
+
+
+def kernel_from_json(data: dict[str, Any]) -> Any:
+    if not KERNEL_TYPES:
+        KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
+                                                            ScanKernel)})
+    data = dict(data)
+    cls = KERNEL_TYPES[data.pop("_type")]
+    return _decode(cls, data)

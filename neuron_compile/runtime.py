@@ -225,8 +225,11 @@ def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
     """The runner's part of a plan (what a cache hit needs besides the kernel sources)."""
     from dataclasses import asdict
 
+    from neuron_compile.lowering.ir import kernel_to_json
+
     return {
         "kernel_names": list(kernel_names),
+        "kernels": [kernel_to_json(k) for k in plan.kernels],
         "buffers": [asdict(b) for b in plan.buffers],
         "calls": [asdict(c) for c in plan.calls],
         "inputs": [asdict(i) for i in plan.inputs],
@@ -235,13 +238,13 @@ def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:
-    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec
+    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec, kernel_from_json
 
     def tup(d: dict[str, Any]) -> dict[str, Any]:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
     return Plan(
-        kernels=(),
+        kernels=tuple(kernel_from_json(k) for k in data.get("kernels", ())),
         buffers=tuple(BufferRef(**tup(b)) for b in data["buffers"]),
         calls=tuple(KernelCall(**tup(c)) for c in data["calls"]),
         inputs=tuple(InputSpec(**tup(i)) for i in data["inputs"]),

@@ -133,3 +133,18 @@ def test_nki_jit_on_device_matches_eager():
     with patch(executor="nki-jit"):
         x = torch.randn(130, 300)
         torch.testing.assert_close(_compile(lambda t: torch.softmax(t, -1))(x), torch.softmax(x, -1))
+
+
+def test_plan_json_round_trip_is_lossless():
+    import json
+
+    from neuron_compile.runtime import plan_from_json, plan_to_json
+
+    with patch(cache=False):
+        f = _compile(lambda x, w: torch.nn.functional.gelu(x @ w).masked_fill(x[:, :1] > 0, float("-inf")).softmax(-1))
+        f(torch.randn(5, 7), torch.randn(7, 9))
+    plan = B.compiled_graphs()[-1]["plan"]
+    back = plan_from_json(json.loads(json.dumps(plan_to_json(plan, [k.name for k in plan.kernels]))))
+    assert back.kernels == plan.kernels and back.kernels
+    assert (back.buffers, back.calls, back.inputs, back.outputs) == (plan.buffers, plan.calls, plan.inputs,
+                                                                     plan.outputs)
