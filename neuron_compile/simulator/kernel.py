@@ -117,8 +117,6 @@ def _result(r: Any, as_torch: bool) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _blas_controller() -> Any:
-    from threadpoolctl import ThreadpoolController
-
     return ThreadpoolController()
 
 
