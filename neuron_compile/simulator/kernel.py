@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from neuron_compile.errors import RemovedAPIError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
