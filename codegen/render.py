@@ -198,7 +198,7 @@ class LoopRenderer:
             if not sinks and not reds:
                 continue
             for op in reds:
-                out.add(f"{op.out} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
+                out.add(f"{op.out} = nl.ndarray((P, 1), dtype=nl.{op.dtype}, buffer=nl.sbuf)")
             depth0 = out.depth
             for j, d in enumerate(self.red_outer):
                 out.add(str(self.macros.index_loop(f"r{j}", k.space[d])))
@@ -230,6 +230,12 @@ def _literal(a: Any) -> Any:
     return a
 
 
+def _dma_pattern(acc: Any, space: tuple[int, ...], loops: list[int], tail: list[int]) -> str:
+    pairs = ", ".join(f"[{acc.strides[d]}, {space[d]}]" for d in tail)
+    off = _offset(acc.offset, [(f"o{i}", acc.strides[i]) for i in loops])
+    return f"pattern=[{pairs}], offset={off}"
+
+
 def _copy_body(k: CopyKernel) -> str:
     out = Lines()
     for src_arg, src, dst_out, dst, space in k.copies:
@@ -241,15 +247,8 @@ def _copy_body(k: CopyKernel) -> str:
             out.add(f"for o{i} in range({space[i]}):")
             out.depth += 1
         tail = list(range(max(n - 2, 0), n))
-        sizes = [space[d] for d in tail] if tail else [1]
-
-        def pat(acc: Any) -> str:
-            pairs = ", ".join(f"[{acc.strides[d]}, {space[d]}]" for d in tail)
-            off = _offset(acc.offset, [(f"o{i}", acc.strides[i]) for i in loops])
-            return f"pattern=[{pairs}], offset={off}"
-
-        out.add(f"nisa.dma_copy(dst=out{dst_out}.ap({pat(dst)}), src=in{src_arg}.ap({pat(src)}))")
-        del sizes
+        out.add(f"nisa.dma_copy(dst=out{dst_out}.ap({_dma_pattern(dst, space, loops, tail)}), "
+                f"src=in{src_arg}.ap({_dma_pattern(src, space, loops, tail)}))")
         out.depth = depth
     return out.text()
 
