@@ -123,6 +123,8 @@ for m0 in range(0, {k.rows}, {PMAX}):
 
 def scan_body(k: ScanKernel) -> str:
     """Per 128-row tile: chunked ``tensor_tensor_scan`` (r = 1 * r + x) carrying a (P, 1) running value."""
+    if k.outputs[0].dtype == "int32" and k.op == "add":
+        return _int_scan_body(k)
     out = Lines()
     n_outer = k.n_outer
     names = _outer_loops(out, list(k.space[:n_outer]))
@@ -150,4 +152,39 @@ for p0 in range(0, {np_}, {PMAX}):
         nisa.tensor_tensor_scan(dst=acc, data0=unit, data1=x, initial=carry, op0=nl.{op0}, op1=nl.{k.op})
         nisa.tensor_copy(dst=carry, src=acc[:, F - 1:F])
         nisa.dma_copy(dst=out0.ap(pattern=[[{dsp}, P], [{dsf}, F]], offset={_offset(k.dst.offset, d_terms + [("p0", dsp), ("f0", dsf)])}), src=acc)""")
+    return out.text()
+
+
+def _int_scan_body(k: ScanKernel) -> str:
+    """Exact int32 cumsum: a Hillis-Steele scan per chunk (``a[i] += a[i - s]`` for s = 1, 2, 4, ...) with
+    GpSimd int32 ``tensor_tensor`` adds on shifted slices (ping-pong tiles), then the int32 carry added."""
+    out = Lines()
+    n_outer = k.n_outer
+    names = _outer_loops(out, list(k.space[:n_outer]))
+    np_, nf = k.space[n_outer], k.space[n_outer + 1]
+    s_terms = [(v, k.src.strides[i]) for i, v in enumerate(names)]
+    d_terms = [(v, k.dst.strides[i]) for i, v in enumerate(names)]
+    ssp, ssf = k.src.strides[n_outer], k.src.strides[n_outer + 1]
+    dsp, dsf = k.dst.strides[n_outer], k.dst.strides[n_outer + 1]
+    ft = min(k.free_tile, nf)
+    out.add(f"""\
+for p0 in range(0, {np_}, {PMAX}):
+    P = min({PMAX}, {np_} - p0)
+    carry = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=carry, value=0)
+    for f0 in range(0, {nf}, {ft}):
+        F = min({ft}, {nf} - f0)
+        acc = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=acc, src=in{k.src.arg}.ap(pattern=[[{ssp}, P], [{ssf}, F]], offset={_offset(k.src.offset, s_terms + [("p0", ssp), ("f0", ssf)])}))
+        s = 1
+        while s < F:
+            nxt = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=nxt[:, 0:s], src=acc[:, 0:s])
+            nisa.tensor_tensor(dst=nxt[:, s:F], data1=acc[:, s:F], data2=acc[:, 0:F - s], op=nl.add)
+            acc = nxt
+            s = s * 2
+        res = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=res, data1=acc, data2=carry.broadcast(1, F), op=nl.add)
+        nisa.tensor_copy(dst=carry, src=res[:, F - 1:F])
+        nisa.dma_copy(dst=out0.ap(pattern=[[{dsp}, P], [{dsf}, F]], offset={_offset(k.dst.offset, d_terms + [("p0", dsp), ("f0", dsf)])}), src=res)""")
     return out.text()

@@ -1,10 +1,17 @@
 """The tile-program builder that lowering rules talk to (the ``ctx`` of a rule).
 
 A rule receives its node's arguments already mapped: tensors as :class:`TileVal` (a full ``[P, F]``
-or row ``[P, 1]`` tile in fp32, or a uint8 predicate), Python scalars as they are. It returns the
-:class:`TileVal` of its result by calling the instruction helpers below, which pick the NKI
+or row ``[P, 1]`` tile in fp32 or int32, or a uint8 predicate), Python scalars as they are. It returns
+the :class:`TileVal` of its result by calling the instruction helpers below, which pick the NKI
 instruction from the operand kinds (tile with tile -> ``tensor_tensor``, tile with a scalar or a
 row -> ``tensor_scalar``, transcendental -> ``activation``) and record one :class:`TileOp` each.
+
+Integer mode (``int_mode``, set per node from :func:`lowering.intmath.is_int_compute`): every tile
+operand is coerced to int32, scalars are memset into int32 tiles, and arithmetic, comparisons,
+selects and reductions use only ``tensor_tensor`` (GpSimd native integer math, exact and wrapping
+like int32), never the fp32 ``tensor_scalar``/``tensor_reduce``/``activation`` paths. Helpers that
+have no exact integer form raise :class:`LoweringError` (the registry's ``check=`` functions refuse
+those nodes earlier, with a reason).
 """
 
 from __future__ import annotations
@@ -26,13 +33,18 @@ ACTIVATIONS = {"copy", "square", "sigmoid", "relu", "gelu", "gelu_apprx_tanh", "
                "exp", "sign", "abs", "log", "sqrt", "rsqrt", "reciprocal", "sin", "arctan", "gelu_dx", "silu_dx",
                "erf_dx", "mish", "gelu_apprx_sigmoid"}
 REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
+# ALU ops with an exact int32 tensor_tensor form (comparisons and logical ops produce int32 1/0).
+INT_OPS = {"add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal", "greater", "greater_equal",
+           "less", "less_equal", "logical_and", "logical_or", "logical_xor"}
+_SWAPPED = {"greater": "less", "less": "greater", "greater_equal": "less_equal", "less_equal": "greater_equal"}
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclass(frozen=True)
 class TileVal:
     name: str
     kind: str  # 'full' | 'row'
-    dtype: str = "float32"  # tile dtype (fp32 compute, uint8 predicates)
+    dtype: str = "float32"  # tile dtype (fp32 or int32 compute, uint8 predicates)
     phase: int = 0  # first phase in which the value is available
 
 
@@ -46,6 +58,7 @@ class ProgramBuilder:
         self.ops: list[TileOp] = []
         self._n = 0
         self.node: torch.fx.Node | None = None  # the node being lowered (for error messages)
+        self.int_mode = False  # the node computes in exact int32 (see the module docstring)
 
     # -- plumbing -------------------------------------------------------------------------------
     def fresh(self, prefix: str = "v") -> str:
@@ -71,9 +84,33 @@ class ProgramBuilder:
             where = f" (node {self.node.name}: {self.node.target})"
         return LoweringError(f"cannot lower{where}: {why}")
 
+    @property
+    def compute_dtype(self) -> str:
+        return "int32" if self.int_mode else "float32"
+
+    def cast(self, x: TileVal, dtype: str) -> TileVal:
+        """``x`` as a ``dtype`` tile (tensor_copy: bit-exact for equal dtypes, through fp32 otherwise)."""
+        if x.dtype == dtype:
+            return x
+        return self.emit("cast", x.kind, (x,), dtype=dtype)
+
+    def coerce(self, x: Operand) -> Operand:
+        """A tile operand in this node's compute dtype (scalars unchanged)."""
+        return self.cast(x, self.compute_dtype) if isinstance(x, TileVal) else x
+
+    def int_scalar(self, v: Operand) -> int:
+        """A scalar operand of an integer op as a Python int (it must be an integral int32 value)."""
+        f = float(v)  # type: ignore[arg-type]
+        if not (math.isfinite(f) and f == int(f) and INT32_MIN <= int(v) <= INT32_MAX):  # type: ignore[arg-type]
+            raise self.fail(f"scalar {v!r} is not an int32 value (integer op)")
+        return int(v)  # type: ignore[arg-type]
+
     # -- elementwise -----------------------------------------------------------------------------
     def binary(self, op: str, a: Operand, b: Operand) -> TileVal | float:
         """``a <op> b`` for ALU ``op`` (add, subtract, multiply, maximum, minimum, comparisons, logical, power)."""
+        if self.int_mode:
+            return self._int_binary(op, a, b)
+        a, b = self.coerce(a), self.coerce(b)
         if not isinstance(a, TileVal) and not isinstance(b, TileVal):
             return _fold(op, float(a), float(b))
         if isinstance(a, TileVal) and isinstance(b, TileVal):
@@ -88,8 +125,35 @@ class ProgramBuilder:
         return self.emit("tensor_scalar", tile.kind, (tile, float(scalar)),
                          {"op0": op, "reverse0": reverse and op not in COMMUTATIVE})
 
+    def _int_binary(self, op: str, a: Operand, b: Operand) -> TileVal | int:
+        """Exact int32 ``a <op> b``: one GpSimd ``tensor_tensor`` (scalars memset into int32 tiles)."""
+        if op not in INT_OPS:
+            raise self.fail(f"{op} has no exact int32 form")
+        if not isinstance(a, TileVal) and not isinstance(b, TileVal):
+            return _int_fold(op, self.int_scalar(a), self.int_scalar(b))
+        a, b = self.coerce(a), self.coerce(b)
+        if not isinstance(b, TileVal) or not isinstance(a, TileVal):
+            tile, scalar = (a, b) if isinstance(a, TileVal) else (b, a)
+            assert isinstance(tile, TileVal)
+            v = self.int_scalar(scalar)
+            if (op == "add" and v == 0) or (op == "multiply" and v == 1) or (op == "subtract" and v == 0
+                                                                              and tile is a):
+                return tile
+            const = self.fill(v, tile.kind)
+            a, b = (tile, const) if tile is a else (const, tile)
+        assert isinstance(a, TileVal) and isinstance(b, TileVal)
+        if a.kind == "row" and b.kind == "full":
+            if op in COMMUTATIVE or op in _SWAPPED:
+                a, b, op = b, a, _SWAPPED.get(op, op)  # keep the broadcast (stride-0) row as data2
+            else:
+                a = self.broadcast_to(a, "full")
+        return self.emit("tensor_tensor", self._kind(a, b), (a, b), {"op": op}, dtype="int32")
+
     def affine(self, x: TileVal, scale: float | TileVal = 1.0, bias: float | TileVal = 0.0) -> TileVal:
         """``x * scale + bias`` in one instruction (scale/bias scalars or rows)."""
+        if self.int_mode:
+            return self.as_tile(self.binary("add", self.binary("multiply", x, scale), bias))
+        x = self.cast(x, "float32")
         if isinstance(scale, TileVal) and scale.kind == "full":
             return self.as_tile(self.binary("add", self.binary("multiply", x, scale), bias))
         if isinstance(bias, TileVal) and bias.kind == "full":
@@ -102,6 +166,8 @@ class ProgramBuilder:
             raise self.fail(f"{func} is not an activation-table function")
         if not isinstance(x, TileVal):
             raise self.fail(f"activation {func} of a constant")
+        self._no_int(f"activation {func}")
+        x = self.cast(x, "float32")
         if (isinstance(scale, TileVal) and scale.kind == "full") or (isinstance(bias, TileVal) and bias.kind == "full"):
             x = self.affine(x, scale, bias)
             scale, bias = 1.0, 0.0
@@ -109,13 +175,21 @@ class ProgramBuilder:
 
     def unary_alu(self, op: str, x: TileVal) -> TileVal:
         """VectorE unary ALU op (abs, reciprocal, ...) through ``tensor_scalar`` with no operand."""
+        self._no_int(f"unary {op}")
+        x = self.cast(x, "float32")
         return self.emit("tensor_scalar", x.kind, (x,), {"op0": op})
 
     def reciprocal(self, x: TileVal) -> TileVal:
-        return self.emit("reciprocal", x.kind, (x,))
+        self._no_int("reciprocal")
+        return self.emit("reciprocal", x.kind, (self.cast(x, "float32"),))
+
+    def _no_int(self, what: str) -> None:
+        if self.int_mode:
+            raise self.fail(f"{what} has no exact int32 form (fp32 only)")
 
     def divide(self, a: Operand, b: Operand) -> TileVal | float:
         """``a / b``: NeuronCores have no divide instruction, so multiply by the reciprocal (<= 1 ulp off)."""
+        self._no_int("divide")
         if not isinstance(b, TileVal):
             b = float(b)
             if b == 0.0:
@@ -127,22 +201,31 @@ class ProgramBuilder:
         """``where(cond, on_true, on_false)``: a predicated copy, exact even for inf/nan operands."""
         pred = self.emit("predicate", cond.kind, (cond,), dtype="uint8")
         kind = self._kind(cond, on_true, on_false)
-        base = self.broadcast_to(on_false, kind)
-        return self.emit("select", kind, (pred, on_true if isinstance(on_true, TileVal) else float(on_true), base))
+        base = self.broadcast_to(self.coerce(on_false), kind)
+        if isinstance(on_true, TileVal):
+            src: Operand = self.coerce(on_true)
+        elif self.int_mode:
+            src = self.fill(self.int_scalar(on_true), on_true_kind(kind, cond))
+        else:
+            src = float(on_true)
+        return self.emit("select", kind, (pred, src, base), dtype=self.compute_dtype)
 
     def broadcast_to(self, x: Operand, kind: str) -> TileVal:
         if isinstance(x, TileVal):
             if x.kind == kind:
                 return x
-            return self.emit("broadcast", kind, (x,))
-        return self.emit("fill", kind, (float(x),))
+            return self.emit("broadcast", kind, (x,), dtype=x.dtype)
+        return self.fill(x, kind)
 
     def as_tile(self, x: TileVal | float) -> TileVal:
         if isinstance(x, TileVal):
             return x
-        return self.emit("fill", "row", (float(x),))
+        return self.fill(x, "row")
 
     def fill(self, value: float, kind: str = "full") -> TileVal:
+        """A memset tile; an int32 tile of the integer ``value`` in integer mode."""
+        if self.int_mode:
+            return self.emit("fill", kind, (self.int_scalar(value),), dtype="int32")
         return self.emit("fill", kind, (float(value),))
 
     def iota(self, coeffs_name: str) -> TileVal:
@@ -151,19 +234,44 @@ class ProgramBuilder:
 
     def round_to(self, x: TileVal, dtype: str) -> TileVal:
         """Round through ``dtype`` (bf16/fp16) and back, as eager does between ops of that dtype."""
-        return self.emit("round", x.kind, (x,), {"via": dtype})
+        return self.emit("round", x.kind, (self.cast(x, "float32"),), {"via": dtype})
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(self, op: str, x: TileVal, negate: bool = False) -> TileVal:
-        """Reduce a full tile over the kernel's reduced dims into a row (fp32 accumulation)."""
+        """Reduce a full tile over the kernel's reduced dims into a row (fp32 accumulation).
+
+        Integer mode: an exact int32 log-step tree of ``tensor_tensor`` ops over free-dim slices per
+        chunk, accumulated across chunks with int32 ``tensor_tensor`` (add, maximum, minimum only).
+        """
         if op not in REDUCE_OPS:
             raise self.fail(f"{op} is not a reduction op")
+        if self.int_mode and (op == "multiply" or negate):
+            raise self.fail(f"reduce {op} has no exact int32 form")
+        x = self.cast(x, self.compute_dtype)
         if x.kind != "full":
             # Constant along the reduced dims (an expanded input, or reduced dims of size 1): reduce the
             # broadcast tile, so sum counts every element and prod/max/min see the same values as torch.
             x = self.broadcast_to(x, "full")
-        val = self.emit("reduce", "row", (x,), {"op": op, "negate": negate}, phase=x.phase)
+        val = self.emit("reduce", "row", (x,), {"op": op, "negate": negate}, dtype=x.dtype, phase=x.phase)
         return TileVal(val.name, "row", val.dtype, x.phase + 1)
+
+
+def on_true_kind(kind: str, cond: TileVal) -> str:
+    """Kind of a materialized ``where`` scalar: a row when the result is a row, else a full tile."""
+    return "row" if kind == "row" and cond.kind == "row" else "full"
+
+
+def _int_fold(op: str, a: int, b: int) -> int:
+    """Constant-fold an int32 op with int32 wrap-around (as the GpSimd ALU)."""
+    import operator
+
+    table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
+             "minimum": min, "equal": operator.eq, "not_equal": operator.ne, "greater": operator.gt,
+             "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le}
+    if op not in table:
+        raise LoweringError(f"cannot constant-fold integer {op}")
+    r = int(table[op](a, b))
+    return (r - INT32_MIN) % 2**32 + INT32_MIN
 
 
 def _fold(op: str, a: float, b: float) -> float:

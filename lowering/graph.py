@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
     Access,
     ArgSpec,
@@ -223,11 +224,14 @@ class LoopGroupEmitter:
         if view.buffer not in self.args:
             self.args.append(view.buffer)
         arg = self.args.index(view.buffer)
-        key = (arg, view.offset, strides, kind)
+        src_dtype = self.gl.buffers[view.buffer].dtype
+        # Integer consumers keep integer inputs exact: the DMA loads int32 (fp32 tiles only hold 24 bits).
+        dtype = "int32" if src_dtype in _INT_STORAGE and is_int_compute(consumer) else "float32"
+        key = (arg, view.offset, strides, kind, dtype)
         if key not in self.loads:
             self.accesses.append(strides)
             self.loads[key] = self.b.emit("load", kind, (), {"access": (arg, view.offset, strides),
-                                                            "src_dtype": self.gl.buffers[view.buffer].dtype}, phase=0)
+                                                            "src_dtype": src_dtype}, dtype=dtype, phase=0)
         return self.loads[key]
 
     def iota_along_reduced(self, node: fx.Node) -> TileVal:
@@ -266,6 +270,7 @@ class LoopGroupEmitter:
             rule = lookup(node.target)
             assert rule is not None
             b.node = node
+            b.int_mode = is_int_compute(node)
             if node in self.gl.part.absorbed or rule.kind == "alias":
                 self.values[node] = self.values[node.args[0]] if self.gl.part.group_of.get(node.args[0]) is g \
                     else self.load(node.args[0], node)
@@ -277,7 +282,7 @@ class LoopGroupEmitter:
             kwargs = {k: self.map_arg(v, node) for k, v in node.kwargs.items()}
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
-                val = b.fill(float(val), self.member_role(node))
+                val = b.fill(val, self.member_role(node))
             self.values[node] = val
         # Stores: values used outside the group (or as graph outputs).
         results: list[int] = []
@@ -374,6 +379,9 @@ class LoopGroupEmitter:
             tuple(ops), n_phases, source)
         self.gl.kernels.append(kernel)
         self.gl.calls.append(KernelCall(kernel_index, tuple(self.args), tuple(results)))
+
+
+_INT_STORAGE = ("int32", "int16", "int8", "uint8")
 
 
 def _short(g: Group) -> str:

@@ -2,6 +2,9 @@
 
 Each rule computes in fp32 tiles (NeuronCore Vector/Scalar engines compute in fp32 and round on
 write); broadcasting and type promotion are already explicit in the ATen graph's shapes/dtypes.
+Nodes computing in integers (see :mod:`lowering.intmath`) get exact int32 tiles instead: add, sub,
+mul, neg, abs, maximum/minimum, clamp, where/masked_fill, comparisons and logical ops are exact for
+the whole int32 range (wrapping like int32); integer ops without an exact form are refused.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import math
 
 import torch
 from neuron_compile.lowering.builder import TileVal
+from neuron_compile.lowering.intmath import INTS, int_refusal, is_int_compute
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -26,14 +30,28 @@ def _dtype(node: fx.Node) -> torch.dtype | None:
 def _float_only(node: fx.Node) -> str | None:
     d = _dtype(node)
     if d is not None and d not in FLOATS:
-        return f"{node.target} on {d} is not supported (floating point only)"
+        return int_refusal(str(node.target), d, "floating point only (ScalarE/VectorE compute in fp32)",
+                           "cast to float first (x.float())")
     return None
 
 
 def _no_int_div(node: fx.Node) -> str | None:
     d = _dtype(node)
     if d is not None and d not in FLOATS:
-        return f"integer {node.target} is not supported (NeuronCore ALUs compute in fp32; use float tensors)"
+        return int_refusal(f"integer {node.target}", d, "NeuronCores have no exact integer divide (fp32 only)",
+                           "divide float tensors (x.float() / y) and round explicitly")
+    return None
+
+
+# Narrow integer results: int32 compute then a saturating DMA cast, where torch wraps at 8/16 bits.
+_NARROW = (torch.int8, torch.int16, torch.uint8)
+
+
+def _int_arith(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    if d in _NARROW:
+        return int_refusal(str(node.target), d, "results are computed in int32 and stored with a saturating cast, "
+                           "while torch wraps at 8/16 bits", "compute in int32/int64 (x.int()) or float")
     return None
 
 
@@ -60,14 +78,14 @@ def _binary(op: str):
     return rule
 
 
-register_lowering(aten.add.Tensor, aten.add.Scalar, family="elementwise")(_binary("add"))
-register_lowering(aten.sub.Tensor, aten.sub.Scalar, family="elementwise")(_binary("subtract"))
-register_lowering(aten.mul.Tensor, aten.mul.Scalar, family="elementwise")(_binary("multiply"))
+register_lowering(aten.add.Tensor, aten.add.Scalar, family="elementwise", check=_int_arith)(_binary("add"))
+register_lowering(aten.sub.Tensor, aten.sub.Scalar, family="elementwise", check=_int_arith)(_binary("subtract"))
+register_lowering(aten.mul.Tensor, aten.mul.Scalar, family="elementwise", check=_int_arith)(_binary("multiply"))
 register_lowering(aten.maximum.default, family="elementwise")(_binary("maximum"))
 register_lowering(aten.minimum.default, family="elementwise")(_binary("minimum"))
 
 
-@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor, family="elementwise")
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor, family="elementwise", check=_int_arith)
 def lower_rsub(ctx, node, a, b, *, alpha=1):
     """aten.rsub: ``b - alpha * a``."""
     if alpha != 1:
@@ -138,18 +156,28 @@ def _act(func: str, scale: float = 1.0):
 
 
 for _op, _func in [(aten.exp.default, "exp"), (aten.sigmoid.default, "sigmoid"), (aten.tanh.default, "tanh"),
-                   (aten.erf.default, "erf"), (aten.relu.default, "relu"), (aten.silu.default, "silu"),
-                   (aten.sign.default, "sign")]:
+                   (aten.erf.default, "erf"), (aten.silu.default, "silu")]:
     register_lowering(_op, family="elementwise", check=_float_only)(_act(_func))
 
 
-@register_lowering(aten.neg.default, family="elementwise")
+@register_lowering(aten.relu.default, aten.sign.default, family="elementwise")
+def lower_relu_sign(ctx, node, x):
+    """aten.relu/sign: ScalarE activation; integers exactly as max(x, 0) and (x > 0) - (x < 0)."""
+    b = ctx.b
+    if not b.int_mode:
+        return _finish(ctx, node, b.activation("relu" if node.target == aten.relu.default else "sign", x))
+    if node.target == aten.relu.default:
+        return b.binary("maximum", x, 0)
+    return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))
+
+
+@register_lowering(aten.neg.default, family="elementwise", check=_int_arith)
 def lower_neg(ctx, node, x):
-    """aten.neg: ``x * -1`` on VectorE."""
+    """aten.neg: ``x * -1`` on VectorE (integers: int32 tensor_tensor, exact)."""
     return ctx.b.binary("multiply", x, -1.0)
 
 
-@register_lowering(aten.abs.default, family="elementwise")
+@register_lowering(aten.abs.default, family="elementwise", check=_int_arith)
 def lower_abs(ctx, node, x):
     """aten.abs: |x| as max(x, -x) (exact)."""
     return ctx.b.binary("maximum", x, ctx.b.binary("multiply", x, -1.0))
@@ -291,16 +319,24 @@ def _cast_check(node: fx.Node) -> str | None:
     if src_dtype in FLOATS and dst not in FLOATS and dst != torch.bool:
         return (f"cast {src_dtype} -> {dst} is not supported: PyTorch truncates toward zero, NeuronCore casts "
                 f"round to nearest; round explicitly (torch.trunc is not supported either) or keep floats")
+    if src_dtype in (torch.int64, torch.int32) and dst in _NARROW:
+        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch wraps at 8/16 bits, NeuronCore DMA casts "
+                f"saturate; keep int32/int64 (or mask the low bits in float first)")
     return None
 
 
 @register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise",
                    check=_cast_check)
 def lower_to_copy(ctx, node, x, *args, **kwargs):
-    """aten._to_copy (dtype casts): fp32 compute tiles; the store rounds (RNE) to the new dtype."""
+    """aten._to_copy (dtype casts): fp32 compute tiles; the store rounds (RNE) to the new dtype.
+
+    Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); int -> float rounds RNE in
+    fp32 as eager does."""
     if _dtype(node) == torch.bool:
         return ctx.b.binary("not_equal", x, 0.0)
-    return _finish(ctx, node, x)
+    if is_int_compute(node) or _dtype(node) in INTS:
+        return ctx.b.coerce(x)
+    return _finish(ctx, node, ctx.b.coerce(x))
 
 
 @register_lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,

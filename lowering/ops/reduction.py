@@ -3,6 +3,10 @@
 A reduction reduces the kernel's ``red`` dims of a full tile into a row (``[P, 1]``) with
 ``tensor_reduce`` per free-dim chunk, accumulated in fp32 across chunks. Elementwise producers fuse
 in front (prologue) and consumers of the row fuse behind it (softmax, norms).
+
+Integer sum/amax/amin/any/all/argmax/argmin reduce int32 tiles exactly (a log-step tree of GpSimd
+``tensor_tensor`` ops per chunk, int32 accumulation across chunks; see ``ProgramBuilder.reduce``);
+integer prod is refused (no exact form, and int64 products overflow int32 storage).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from neuron_compile.lowering.intmath import INTS, dtype_of, int_refusal, is_int_compute
 from neuron_compile.lowering.partition import node_shape, reduce_dims_of
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -23,17 +28,20 @@ def _count(node: fx.Node) -> int:
     return math.prod(shape[d] for d in dims) if shape else 1
 
 
-def _float_out(node: fx.Node) -> str | None:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and val.dtype in (torch.int64, torch.int32) and node.target in (
-            aten.sum.dim_IntList, aten.sum.default):
-        return None
+def _sum_check(node: fx.Node) -> str | None:
+    out, src = dtype_of(node), dtype_of(node.args[0])
+    if out in INTS and src is not None and src.is_floating_point:
+        return int_refusal("aten.sum with an integer dtype=", src, "torch truncates each float to an integer "
+                           "first, NeuronCore casts round to nearest", "sum in float and round explicitly")
+    if out in (torch.int8, torch.int16, torch.uint8):
+        return int_refusal("aten.sum", out, "int32 accumulation is stored with a saturating cast, torch wraps",
+                           "sum with dtype=torch.int64 (the default for integer inputs)")
     return None
 
 
-@register_lowering(aten.sum.dim_IntList, aten.sum.default, family="reduction", kind="reduction", check=_float_out)
+@register_lowering(aten.sum.dim_IntList, aten.sum.default, family="reduction", kind="reduction", check=_sum_check)
 def lower_sum(ctx, node, x, *args, **kwargs):
-    """aten.sum over any dims (keepdim or not): fp32 accumulation."""
+    """aten.sum over any dims (keepdim or not): fp32 accumulation (integers: exact int32)."""
     return ctx.b.reduce("add", x)
 
 
@@ -55,7 +63,15 @@ def lower_amin(ctx, node, x, *args, **kwargs):
     return ctx.b.reduce("minimum", x)
 
 
-@register_lowering(aten.prod.dim_int, aten.prod.default, family="reduction", kind="reduction")
+def _prod_check(node: fx.Node) -> str | None:
+    if is_int_compute(node):
+        return int_refusal("aten.prod", dtype_of(node.args[0]), "there is no exact integer product reduction "
+                           "(tensor_reduce runs in fp32) and int64 products overflow int32 storage",
+                           "take the product in float (x.double().prod() eagerly, or x.float().prod())")
+    return None
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default, family="reduction", kind="reduction", check=_prod_check)
 def lower_prod(ctx, node, x, *args, **kwargs):
     """aten.prod over one dim (or all)."""
     return ctx.b.reduce("multiply", x)
@@ -90,11 +106,16 @@ def _arg_check(node: fx.Node) -> str | None:
         shape = node_shape(node.args[0])
         if len(shape) > 1:
             return "argmax/argmin over a flattened multi-dim tensor is not supported (pass dim=)"
+    if _count(node) > 2**24:
+        return (f"{node.target} along a dim of {_count(node)} elements is not supported: indices are "
+                f"computed with an fp32 iota, exact up to 2**24")
     return None
 
 
 def _arg_reduce(ctx, node, x, op: str):
-    """First index of the max/min along the free dim: min over (x == best ? index : big)."""
+    """First index of the max/min along the free dim: min over (x == best ? index : big).
+
+    Integer inputs: the max/min, the compare and the index reduction are exact int32 ops."""
     b = ctx.b
     best = b.reduce(op, x)
     hit = b.binary("equal", x, best)

@@ -2,18 +2,20 @@
 
 The scanned dim becomes the free dim of a canonical ``(outer..., part, free)`` space (other dims merge
 onto partitions and unrolled outer loops); each 128-row tile scans free-dim chunks with
-``nisa.tensor_tensor_scan`` carrying the running sum in a ``(P, 1)`` tile. cumsum's backward
+``nisa.tensor_tensor_scan`` carrying the running sum in a ``(P, 1)`` tile; integer cumsum (an int32
+result buffer) is exact instead: a log-step Hillis-Steele scan of GpSimd int32 ``tensor_tensor`` adds
+over shifted slices, plus an int32 carry (``codegen/render_index.scan_body``). cumsum's backward
 (``flip(cumsum(flip(g)))``) needs ``flip``: one DMA copy reading a negated-stride view.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.intmath import INTS, dtype_of, int_refusal
 from neuron_compile.lowering.ir import Access, ArgSpec, KernelCall, ScanKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
@@ -27,16 +29,19 @@ SCAN_FREE_TILE = 512
 
 
 def _cumsum_check(node: fx.Node) -> str | None:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and val.dtype in (torch.int64, torch.int32) and \
-            math.prod(node_shape(node)) > 2**24:
-        return "integer cumsum of more than 2**24 elements is not supported (fp32 accumulation)"
+    out, src = dtype_of(node), dtype_of(node.args[0])
+    if out in INTS and out not in (torch.int64, torch.int32):
+        return int_refusal("aten.cumsum", out, "int32 accumulation is stored with a saturating cast, torch wraps",
+                           "cumsum with dtype=torch.int64 (the default for integer inputs)")
+    if out in INTS and src is not None and src.is_floating_point:
+        return int_refusal("aten.cumsum with an integer dtype=", src, "torch truncates each float first, "
+                           "NeuronCore casts round to nearest", "cumsum in float and round explicitly")
     return None
 
 
 @register_lowering(aten.cumsum.default, family="scan", kind="copy", check=_cumsum_check)
 def lower_cumsum(gl: Any, node: fx.Node) -> None:
-    """aten.cumsum along any dim: chunked tensor_tensor_scan with a carried (P, 1) sum (fp32 accumulation)."""
+    """aten.cumsum along any dim: chunked scan with a carried (P, 1) sum (fp32; integers exact in int32)."""
     src = gl.view_of(node.args[0])
     shape = node_shape(node)
     rank = len(shape)

@@ -1,0 +1,83 @@
+"""Which graph nodes compute in exact int32, and why integer ops that can't be exact are refused.
+
+NeuronCore Vector/Scalar arithmetic runs in fp32, which is exact for integers only up to 2**24.
+``nisa.tensor_tensor`` whose tiles are all int32 runs on GpSimd with native (exact, wrapping)
+integer arithmetic (REFERENCE 1.7, 3.3), so integer graph values (int64 stored as int32, int32,
+and 0/1 bools promoted to ints) are computed with int32 tiles and ``tensor_tensor`` only; see
+:class:`~neuron_compile.lowering.builder.ProgramBuilder`.
+
+:func:`is_int_compute` decides a node's compute mode from its dtypes, following torch type
+promotion: a float output (or any float operand) means fp32 compute, an integer output (or
+integer operands of a comparison/logical op) means int32 compute. The ``*_check`` helpers are
+``check=`` functions for registry rules whose integer form would be inexact.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import fx
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+# Ops whose compute dtype is their input's, not their output's (the output is an index).
+_INDEX_OUT = (aten.argmax.default, aten.argmin.default)
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def dtype_of(a: Any) -> torch.dtype | None:
+    val = a.meta.get("val") if isinstance(a, fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _operands(node: fx.Node) -> list[Any]:
+    out: list[Any] = []
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            out += [x for x in a if isinstance(x, fx.Node)]
+        else:
+            out.append(a)
+    return out
+
+
+def is_int_compute(node: fx.Node) -> bool:
+    """True when ``node`` computes in exact int32 tiles (torch promotion gives an integer dtype)."""
+    out = dtype_of(node)
+    if node.target in _INDEX_OUT:
+        src = dtype_of(node.args[0])
+        return src in INTS
+    if out is not None and out.is_floating_point:
+        return False
+    if out in INTS:
+        return True
+    if out is not torch.bool or node.target in _CASTS:
+        return False
+    # A bool result (comparison, logical op, any/all): integer compute iff the operands promote to an int.
+    saw_int = False
+    for a in _operands(node):
+        d = dtype_of(a)
+        if isinstance(a, float) or (d is not None and d.is_floating_point):
+            return False
+        saw_int = saw_int or d in INTS
+    return saw_int
+
+
+def int_refusal(op: str, dtype: torch.dtype | None, why: str, fix: str) -> str:
+    """One refusal message: the op, the dtype, why it can't be exact, how to get past it."""
+    return f"{op} on {dtype} is not supported: {why}; {fix}"
+
+
+def no_int(op: str, why: str, fix: str = "cast to float first (x.float()) if fp32 rounding is acceptable"):
+    """A ``check=`` refusing ``op`` whenever the node computes in integers."""
+
+    def check(node: fx.Node) -> str | None:
+        if is_int_compute(node):
+            src = dtype_of(node.args[0]) if node.args else None
+            return int_refusal(op, dtype_of(node) if dtype_of(node) in INTS else src, why, fix)
+        return None
+
+    return check

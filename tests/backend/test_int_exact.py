@@ -1,0 +1,267 @@
+"""Integer graphs are exact (int32 GpSimd tensor_tensor math) or refused at compile time, never silently wrong.
+
+Values sit around and beyond 2**24 (where fp32 stops holding every integer) and up to 2**31 - 1.
+int64 graph values are stored as int32, so int64 cases keep their results inside the int32 range;
+int32 cases may overflow and must wrap exactly like eager.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_compile.backend
+from neuron_compile.errors import UnsupportedOpError
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from nki_api_check import check_source_against_api, require_api  # noqa: E402
+
+B24 = 2**24
+IMAX = 2**31 - 1
+INTS = (torch.int32, torch.int64)
+
+
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, backend="neuron", dynamic=False)
+
+
+def _same(got: Any, want: Any, what: str = "") -> None:
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _same(g, w, f"{what}[{i}]")
+        return
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != eager {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != eager {tuple(want.shape)}"
+    if want.is_floating_point():
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0, msg=lambda m: f"{what}: {m}")
+    else:
+        assert torch.equal(got, want), f"{what}:\n got {got}\nwant {want}"
+
+
+def _check(fn: Callable[..., Any], *xs: Any) -> None:
+    with torch.no_grad():
+        got = _compile(fn)(*xs)
+        want = fn(*xs)
+    _same(got, want, getattr(fn, "__name__", "fn"))
+
+
+def _sources() -> list[str]:
+    out: list[str] = []
+    for g in neuron_compile.backend.compiled_graphs():
+        srcs = g["sources"]
+        out += [s for _, s in srcs] if isinstance(srcs, list) else list(srcs.values())
+    return out
+
+
+def _big(dtype: torch.dtype, rows: int = 3) -> torch.Tensor:
+    """Rows of values fp32 cannot hold (odd, above 2**24) next to small ones; |x| <= 2**30 + 7."""
+    base = torch.tensor([B24 + 1, -(B24 + 3), 2**30 + 7, -(2**30) - 5, 7, 0, -1, B24, 123457, -98765431])
+    return torch.stack([base + i for i in range(rows)]).to(dtype)
+
+
+# -- elementwise -----------------------------------------------------------------------------------------
+
+def _elementwise(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A batch of integer ops in one graph (x, y full; r a row broadcast over the last dim)."""
+    return (x + 1, x - y, 3 - x, y * 2, y * 3, x * y.sign(), x.relu(), -x, x.abs(),
+            torch.maximum(x, y), torch.minimum(x, y), x.clamp(-(2**30), B24 + 2), x.clamp(min=y, max=r),
+            torch.where(x > y, x, y), torch.where(x > 0, x, -7), x.masked_fill(x < 0, 2**30 + 3),
+            x - r, r - x, x + r * 2, torch.add(x, y, alpha=2))
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_elementwise_exact_beyond_2_24(dtype: torch.dtype) -> None:
+    x = _big(dtype)
+    y = (x.flip(-1) // 2).to(dtype)
+    r = torch.tensor([[B24 + 1], [-(B24 + 1)], [2**28 + 1]], dtype=dtype)
+    _check(_elementwise, x, y, r)
+    srcs = _sources()
+    assert srcs and all("tensor_scalar" not in s and "activation" not in s for s in srcs), \
+        "integer kernels must not use the fp32 tensor_scalar/activation paths"
+    assert any("dtype=nl.int32, buffer=nl.sbuf" in s for s in srcs)
+
+
+def test_colleague_repro_int64_add_and_int32_sum() -> None:
+    _check(lambda x: x + 1, torch.tensor([2**30 + 1, 5]))
+    _check(lambda x: x.sum(), torch.full((4,), B24 + 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_comparisons_exact(dtype: torch.dtype) -> None:
+    x = torch.tensor([[B24, B24 + 1, IMAX, -IMAX, 2**30 + 1, 0]], dtype=dtype)
+    y = torch.tensor([[B24 + 1, B24, IMAX - 1, -IMAX, 2**30, 0]], dtype=dtype)
+
+    def cmp(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x == y, x != y, x < y, x <= y, x > y, x >= y, x == B24 + 1, x > IMAX - 1, x < -IMAX + 1,
+                (x > B24) & (y > B24), (x > B24) | (y < 0), torch.logical_and(x, y), torch.logical_not(x - 5))
+
+    _check(cmp, x, y)
+
+
+def test_int32_overflow_wraps_like_eager() -> None:
+    x = torch.tensor([[IMAX, -IMAX - 1, 2**30 + 1, 46341, -5]], dtype=torch.int32)
+    _check(lambda x: (x + 1, x - 2, x * x, -x, x.abs(), x * 3 + IMAX), x)
+
+
+# -- mixed int / float (torch promotion) ----------------------------------------------------------------
+
+def test_mixed_int_float_promotes_like_eager() -> None:
+    x = _big(torch.int64)
+    z = torch.randn(10)
+
+    def mixed(x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x * 0.5, x + z, x.float() - 1.0, x > 0.5, (x + 1).float() * z, (x == B24) * z, x + 0.25)
+
+    with torch.no_grad():
+        got = _compile(mixed)(x, z)
+        want = mixed(x, z)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == w.dtype, i
+        if w.is_floating_point():
+            # both sides round the int64 values to fp32 first; sums may differ by reassociation
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=0, msg=lambda m, i=i: f"output {i}: {m}")
+        else:
+            assert torch.equal(g, w), i
+
+
+def test_int_true_division_is_float() -> None:
+    x = torch.tensor([[7, -9, B24 + 1, 2**30]])
+    y = torch.tensor([[2, 4, 3, 7]])
+    with torch.no_grad():
+        got = _compile(lambda x, y: x / y)(x, y)
+    torch.testing.assert_close(got, x / y, rtol=2e-7, atol=0)
+
+
+# -- reductions ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_reductions_exact(dtype: torch.dtype) -> None:
+    x = _big(dtype, rows=4)
+    x[2, 3] = x[2, 2]  # a tie: argmax must take the first index
+    s = x // 8  # column sums of 4 rows stay inside int32
+
+    def reds(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.sum(-1), s.sum(0), s.sum(), x.amax(-1), x.amin(0), x.argmax(-1), x.argmin(-1), x.argmax(0),
+                (x > B24).sum(-1), x.sum(-1, keepdim=True) - x[:, :1])
+
+    _check(reds, x, s)
+    srcs = _sources()
+    assert all("tensor_reduce" not in s for s in srcs), "integer reductions must not use the fp32 tensor_reduce"
+    # any/all of integers: exact int32 compares; all() reduces 0/1 truth values (exact in fp32 too)
+    _check(lambda x: ((x - B24).any(-1), (x - B24).all(-1), (x - B24).any(0), (x + 1).all()), x)
+
+
+def test_int_sum_over_many_chunks_and_partition_tiles() -> None:
+    # 3000 values per row (several free-dim chunks), 130 rows (two partition tiles); fp32 would round
+    # every 2**24 + 1 to 2**24 and every partial sum above 2**24
+    x = torch.full((130, 3000), B24 + 1, dtype=torch.int32)
+    x[:, 1::2] = -(B24 - 3)
+    x[5, 2999] = 2**20 + 1
+    x[7, 1234] = B24 + 9
+    _check(lambda x: (x.sum(-1), x.amax(-1), x.argmin(-1), x.argmax(-1)), x)
+    y = torch.full((40, 3000), 1, dtype=torch.int64)
+    y[:, 1::2] = 2**20 + 1  # row sums ~1.57e9: inside int32, far beyond fp32's 2**24
+    _check(lambda y: y.sum(-1) - 3, y)
+
+
+def test_argmax_close_values_above_2_24() -> None:
+    x = torch.tensor([[B24, B24 + 1, B24 - 1], [IMAX - 1, IMAX, IMAX - 2], [-(IMAX), -(IMAX) + 1, -(IMAX)]])
+    _check(lambda x: (x.argmax(-1), x.argmin(-1), x.max(-1).values, x.min(-1).values), x)
+
+
+# -- cumsum and index arithmetic as models do it ---------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_cumsum_exact(dtype: torch.dtype) -> None:
+    x = torch.full((3, 1300), 0, dtype=dtype)
+    x[:, ::3] = B24 + 1
+    x[:, 1::3] = -(B24 - 1)
+    x[1, 700] = 2**30
+    _check(lambda x: (x.cumsum(-1), x.cumsum(0)), x)
+    srcs = _sources()
+    assert all("tensor_tensor_scan" not in s for s in srcs), "integer cumsum must not use the fp32 scan"
+
+
+def test_int32_cumsum_wraps_like_eager() -> None:
+    # int32 cumsum promotes to int64 in torch; dtype=torch.int32 keeps int32 and wraps on both sides
+    _check(lambda x: x.cumsum(-1, dtype=torch.int32), torch.tensor([[IMAX, 1, 2**30, 2**30, -5]], dtype=torch.int32))
+
+
+def test_position_ids_from_attention_mask() -> None:
+    mask = torch.ones(2, 700, dtype=torch.int64)
+    mask[0, :37] = 0
+    mask[1, 650:] = 0
+
+    def pos(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = m.long().cumsum(-1) - 1
+        return p, p.masked_fill(m == 0, 1)
+
+    _check(pos, mask)
+    _check(lambda m: m.bool().long().cumsum(-1) - 1, mask)
+
+
+def test_index_arithmetic_feeds_embedding() -> None:
+    w = torch.randn(1000, 8)
+    idx = torch.tensor([[0, 3, 17], [100, 250, 332]])
+
+    def f(i: torch.Tensor, w: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+        return F.embedding(i * 3 + off, w) * 2
+
+    _check(f, idx, w, torch.tensor(2))
+    # the same arithmetic on values beyond 2**24, brought back to valid rows: exact or the rows are wrong
+    big = torch.tensor([[B24 + 1, B24 + 5, 2**30 + 3]])
+    _check(lambda i, w: F.embedding(torch.where(i > 2**29, i - 2**30 + 10, i - B24), w), big, w)
+
+
+# -- refusals ----------------------------------------------------------------------------------------------
+
+def _refused(fn: Callable[..., Any], *xs: torch.Tensor) -> str:
+    with pytest.raises(Exception) as info:
+        _compile(fn)(*xs)
+    seen: BaseException | None = info.value
+    while seen is not None and not isinstance(seen, UnsupportedOpError):
+        seen = seen.__cause__ or seen.__context__
+    assert isinstance(seen, UnsupportedOpError), f"no UnsupportedOpError in {info.value!r}"
+    assert not neuron_compile.backend.compiled_graphs(), "nothing may run for a refused graph"
+    return str(seen)
+
+
+@pytest.mark.parametrize(("fn", "parts"), [
+    (lambda x: x.prod(-1), ("aten.prod", "torch.int64", "no exact integer product", "in float")),
+    (lambda x: ~x, ("bitwise_not on integers",)),
+    (lambda x: x.pow(2), ("aten.pow", "torch.int64", "floating point only", "x.float()")),
+    (lambda x: (x.to(torch.int16) + 1), ("cast torch.int64 -> torch.int16", "wraps", "saturate")),
+    (lambda x: x @ x.t(), ("matmul on torch.int64",)),
+    (lambda x: (x * 1.5).sum(-1, dtype=torch.int64), ("integer dtype=", "torch.float32", "round explicitly")),
+    (lambda x: (x * 1.5).cumsum(-1, dtype=torch.int64), ("aten.cumsum with an integer dtype=", "torch.float32")),
+    (lambda x: x // 3, ("aten.div.Tensor_mode",)),
+    (lambda x: x % 3, ("aten.remainder",)),
+    (lambda x: x & 6, ("bitwise",)),
+])
+def test_refusals_name_op_dtype_and_fix(fn: Callable[..., Any], parts: tuple[str, ...]) -> None:
+    msg = _refused(fn, _big(torch.int64))
+    for p in parts:
+        assert p in msg, f"{p!r} not in {msg}"
+
+
+def test_int8_arithmetic_and_int_index_put_refused() -> None:
+    msg = _refused(lambda x: x + 1, torch.tensor([[100, 27]], dtype=torch.int8))
+    assert "aten.add.Tensor on torch.int8" in msg and "torch wraps at 8/16 bits" in msg
+    msg = _refused(lambda b, i, v: b.index_put((i,), v, accumulate=True),
+                   torch.zeros(5, dtype=torch.int64), torch.tensor([1, 1]), torch.tensor([B24 + 1, 3]))
+    assert "index_put(accumulate=True) on torch.int64" in msg and "exact only up to 2**24" in msg
+
+
+def test_int_kernels_use_only_current_nki_api() -> None:
+    require_api()
+    x = _big(torch.int64) // 4
+    _check(lambda x: (x.cumsum(-1), x.sum(-1), x.argmax(-1), x * 2 - x.amax(-1, keepdim=True)), x)
+    for src in _sources():
+        assert check_source_against_api(src) == [], src
