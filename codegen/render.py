@@ -49,7 +49,11 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
-    if isinstance(kernel, LoopKernel):
+    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
+        from neuron_compile.codegen.render_matmul import render_body  # imports this module
+
+        body = render_body(kernel)
+    elif isinstance(kernel, LoopKernel):
         body = LoopRenderer(kernel).body()
     elif isinstance(kernel, CopyKernel):
         body = _copy_body(kernel)

@@ -377,6 +377,10 @@ class LoopGroupEmitter:
             tuple(ArgSpec(self.gl.buffers[b].numel, self.gl.buffers[b].dtype) for b in self.args),
             tuple(ArgSpec(self.gl.buffers[b].numel, self.gl.buffers[b].dtype) for b in results),
             tuple(ops), n_phases, source)
+        if g.kind == "matmul":
+            from neuron_compile.lowering.ops.matmul import tune
+
+            kernel = tune(kernel)
         self.gl.kernels.append(kernel)
         self.gl.calls.append(KernelCall(kernel_index, tuple(self.args), tuple(results)))
 

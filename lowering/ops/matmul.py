@@ -7,9 +7,23 @@ views, so transposed weights cost no copy.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+from dataclasses import replace
+from typing import Any
+
 import torch
+from neuron_compile.codegen.render_matmul import ITEMSIZE, Tiles, geometry, moving_tile, operands
+from neuron_compile.lowering.ir import LoopKernel
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
+
+from neuron_compile.config import config
+from neuron_compile.errors import LoweringError
+from neuron_compile.simulator_limits import PMAX
+
+log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
@@ -28,3 +42,76 @@ def _mm_check(node: fx.Node) -> str | None:
 def lower_mm(ctx, node):
     """aten.mm/bmm: ``out[b, m, n] = sum_k a[b, m, k] b[b, k, n]`` (lowered by the loop-kernel emitter)."""
     raise AssertionError("matmul nodes are lowered by LoopGroupEmitter._matmul")
+
+
+# -- tile configuration: candidates scored with the cost model ------------------------------------
+
+SBUF_BUDGET_FRACTION = 0.6  # of the target's SBUF per partition: the rest holds epilogue tiles
+MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
+_TUNED: dict[str, Any] = {}
+
+
+def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
+    """Legal (BM, BN, KB, transpose A, transpose B) configurations, deduplicated after clamping to the shape."""
+    from neuron_compile.simulator.targets import LIMITS
+
+    m, n, k = geometry(kernel)
+    a, b = operands(kernel)
+    nt = moving_tile(n)
+    kt = math.ceil(k / PMAX)
+    budget = LIMITS[target].sbuf_partition_bytes * SBUF_BUDGET_FRACTION
+    out: dict[tuple[int, int, int, bool, bool], Tiles] = {}
+    for tm in (1, 2, 3, 4, 7):
+        for tn in (1, 2, 3, 4, 7):
+            if tm * tn > MAX_ACCUMULATORS:
+                continue
+            bm = min(tm * PMAX, _ceil_to(m, PMAX))
+            bn = min(tn * nt, _ceil_to(n, nt))
+            for kb in (2, 4, 8, 16):
+                kb = min(kb, kt)
+                if kb * (bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]) > budget:
+                    continue
+                for ta in ((True, False) if a.transposable() else (False,)):
+                    for tb in ((True, False) if b.transposable() else (False,)):
+                        t = Tiles(bm, bn, kb, ta, tb)
+                        out.setdefault(t.to_attr(), t)
+    return list(out.values())
+
+
+def _ceil_to(x: int, mult: int) -> int:
+    return -(-x // mult) * mult
+
+
+def _with_tiles(kernel: LoopKernel, tiles: Tiles) -> LoopKernel:
+    ops = tuple(replace(op, attrs=tuple(sorted({**dict(op.attrs), "tiles": tiles.to_attr()}.items())))
+                if op.opcode == "matmul" else op for op in kernel.ops)
+    return replace(kernel, ops=ops)
+
+
+def tune(kernel: LoopKernel) -> LoopKernel:
+    """The kernel with the candidate tile configuration the cost model estimates fastest.
+
+    Cached in-process per kernel signature (the kernel IR without its name); the choice is written
+    into the IR, so cached artifacts keep it.
+    """
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import kernel_stream
+
+    target = config.target
+    sig = json.dumps({**kernel.to_json(), "name": "", "target": target}, sort_keys=True, default=str)
+    cached = _TUNED.get(sig)
+    if cached is not None:
+        return _with_tiles(kernel, cached)
+    cands = candidates(kernel, target)
+    if not cands:
+        raise LoweringError(f"{kernel.name}: no matmul tile configuration fits SBUF on {target}")
+    best, best_ns = cands[0], math.inf
+    if len(cands) > 1:
+        for cand in cands:
+            ns = estimate(kernel_stream(_with_tiles(kernel, cand)), target).time_ns
+            log.debug("%s: tiles %s -> %.1f us", kernel.name, cand, ns / 1e3)
+            if ns < best_ns:
+                best, best_ns = cand, ns
+    log.debug("%s: chose tiles %s of %d candidates", kernel.name, best, len(cands))
+    _TUNED[sig] = best
+    return _with_tiles(kernel, best)

@@ -143,12 +143,39 @@ def check_kernel_rules(source: str) -> list[str]:
     return problems
 
 
+def _slice_dims(col: _Collector, node: ast.Subscript) -> tuple[int | None, ...]:
+    """Static bounds of a tile view ``t[a:b, i, c:c + F]``: slices keep a dim, other indices drop it.
+
+    A slice is bounded when it starts at 0 / nothing (bound of its stop) or is ``x:x + n`` (bound of n).
+    """
+    index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    dims: list[int | None] = []
+    for ix in index:
+        if not isinstance(ix, ast.Slice):
+            continue
+        lo, hi = ix.lower, ix.upper
+        if hi is None:
+            dims.append(None)
+        elif lo is None or (isinstance(lo, ast.Constant) and lo.value == 0):
+            dims.append(col.bound(hi))
+        elif isinstance(hi, ast.BinOp) and isinstance(hi.op, ast.Add) and ast.dump(hi.left) == ast.dump(lo):
+            dims.append(col.bound(hi.right))
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
 def _matmul_problems(col: _Collector, call: ast.Call) -> list[str]:
     problems = []
     limits = {"stationary": (PMAX, GEMM_STATIONARY_FMAX), "moving": (PMAX, GEMM_MOVING_FMAX)}
     for arg, (kmax, fmax) in limits.items():
         node = _kw(call, arg)
-        tiles = col.tiles.get(node.id, []) if isinstance(node, ast.Name) else []
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and col.tiles.get(node.value.id):
+            # a view of an allocated tile: its extents come from the slice bounds
+            tiles = [Tile(node.value.id, call.lineno, _slice_dims(col, node), t.buffer, t.dtype)
+                     for t in col.tiles[node.value.id]]
+        else:
+            tiles = col.tiles.get(node.id, []) if isinstance(node, ast.Name) else []
         if not tiles:
             problems.append(f"line {call.lineno}: nisa.nc_matmul {arg}= is not a tile allocated in this kernel")
         for t in tiles:

@@ -139,7 +139,9 @@ def test_static_rules_accept_the_reference_kernel() -> None:
     ("F = min(512, 1000)", "F = min(1024, 1000)", "free bytes per partition not statically <= one 2048 B bank"),
     ("nisa.tensor_copy(dst=t, src=acc)", "nisa.tensor_copy(t, src=acc)", "nisa.tensor_copy must pass its destination as dst="),
     ("b = nl.ndarray((P, F)", "b = nl.ndarray((P, 2 * F)", "nc_matmul moving=b(128, ?): needs K <= 128 and free size <= 512"),
-    ("stationary=a", "stationary=a[0:P, 0:P]", "nc_matmul stationary= is not a tile allocated in this kernel"),
+    ("stationary=a", "stationary=in0", "nc_matmul stationary= is not a tile allocated in this kernel"),
+    ("stationary=a", "stationary=a[0:P, 0:2 * P]", "nc_matmul stationary=a(128, ?): needs K <= 128"),
+    ("stationary=a", "stationary=a[0:P, 3:P]", "nc_matmul stationary=a(128, ?): needs K <= 128"),
 ])
 def test_static_rules_reject_violations(old: str, new: str, expected: str) -> None:
     require_api()
@@ -161,10 +163,12 @@ def test_api_check_rejects_unknown_names(old: str, new: str, expected: str) -> N
 
 
 @pytest.mark.parametrize(("edits", "expected"), [
-    ({"range(0, 130, 128)": "range(0, 130, 256)", "min(128, 130 - p0)": "min(256, 130 - p0)"}, "partition dim <= 128"),
-    ({"range(0, 700, 512)": "range(0, 700, 1024)", "min(512, 700 - f0)": "min(1024, 700 - f0)"},
+    ({"stationary=a_blk[0:KK, kt // 128, i:i + P]": "stationary=a_blk[0:KK, kt // 128, i:i + 2 * P]"},
+     "free size <= 128 (gemm_stationary_fmax on trn2)"),
+    ({"range(0, BN, 512)": "range(0, BN, 1024)", "min(512, BN - j)": "min(1024, BN - j)",
+      "(128, 512), dtype=nl.float32, buffer=nl.psum": "(128, 1024), dtype=nl.float32, buffer=nl.psum"},
      "free size <= 512 (gemm_moving_fmax on trn2)"),
-    ({"range(0, 300, 128)": "range(0, 300, 256)", "min(128, 300 - k0)": "min(256, 300 - k0)"}, "partition dim <= 128"),
+    ({"a_blk = nl.ndarray((128,": "a_blk = nl.ndarray((256,"}, "partition dim <= 128"),
 ])
 def test_simulator_enforces_tile_limits_on_a_rendered_kernel(edits: dict[str, str], expected: str,
                                                              corpus_results) -> None:

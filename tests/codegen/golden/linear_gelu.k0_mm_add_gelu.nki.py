@@ -7,25 +7,102 @@ import nki.language as nl
 def k0_mm_add_gelu(in0, in1, in2):
     """matmul kernel: aten.mm.default, aten.add.Tensor, aten.gelu.default"""
     out0 = nl.ndarray((91000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 130, 128):
-        P = min(128, 130 - p0)
-        for f0 in range(0, 700, 512):
-            F = min(512, 700 - f0)
-            v1_acc = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.psum)
-            for k0 in range(0, 300, 128):
-                KT = min(128, 300 - k0)
-                v1_lhsT = nl.ndarray((KT, P), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=v1_lhsT, src=in0.ap(pattern=[[1, KT], [300, P]], offset=p0 * 300 + k0 * 1))
-                v1_rhs = nl.ndarray((KT, F), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=v1_rhs, src=in1.ap(pattern=[[1, KT], [300, F]], offset=f0 * 300 + k0 * 1))
-                nisa.nc_matmul(dst=v1_acc, stationary=v1_lhsT, moving=v1_rhs, accumulate=(k0 > 0))
-            v1 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=v1, src=v1_acc)
-            v2 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=v2, src=in2.ap(pattern=[[0, P], [1, F]], offset=f0))
-            v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.add)
-            v4 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=v4, op=nl.gelu, data=v3)
-            nisa.dma_copy(dst=out0.ap(pattern=[[700, P], [1, F]], offset=p0 * 700 + f0), src=v4)
+    a_t = nl.ndarray((39000,), dtype=nl.float32, buffer=nl.private_hbm)
+    b_t = nl.ndarray((210000,), dtype=nl.float32, buffer=nl.private_hbm)
+    a_t_rows = nl.ndarray((128, 2, 300), dtype=nl.float32, buffer=nl.sbuf)
+    a_t_cols = nl.ndarray((128, 3, 256), dtype=nl.float32, buffer=nl.sbuf)
+    a_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    for r0 in range(0, 130, 256):
+        RW = min(256, 130 - r0)
+        for k0 in range(0, 300, 300):
+            KW = min(300, 300 - k0)
+            for g in range(0, RW, 128):
+                R = min(128, RW - g)
+                nisa.dma_copy(dst=a_t_rows[0:R, g // 128, 0:KW], src=in0.ap(pattern=[[300, R], [1, KW]], offset=0 + (r0 + g) * 300 + k0))
+            for kt in range(0, KW, 128):
+                KK = min(128, KW - kt)
+                for g4 in range(0, RW, 512):
+                    W4 = min(512, RW - g4)
+                    for g in range(g4, g4 + W4, 128):
+                        R = min(128, RW - g)
+                        nisa.nc_transpose(dst=a_t_tp[0:KK, g - g4:g - g4 + R], data=a_t_rows[0:R, g // 128, kt:kt + KK])
+                    nisa.tensor_copy(dst=a_t_cols[0:KK, kt // 128, g4:g4 + W4], src=a_t_tp[0:KK, 0:W4])
+            KF = KW // 128
+            if KF > 0:
+                nisa.dma_copy(dst=a_t.ap(pattern=[[130, 128], [16640, KF], [1, RW]], offset=k0 * 130 + r0), src=a_t_cols[0:128, 0:KF, 0:RW])
+            if KW % 128:
+                nisa.dma_copy(dst=a_t.ap(pattern=[[130, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 130 + r0), src=a_t_cols[0:KW % 128, KF, 0:RW])
+    del a_t_tp
+    b_t_rows = nl.ndarray((128, 6, 300), dtype=nl.float32, buffer=nl.sbuf)
+    b_t_cols = nl.ndarray((128, 3, 768), dtype=nl.float32, buffer=nl.sbuf)
+    b_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    for r0 in range(0, 700, 768):
+        RW = min(768, 700 - r0)
+        for k0 in range(0, 300, 300):
+            KW = min(300, 300 - k0)
+            for g in range(0, RW, 128):
+                R = min(128, RW - g)
+                nisa.dma_copy(dst=b_t_rows[0:R, g // 128, 0:KW], src=in1.ap(pattern=[[300, R], [1, KW]], offset=0 + (r0 + g) * 300 + k0))
+            for kt in range(0, KW, 128):
+                KK = min(128, KW - kt)
+                for g4 in range(0, RW, 512):
+                    W4 = min(512, RW - g4)
+                    for g in range(g4, g4 + W4, 128):
+                        R = min(128, RW - g)
+                        nisa.nc_transpose(dst=b_t_tp[0:KK, g - g4:g - g4 + R], data=b_t_rows[0:R, g // 128, kt:kt + KK])
+                    nisa.tensor_copy(dst=b_t_cols[0:KK, kt // 128, g4:g4 + W4], src=b_t_tp[0:KK, 0:W4])
+            KF = KW // 128
+            if KF > 0:
+                nisa.dma_copy(dst=b_t.ap(pattern=[[700, 128], [89600, KF], [1, RW]], offset=k0 * 700 + r0), src=b_t_cols[0:128, 0:KF, 0:RW])
+            if KW % 128:
+                nisa.dma_copy(dst=b_t.ap(pattern=[[700, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 700 + r0), src=b_t_cols[0:KW % 128, KF, 0:RW])
+    del b_t_tp
+    acc0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    acc1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    acc2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    acc3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    acc = [acc0, acc1, acc2, acc3]
+    a_blk = nl.ndarray((128, 2, 256), dtype=nl.float32, buffer=nl.sbuf)
+    b_blk = nl.ndarray((128, 2, 1024), dtype=nl.float32, buffer=nl.sbuf)
+    for m0 in range(0, 130, 256):
+        BM = min(256, 130 - m0)
+        for n0 in range(0, 700, 1024):
+            BN = min(1024, 700 - n0)
+            v2_blk = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
+            f0 = n0
+            nisa.dma_copy(dst=v2_blk[0:128, 0:BN], src=in2.ap(pattern=[[0, 128], [1, BN]], offset=f0))
+            for k0 in range(0, 300, 256):
+                KW = min(256, 300 - k0)
+                KF = KW // 128
+                if KF > 0:
+                    nisa.dma_copy(dst=a_blk[0:128, 0:KF, 0:BM], src=a_t.ap(pattern=[[130, 128], [16640, KF], [1, BM]], offset=0 + k0 * 130 + m0 * 1))
+                if KW % 128:
+                    nisa.dma_copy(dst=a_blk[0:KW % 128, KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
+                KF = KW // 128
+                if KF > 0:
+                    nisa.dma_copy(dst=b_blk[0:128, 0:KF, 0:BN], src=b_t.ap(pattern=[[700, 128], [89600, KF], [1, BN]], offset=0 + k0 * 700 + n0 * 1))
+                if KW % 128:
+                    nisa.dma_copy(dst=b_blk[0:KW % 128, KF, 0:BN], src=b_t.ap(pattern=[[700, KW % 128], [1, BN]], offset=0 + (k0 + KF * 128) * 700 + n0 * 1))
+                for kt in range(0, KW, 128):
+                    KK = min(128, KW - kt)
+                    for i in range(0, BM, 128):
+                        P = min(128, BM - i)
+                        for j in range(0, BN, 512):
+                            F = min(512, BN - j)
+                            t = (i // 128) * 2 + j // 512
+                            nisa.nc_matmul(dst=acc[t % 4][0:P, 0:F], stationary=a_blk[0:KK, kt // 128, i:i + P], moving=b_blk[0:KK, kt // 128, j:j + F], accumulate=(k0 + kt > 0))
+            for i in range(0, BM, 128):
+                P = min(128, BM - i)
+                p0 = m0 + i
+                for j in range(0, BN, 512):
+                    F = min(512, BN - j)
+                    f0 = n0 + j
+                    t = (i // 128) * 2 + j // 512
+                    v1 = acc[t % len(acc)][0:P, 0:F]
+                    v2 = v2_blk[0:P, j:j + F]
+                    v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.add)
+                    v4 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.activation(dst=v4, op=nl.gelu, data=v3)
+                    nisa.dma_copy(dst=out0.ap(pattern=[[700, P], [1, F]], offset=p0 * 700 + f0), src=v4)
     return out0

@@ -1,0 +1,276 @@
+"""Render matmul loop kernels: blocked TensorE GEMM with PE transposes and a fused PSUM-eviction epilogue.
+
+Input: a :class:`~neuron_compile.lowering.ir.LoopKernel` of family ``matmul`` whose first op is a
+``matmul`` (accesses ``a``/``b`` over the canonical space ``(outer..., m, n)``, contraction strides
+``ak``/``bk``, size ``k``, and a ``tiles`` configuration chosen by the autotuner in
+:mod:`neuron_compile.lowering.ops.matmul`). Output: the kernel body (NKI source text).
+
+Structure, per outer (batch) index:
+
+1. *Transposes on TensorE* (only for an operand whose contraction dim is its contiguous one, e.g.
+   ``x [M, K]`` and a Linear weight ``W [N, K]``): contiguous row blocks ``[128, <=2048]`` are loaded
+   (>= 2 KiB per partition), transposed 128x128 at a time with ``nisa.nc_transpose`` into a PSUM
+   tile, evicted four at a time, and written once to an HBM scratch ``[K, rows]`` with runs of
+   ``rows_per_group x itemsize`` bytes. Every element is transposed exactly once, never by an
+   element-strided DMA.
+2. *Blocked GEMM*: for each ``(BM, BN)`` output block and each ``KB``-tile chunk of K, one DMA
+   loads the stationary block ``aT [128, KB, BM]`` and one the moving block ``b [128, KB, BN]``
+   (both in their storage dtype: bf16 stays bf16); TensorE accumulates every ``128 x NT`` output
+   tile of the block over all of K in its own PSUM tile (up to 7 in rotation, so the next tile fills
+   while the previous one is evicted).
+3. *Eviction with the epilogue*: the PSUM tile is read in place by the first epilogue instruction
+   (bias add, activation, scaling), so eviction and epilogue are one pass; a result stored as-is is
+   evicted by one ``tensor_copy`` in the output dtype. Loads of the epilogue that are constant over
+   rows (a Linear bias) are hoisted to one partition-broadcast DMA per N block.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_compile.codegen.render import Lines, LoopRenderer, _offset
+from neuron_compile.lowering.ir import LoopKernel, TileOp
+
+from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
+
+log = logging.getLogger(__name__)
+
+TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 -> 2 KiB runs
+TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A matmul tile configuration (part of the kernel IR, chosen by the autotuner)."""
+
+    bm: int  # output rows per block (multiple of 128)
+    bn: int  # output columns per block (multiple of nt)
+    kb: int  # contraction tiles (of 128) per operand DMA
+    ta: bool  # transpose A on TensorE (via HBM scratch) instead of an element-strided load
+    tb: bool  # same for B
+
+    def to_attr(self) -> tuple[int, int, int, bool, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb)
+
+    @classmethod
+    def from_attr(cls, attr: Any) -> Tiles:
+        bm, bn, kb, ta, tb = attr
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb))
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One matmul operand over (non-contraction index r, contraction index k)."""
+
+    arg: str  # source tensor name
+    offset: str  # base offset expression (outer loop vars included)
+    rs: int  # stride along the non-contraction dim (m for A, n for B)
+    ks: int  # stride along K
+    rows: int  # non-contraction size
+    dtype: str
+
+    def transposable(self) -> bool:
+        """Contraction dim contiguous, the other not: a PE transpose gives contiguous loads."""
+        return self.ks == 1 and self.rs != 1 and self.rows > 1
+
+
+def geometry(k: LoopKernel) -> tuple[int, int, int]:
+    """(M, N, K) of a matmul kernel."""
+    return k.space[k.n_outer], k.space[-1], int(matmul_op(k).attr("k"))
+
+
+def matmul_op(k: LoopKernel) -> TileOp:
+    return next(op for op in k.ops if op.opcode == "matmul")
+
+
+def operands(k: LoopKernel) -> tuple[Operand, Operand]:
+    mm = matmul_op(k)
+    outer = [f"o{i}" for i in range(k.n_outer)]
+    m, n, _ = geometry(k)
+    a_arg, a_off, a_st = mm.attr("a")
+    b_arg, b_off, b_st = mm.attr("b")
+    a = Operand(f"in{a_arg}", _offset(a_off, list(zip(outer, a_st[:k.n_outer], strict=True))), a_st[k.n_outer],
+                int(mm.attr("ak")), m, mm.attr("a_dtype"))
+    b = Operand(f"in{b_arg}", _offset(b_off, list(zip(outer, b_st[:k.n_outer], strict=True))), b_st[-1],
+                int(mm.attr("bk")), n, mm.attr("b_dtype"))
+    return a, b
+
+
+def moving_tile(n: int) -> int:
+    return min(PSUM_BANK_FMAX, n)
+
+
+class MatmulRenderer:
+    def __init__(self, k: LoopKernel) -> None:
+        self.k = k
+        self.mm = matmul_op(k)
+        self.rest = [op for op in k.ops if op is not self.mm]
+        self.loop = LoopRenderer(k)
+        self.M, self.N, self.K = geometry(k)
+        self.a, self.b = operands(k)
+        self.t = Tiles.from_attr(self.mm.attr("tiles"))
+        self.nt = moving_tile(self.N)
+
+    # -- phase 1: transposes into HBM scratch ------------------------------------------------------
+    def transpose_to_scratch(self, out: Lines, op: Operand, name: str) -> Operand:
+        """Emit PE transposes of ``op`` ([rows, K], K contiguous) into scratch ``name`` ([K, rows])."""
+        rows, kk, dt = op.rows, self.K, op.dtype
+        g = min(TRANSPOSE_ROW_GROUP, math.ceil(rows / PMAX))
+        kw = min(TRANSPOSE_K_CHUNK, kk)
+        kwt = math.ceil(kw / PMAX)
+        out.add(f"""
+            {name}_rows = nl.ndarray(({PMAX}, {g}, {kw}), dtype=nl.{dt}, buffer=nl.sbuf)
+            {name}_cols = nl.ndarray(({PMAX}, {kwt}, {g * PMAX}), dtype=nl.{dt}, buffer=nl.sbuf)
+            {name}_tp = nl.ndarray(({PMAX}, {4 * PMAX}), dtype=nl.{dt}, buffer=nl.psum)
+            for r0 in range(0, {rows}, {g * PMAX}):
+                RW = min({g * PMAX}, {rows} - r0)
+                for k0 in range(0, {kk}, {kw}):
+                    KW = min({kw}, {kk} - k0)
+                    for g in range(0, RW, {PMAX}):
+                        R = min({PMAX}, RW - g)
+                        nisa.dma_copy(dst={name}_rows[0:R, g // {PMAX}, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, R], [1, KW]], offset={op.offset} + (r0 + g) * {op.rs} + k0))
+                    for kt in range(0, KW, {PMAX}):
+                        KK = min({PMAX}, KW - kt)
+                        for g4 in range(0, RW, {4 * PMAX}):
+                            W4 = min({4 * PMAX}, RW - g4)
+                            for g in range(g4, g4 + W4, {PMAX}):
+                                R = min({PMAX}, RW - g)
+                                nisa.nc_transpose(dst={name}_tp[0:KK, g - g4:g - g4 + R], data={name}_rows[0:R, g // {PMAX}, kt:kt + KK])
+                            nisa.tensor_copy(dst={name}_cols[0:KK, kt // {PMAX}, g4:g4 + W4], src={name}_tp[0:KK, 0:W4])
+                    KF = KW // {PMAX}
+                    if KF > 0:
+                        nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, {PMAX}], [{PMAX * rows}, KF], [1, RW]], offset=k0 * {rows} + r0), src={name}_cols[0:{PMAX}, 0:KF, 0:RW])
+                    if KW % {PMAX}:
+                        nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, KW % {PMAX}], [1, RW]], offset=(k0 + KF * {PMAX}) * {rows} + r0), src={name}_cols[0:KW % {PMAX}, KF, 0:RW])
+            del {name}_tp
+            """)
+        return Operand(name, "0", 1, rows, rows, dt)
+
+    # -- phase 2: blocked GEMM ---------------------------------------------------------------------
+    def load_block(self, out: Lines, op: Operand, dst: str, r0: str, width: str) -> None:
+        """DMA ``op[r0:r0+width, k0:k0+KW]`` transposed into ``dst[k, kt, r]`` (full K tiles in one DMA)."""
+        out.add(f"""
+            KF = KW // {PMAX}
+            if KF > 0:
+                nisa.dma_copy(dst={dst}[0:{PMAX}, 0:KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, {PMAX}], [{op.ks * PMAX}, KF], [{op.rs}, {width}]], offset={op.offset} + k0 * {op.ks} + {r0} * {op.rs}))
+            if KW % {PMAX}:
+                nisa.dma_copy(dst={dst}[0:KW % {PMAX}, KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, KW % {PMAX}], [{op.rs}, {width}]], offset={op.offset} + (k0 + KF * {PMAX}) * {op.ks} + {r0} * {op.rs}))
+            """)
+
+    def body(self) -> str:
+        k, t = self.k, self.t
+        out = Lines()
+        M, N, K, nt = self.M, self.N, self.K, self.nt
+        bm, bn = min(t.bm, _ceil_to(M, PMAX)), min(t.bn, _ceil_to(N, nt))
+        kb = max(1, min(t.kb, math.ceil(K / PMAX)))
+        tm, tn = bm // PMAX, bn // nt
+        n_acc = min(tm * tn, 7)
+        a, b = self.a, self.b
+        for name, op, flag in (("a_t", a, t.ta), ("b_t", b, t.tb)):
+            if flag and op.transposable():
+                out.add(f"{name} = nl.ndarray(({K * op.rows},), dtype=nl.{op.dtype}, buffer=nl.private_hbm)")
+        for i in range(k.n_outer):
+            out.add(f"for o{i} in range({k.space[i]}):")
+            out.depth += 1
+        if t.ta and a.transposable():
+            a = self.transpose_to_scratch(out, a, "a_t")
+        if t.tb and b.transposable():
+            b = self.transpose_to_scratch(out, b, "b_t")
+        acc_dtype = "float32"
+        for i in range(n_acc):
+            out.add(f"acc{i} = nl.ndarray(({PMAX}, {nt}), dtype=nl.{acc_dtype}, buffer=nl.psum)")
+        out.add(f"acc = [{', '.join(f'acc{i}' for i in range(n_acc))}]")
+        out.add(f"""
+            a_blk = nl.ndarray(({PMAX}, {kb}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
+            b_blk = nl.ndarray(({PMAX}, {kb}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
+            for m0 in range(0, {M}, {bm}):
+                BM = min({bm}, {M} - m0)
+                for n0 in range(0, {N}, {bn}):
+                    BN = min({bn}, {N} - n0)
+            """)
+        out.depth += 2
+        hoisted = self.hoist_loads(out)
+        out.add(f"for k0 in range(0, {K}, {kb * PMAX}):")
+        out.depth += 1
+        out.add(f"KW = min({kb * PMAX}, {K} - k0)")
+        self.load_block(out, a, "a_blk", "m0", "BM")
+        self.load_block(out, b, "b_blk", "n0", "BN")
+        out.add(f"""
+            for kt in range(0, KW, {PMAX}):
+                KK = min({PMAX}, KW - kt)
+                for i in range(0, BM, {PMAX}):
+                    P = min({PMAX}, BM - i)
+                    for j in range(0, BN, {nt}):
+                        F = min({nt}, BN - j)
+                        t = (i // {PMAX}) * {tn} + j // {nt}
+                        nisa.nc_matmul(dst=acc[t % {n_acc}][0:P, 0:F], stationary=a_blk[0:KK, kt // {PMAX}, i:i + P], moving=b_blk[0:KK, kt // {PMAX}, j:j + F], accumulate=(k0 + kt > 0))
+            """)
+        out.depth -= 1
+        if n_acc < tm * tn:
+            raise AssertionError("every output tile of a block needs its own PSUM accumulator")
+        out.add(f"""
+            for i in range(0, BM, {PMAX}):
+                P = min({PMAX}, BM - i)
+                p0 = m0 + i
+                for j in range(0, BN, {nt}):
+                    F = min({nt}, BN - j)
+                    f0 = n0 + j
+                    t = (i // {PMAX}) * {tn} + j // {nt}
+            """)
+        out.depth += 2
+        self.epilogue(out, hoisted)
+        return out.text()
+
+    # -- phase 3: eviction + epilogue --------------------------------------------------------------
+    def _row_constant_load(self, op: TileOp) -> bool:
+        if op.opcode != "load":
+            return False
+        _, _, strides = op.attr("access")
+        return strides[self.k.n_outer] == 0
+
+    def hoist_loads(self, out: Lines) -> set[str]:
+        """Loads constant over rows (bias): one partition-broadcast DMA per N block."""
+        hoisted: set[str] = set()
+        for op in self.rest:
+            if not self._row_constant_load(op):
+                continue
+            acc = self.loop.view(op)["access"]
+            width = min(self.t.bn, _ceil_to(self.N, self.nt))
+            out.add(f"""
+                {op.out}_blk = nl.ndarray(({PMAX}, {width}), dtype=nl.{op.dtype}, buffer=nl.sbuf)
+                f0 = n0
+                nisa.dma_copy(dst={op.out}_blk[0:{PMAX}, 0:BN], src=in{acc['arg']}.ap(pattern=[[0, {PMAX}], [{acc['sf']}, BN]], offset={acc['offset']}))
+                """)
+            hoisted.add(op.out)
+        return hoisted
+
+    def epilogue(self, out: Lines, hoisted: set[str]) -> None:
+        mm = self.mm
+        users = [op for op in self.rest if mm.out in op.args]
+        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
+        if in_place:
+            out.add(f"{mm.out} = acc[t % len(acc)][0:P, 0:F]")
+        else:
+            store_dt = {op.attr("dst_dtype") for op in users if op.opcode == "store"}
+            dt = store_dt.pop() if len(store_dt) == 1 and len(users) == 1 else "float32"
+            out.add(f"""
+                {mm.out} = nl.ndarray((P, F), dtype=nl.{dt}, buffer=nl.sbuf)
+                nisa.tensor_copy(dst={mm.out}, src=acc[t % len(acc)][0:P, 0:F])
+                """)
+        for op in self.rest:
+            if op.out in hoisted:
+                out.add(f"{op.out} = {op.out}_blk[0:P, j:j + F]")
+                continue
+            self.loop.render(out, op)
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def render_body(k: LoopKernel) -> str:
+    return MatmulRenderer(k).body()
