@@ -223,7 +223,9 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "accepts for the op (probed with int64 index tensors and bool masks). Everything else PyTorch uses is either "
         "decomposed first by AOTAutograd into these ops (softmax, layer_norm, linear, cross_entropy, SDPA, ...) or "
         "refused at compile time with an `UnsupportedOpError` naming the op and your source line. float64 runs "
-        "as float32 (with a warning); integer tensors are computed in fp32 tiles, exact for magnitudes up to 2**24.",
+        "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
+        "like int32; int64 values live as int32) or are refused; int8/int16/uint8 arithmetic is refused because "
+        "torch wraps at 8/16 bits.",
         "",
     ]
     header = "| ATen op | kind | " + " | ".join(SHORT[d] for d in DTYPES) + " | notes |"
