@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 from neuron_compile.lowering.ir import (
+    AttentionKernel,
     CopyKernel,
     GatherKernel,
     IndexAddKernel,
@@ -59,6 +60,10 @@ def render_kernel(kernel: Kernel) -> str:
         body = _copy_body(kernel)
     elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
         body = _index_body(kernel)
+    elif isinstance(kernel, AttentionKernel):
+        from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
+
+        body = attention_body(kernel)
     else:  # pragma: no cover
         raise TypeError(kernel)
     template_name = f"{kernel.family}.nki.j2"

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
@@ -62,6 +63,8 @@ class GraphLowering:
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
+        if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
+            self.gm = fuse_attention(self.gm)
         self._placeholders()
         part = Partitioner(self.gm, fuse=config.fuse).run()
         self.part = part

@@ -213,7 +213,51 @@ class ScanKernel:
                 f"src={self.src} dst={self.dst}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel
+@dataclass(frozen=True)
+class AttentionKernel:
+    """Fused scaled-dot-product attention forward: ``out = softmax(scale * q k^T + mask) v`` per (b, h).
+
+    One kernel for the whole SDPA subgraph (lowering/attention.py). Per (b, h): Q, K, V are loaded
+    with one DMA each (rows on partitions), Q and K transposed on TensorE (D on partitions); per
+    128-query tile the scores of a key step (up to ``key_step`` keys) go to PSUM, the causal
+    diagonal is masked by accumulating a -BIG bias (built once with ``affine_select``), the row max
+    and an exp with a fused row sum give P (online softmax across steps), P is transposed on
+    TensorE and P V accumulates in PSUM. Accesses are ``(arg, offset, (b, h, s, d) strides)`` into the
+    flat arguments (the mask's last two are (query, key) strides; 0 = broadcast); ``out`` is
+    written through ``out_strides`` over ``(b, h, query, d)``.
+    """
+
+    name: str
+    family: str  # 'attention'
+    inputs: tuple[ArgSpec, ...]  # (q, k, v[, mask])
+    outputs: tuple[ArgSpec, ...]
+    batch: int
+    heads: int
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    scale: float
+    causal: bool
+    q: tuple[int, int, tuple[int, ...]]  # (arg, offset, (b, h, s, d) strides)
+    k: tuple[int, int, tuple[int, ...]]
+    v: tuple[int, int, tuple[int, ...]]
+    mask: tuple[int, int, tuple[int, ...]] | None
+    out_strides: tuple[int, ...]
+    compute_dtype: str  # matmul operand dtype (the inputs' storage dtype)
+    key_step: int = 2048
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [attention] b={self.batch} h={self.heads} sq={self.sq} sk={self.sk} d={self.d} "
+                f"dv={self.dv} scale={self.scale!r} causal={self.causal} mask={self.mask is not None} "
+                f"dtype={self.compute_dtype} step={self.key_step}")
+
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel
 
 
 @dataclass(frozen=True)
@@ -342,7 +386,7 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel)})
+                                                            ScanKernel, AttentionKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

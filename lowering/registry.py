@@ -27,7 +27,7 @@ from neuron_compile.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant")
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention")
 
 
 @dataclass(frozen=True)

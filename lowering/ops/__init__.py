@@ -1,3 +1,12 @@
 """Lowering rules, one module per op family; importing this package registers them all."""
 
-from neuron_compile.lowering.ops import constant, elementwise, index, matmul, movement, reduction, scan  # noqa: F401
+from neuron_compile.lowering.ops import (  # noqa: F401
+    attention,
+    constant,
+    elementwise,
+    index,
+    matmul,
+    movement,
+    reduction,
+    scan,
+)

@@ -1,0 +1,207 @@
+"""Kernel body of the fused attention family (``attention.nki.j2``) from an :class:`AttentionKernel`.
+
+Per (batch, head), unrolled:
+
+1. Q, K, V rows are loaded with one DMA each (rows on partitions, ``[128, tiles, D]``; a ragged last
+   tile gets its own DMA), and Q, K are transposed on TensorE, four 128-row tiles per PSUM bank and
+   one eviction, into ``Q^T``/``K^T`` with D on partitions (the matmul contraction dim).
+2. Per 128-query tile, the needed keys (all, or up to the diagonal when causal: fully masked key
+   tiles are never computed) are split into equal steps of <= ``key_step`` keys. Per step: ``S = Q
+   K^T`` into PSUM (512-key chunks, one bank each); the causal diagonal block gets a 0 / -3e38 bias
+   accumulated onto PSUM by TensorE (identity x bias tile, both built once with ``affine_select``);
+   an additive mask is applied at the PSUM read (``S * scale + mask``). The negated row max
+   (``tensor_reduce(negate=True)``), the running bias ``b = -scale * m`` (min with the previous one),
+   ``alpha = exp(b_new - b_old)`` and ``P = exp(scale * S + b)`` with the row sum from the ScalarE
+   accumulators (``reduce_cmd.reset_reduce``) give the online softmax; P is transposed on TensorE and
+   ``P V`` accumulates over the step's key tiles in PSUM; the output accumulator is rescaled by alpha
+   (``scalar_tensor_tensor``) only when there is more than one step.
+3. ``out = O / max(l, tiny)`` (a fully masked row has ``l = 0`` and ``O = 0``: SDPA returns 0 there),
+   cast to the output dtype, stored with one DMA per (b, h).
+
+Hardware limits respected: <= 128 partitions, matmul K/M <= 128 and N <= 512 per PSUM bank, PSUM
+use <= 16 KiB per partition (scores fp32 + transposed P + output + staging), only NKI 0.6 names.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from neuron_compile.codegen.render import Lines, _offset
+from neuron_compile.lowering.ir import AttentionKernel
+
+from neuron_compile.simulator_limits import PMAX
+
+log = logging.getLogger(__name__)
+
+MATMUL_N = 512  # fp32 moving free size per PSUM bank
+TRANSPOSE_GROUP = 4  # 128-row tiles transposed into one PSUM bank before a single eviction
+MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
+FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
+
+
+def _load_rows(out: Lines, name: str, arg: int, off: str, s_row: int, s_col: int, rows: int, cols: int,
+               dtype: str) -> None:
+    """``name[128, tiles, cols]``: row r of the matrix on partition r % 128, tile r // 128."""
+    full, rem = divmod(rows, PMAX)
+    tiles = full + (1 if rem else 0)
+    out.add(f"{name} = nl.ndarray(({PMAX}, {tiles}, {cols}), dtype=nl.{dtype}, buffer=nl.sbuf)")
+    if full:
+        out.add(f"nisa.dma_copy(dst={name}[:, 0:{full}, :], src=in{arg}.ap(pattern=[[{s_row}, {PMAX}], "
+                f"[{s_row * PMAX}, {full}], [{s_col}, {cols}]], offset={off}))")
+    if rem:
+        tail = f"{off} + {full * PMAX * s_row}" if full * s_row else off
+        out.add(f"nisa.dma_copy(dst={name}[0:{rem}, {full}, :], src=in{arg}.ap(pattern=[[{s_row}, {rem}], "
+                f"[{s_col}, {cols}]], offset={tail}))")
+
+
+def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str) -> None:
+    """``dst[cols, rows] = src^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and eviction."""
+    tiles = -(-rows // PMAX)
+    out.add(f"""\
+{dst} = nl.ndarray(({cols}, {rows}), dtype=nl.{dtype}, buffer=nl.sbuf)
+for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
+    tp = nl.ndarray(({cols}, {TRANSPOSE_GROUP * PMAX}), dtype=nl.{dtype}, buffer=nl.psum)
+    for t in range(g, min(g + {TRANSPOSE_GROUP}, {tiles})):
+        r = min({PMAX}, {rows} - t * {PMAX})
+        nisa.nc_transpose(dst=tp[:, (t - g) * {PMAX}:(t - g) * {PMAX} + r], data={src}[0:r, t, :])
+    w = min({rows}, (g + {TRANSPOSE_GROUP}) * {PMAX}) - g * {PMAX}
+    nisa.tensor_copy(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])""")
+
+
+def attention_body(k: AttentionKernel) -> str:
+    out = Lines()
+    cdt = k.compute_dtype
+    odt = k.outputs[0].dtype
+    masked = k.mask is not None
+    sc = 1.0 if masked else k.scale  # with a mask the scores are scaled (and masked) when read from PSUM
+    nq = -(-k.sq // PMAX)
+    if k.causal:
+        out.add(f"""\
+ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=ident, value=1.0)
+nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
+cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=cbias, value=0.0)
+nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+    out.add(f"for b in range({k.batch}):")
+    out.depth += 1
+    out.add(f"for h in range({k.heads}):")
+    out.depth += 1
+
+    def base(acc: tuple[int, int, tuple[int, ...]]) -> str:
+        return _offset(acc[1], [("b", acc[2][0]), ("h", acc[2][1])])
+
+    qa, ka, va = k.q, k.k, k.v
+    _load_rows(out, "q_rows", qa[0], base(qa), qa[2][2], qa[2][3], k.sq, k.d, cdt)
+    _load_rows(out, "k_rows", ka[0], base(ka), ka[2][2], ka[2][3], k.sk, k.d, cdt)
+    _load_rows(out, "v_rows", va[0], base(va), va[2][2], va[2][3], k.sk, k.dv, cdt)
+    _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt)
+    _transpose_rows(out, "k_rows", "kT", k.sk, k.d, cdt)
+    kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
+    out.add(f"""\
+o_rows = nl.ndarray(({PMAX}, {nq}, {k.dv}), dtype=nl.{odt}, buffer=nl.sbuf)
+for i in range({nq}):
+    q0 = i * {PMAX}
+    P = min({PMAX}, {k.sq} - q0)
+    kend = {kend}
+    nsteps = (kend + {k.key_step - 1}) // {k.key_step}
+    wstep = ((kend + nsteps - 1) // nsteps + {PMAX - 1}) // {PMAX} * {PMAX}
+    for k0 in range(0, kend, wstep):
+        W = min(wstep, kend - k0)
+        s_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+        for c0 in range(0, W, {MATMUL_N}):
+            cw = min({MATMUL_N}, W - c0)
+            nisa.nc_matmul(dst=s_ps[:, c0:c0 + cw], stationary=qT[:, q0:q0 + P], moving=kT[:, k0 + c0:k0 + c0 + cw])""")
+    out.depth += 3
+    if k.causal:
+        out.add("""\
+    lo = max(q0, k0 + c0)
+    hi = min(q0 + P, k0 + c0 + cw)
+    if lo < hi:
+        nisa.nc_matmul(dst=s_ps[:, lo - k0:hi - k0], stationary=ident[0:P, 0:P], moving=cbias[0:P, lo - q0:hi - q0], accumulate=True)""")
+    first_bias = (f"nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
+                  f"nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.multiply, operand0={sc!r})")
+    out.depth -= 1
+    src = "s_ps"
+    if masked:
+        ma = k.mask
+        assert ma is not None
+        m_off = _offset(ma[1], [("b", ma[2][0]), ("h", ma[2][1]), ("q0", ma[2][2]), ("k0", ma[2][3])])
+        out.add(f"""\
+mask_t = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}, W]], offset={m_off}))
+s_sb = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+nisa.scalar_tensor_tensor(dst=s_sb, data=s_ps, op0=nl.multiply, operand0={k.scale!r}, op1=nl.add, operand1=mask_t)""")
+        src = "s_sb"
+    _step_tail(out, src, first_bias, sc, cdt, k.dv)
+    out.depth -= 1
+    recip_src = "l_run"
+    if masked:
+        out.add("""\
+l_c = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_scalar(dst=l_c, data=l_run, op0=nl.maximum, operand0=1e-30)""")
+        recip_src = "l_c"
+    out.add(f"""\
+rl = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.reciprocal(dst=rl, data={recip_src})
+nisa.tensor_scalar(dst=o_rows[0:P, i, :], data=o_run, op0=nl.multiply, operand0=rl)""")
+    out.depth -= 1
+    ob, oh, os_, od = k.out_strides
+    o_off = _offset(0, [("b", ob), ("h", oh)])
+    full, rem = divmod(k.sq, PMAX)
+    if full:
+        out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, {PMAX}], [{os_ * PMAX}, {full}], [{od}, {k.dv}]], "
+                f"offset={o_off}), src=o_rows[:, 0:{full}, :])")
+    if rem:
+        tail = f"{o_off} + {full * PMAX * os_}" if full * os_ else o_off
+        out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, {rem}], [{od}, {k.dv}]], offset={tail}), "
+                f"src=o_rows[0:{rem}, {full}, :])")
+    return out.text()
+
+
+def _step_tail(out: Lines, src: str, first_bias: str, sc: float, cdt: str, dv: int) -> None:
+    """Online-softmax update of one key step (row max, exp + row sum, P^T, P V, rescale)."""
+    out.add(f"""\
+nmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_reduce(dst=nmax, op=nl.maximum, data={src}, axis=1, negate=True)
+nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+if k0 == 0:
+    {first_bias}
+else:
+    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.multiply, operand0={sc!r}, op1=nl.minimum, operand1=nb_run)
+    alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=alpha, op=nl.exp, data=nb_run, bias=nb, scale=-1.0)
+nb_run = nb
+p_sb = nl.ndarray((P, W), dtype=nl.{cdt}, buffer=nl.sbuf)
+rs = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.activation(dst=p_sb, op=nl.exp, data={src}, bias=nb, scale={sc!r}, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+if k0 == 0:
+    l_run = rs
+else:
+    l_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=l_new, data=l_run, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=rs)
+    l_run = l_new
+nsub = (W + {PMAX - 1}) // {PMAX}
+pt_ps = nl.ndarray(({PMAX}, nsub, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
+for j in range(nsub):
+    wj = min({PMAX}, W - j * {PMAX})
+    nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
+pt = nl.ndarray(({PMAX}, nsub, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nfull = W // {PMAX}
+if nfull > 0:
+    nisa.tensor_copy(dst=pt[:, 0:nfull, 0:P], src=pt_ps[:, 0:nfull, 0:P])
+if W % {PMAX} > 0:
+    nisa.tensor_copy(dst=pt[0:W % {PMAX}, nfull, 0:P], src=pt_ps[0:W % {PMAX}, nfull, 0:P])
+o_ps = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.psum)
+for j in range(nsub):
+    wj = min({PMAX}, W - j * {PMAX})
+    nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, k0 // {PMAX} + j, :], accumulate=(j > 0))
+if nsteps == 1:
+    o_run = o_ps
+elif k0 == 0:
+    o_run = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=o_run, src=o_ps)
+else:
+    o_new = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=o_new, data=o_run, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=o_ps)
+    o_run = o_new""")
