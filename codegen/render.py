@@ -16,6 +16,7 @@ import textwrap
 from typing import Any
 
 import jinja2
+from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.lowering.ir import (
     AttentionKernel,
     CopyKernel,
@@ -32,6 +33,10 @@ from neuron_compile.errors import TemplateRenderError
 from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
+
+# Target bytes per partition of one streamed DMA: >= 2 KiB approaches peak, >= 4 KiB saturates, and the
+# ~1.3 us fixed cost per transfer (REFERENCE 4.3 DMA) is amortized over ~11 us of data at 32 KiB x 128.
+DMA_TILE_BYTES = 32 * 1024
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +111,16 @@ def _offset(base: int, terms: list[tuple[str, int]]) -> str:
 
 
 class LoopRenderer:
-    """Loop nest of a LoopKernel: outer index loops, partition tiles, phases, free-dim chunks."""
+    """Loop nest of a LoopKernel: outer index loops, partition tiles, phases, free-dim chunks.
+
+    Tile size: the whole row stays resident in SBUF across phases (one HBM read per row) when the
+    peak of live full tiles, with element-wise ops writing in place into dying operands
+    (:func:`loop_schedule.assign_buffers`), fits ``config.row_resident_bytes`` per partition;
+    otherwise rows stream in chunks as large as that budget allows (at least ``free_tile``, capped at
+    ``DMA_TILE_BYTES`` per partition so every DMA moves >= 2 KiB per partition where the row allows,
+    REFERENCE 4.3 DMA). Loads that do not depend on the partition tile (a broadcast gamma/beta row)
+    are hoisted out of all loops when the row is a single chunk.
+    """
 
     def __init__(self, k: LoopKernel) -> None:
         self.k = k
@@ -118,37 +132,88 @@ class LoopRenderer:
         self.red_outer = [d for d in k.reduce_dims if d != self.free_dim]
         self.ops = {op.out: op for op in k.ops}
         self.kinds = {op.out: op.kind for op in k.ops}
-        n_full = sum(1 for op in k.ops if op.kind == "full") + 2
-        budget = config.row_resident_bytes
+        self.dtypes = {op.out: op.dtype for op in k.ops}
         nf = k.space[self.free_dim]
-        tile = k.free_tile
-        if k.family != "matmul":
-            tile = max(64, min(tile, budget // (4 * n_full)))
-            if k.n_phases > 1 and nf * 4 * n_full <= budget:
-                tile = nf  # the whole row stays resident in SBUF across phases
+        self.hoisted: list[TileOp] = []
+        if k.family == "matmul":
+            self.free_tile = min(k.free_tile, nf)
+            self.resident = False
+            return
+        budget = config.row_resident_bytes
+        if not self.red_outer:
+            hoist = self._hoistable()
+            flat = self._flat(resident=True, hoisted={op.out for op in hoist})
+            bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, {op.out for op in hoist})
+            if (bufs.peak + len(hoist)) * nf * 4 <= budget:
+                self.free_tile, self.resident, self.hoisted = nf, True, hoist
+                return
+        flat = self._flat(resident=False, hoisted=set())
+        peak = max(1, ls.assign_buffers(flat, self.kinds, self.dtypes, set()).peak)
+        cap = max(k.free_tile, DMA_TILE_BYTES // 4)
+        tile = max(64, min(cap, budget // (4 * peak)))
+        tile = tile // 64 * 64 if tile > 64 else tile
         self.free_tile = min(tile, nf)
-        self.resident = self.free_tile >= nf and not self.red_outer
+        self.resident = False
 
-    def var_terms(self, strides: tuple[int, ...], with_free: bool = True, with_red: bool = True) -> list[tuple[str, int]]:
-        terms = [(v, strides[i]) for i, v in enumerate(self.outer_vars)]
-        terms.append(("p0", strides[self.part_dim]))
+    # -- planning ------------------------------------------------------------------------------------
+    def _hoistable(self) -> list[TileOp]:
+        """Full loads independent of the outer and partition loops (whole-row chunks only)."""
+        k = self.k
+        ext = k.space[self.part_dim]
+        if ext > PMAX and ext % PMAX:
+            return []  # the last partition tile is shorter: keep per-tile loads
+        out = []
+        for op in k.ops:
+            if op.opcode == "load" and op.kind == "full":
+                _, _, strides = op.attr("access")
+                if all(strides[d] == 0 for d in range(self.part_dim + 1)):
+                    out.append(op)
+        return out
+
+    def _phase_body(self, phase: int, done: set[str], resident: bool) -> list[TileOp]:
+        k = self.k
+        sinks = [op for op in k.ops if op.phase == phase and op.kind == "full" and op.opcode == "store"]
+        reds = [op for op in k.ops if op.opcode == "reduce" and op.phase == phase]
+        if not sinks and not reds:
+            return []
+        names = [str(a) for op in sinks + reds for a in op.args if isinstance(a, str)]
+        body = self.deps(names, phase, done if resident else set())
+        if resident:
+            done.update(op.out for op in body)
+        return body + reds + sinks
+
+    def _flat(self, resident: bool, hoisted: set[str]) -> list[TileOp]:
+        done = set(hoisted)
+        flat: list[TileOp] = []
+        for phase in range(self.k.n_phases):
+            flat += self._phase_body(phase, done, resident)
+        return flat
+
+    # -- rendering -----------------------------------------------------------------------------------
+    def var_terms(self, strides: tuple[int, ...], with_free: bool = True, with_red: bool = True,
+                  with_part: bool = True) -> list[tuple[str, int]]:
+        terms = [(v, strides[i]) for i, v in enumerate(self.outer_vars)] if with_part else []
+        if with_part:
+            terms.append(("p0", strides[self.part_dim]))
         if with_red:
             terms += [(f"r{j}", strides[d]) for j, d in enumerate(self.red_outer)]
         if with_free:
             terms.append(("f0", strides[self.free_dim]))
         return terms
 
-    def view(self, op: TileOp) -> dict[str, Any]:
+    def view(self, op: TileOp, hoisted: bool = False) -> dict[str, Any]:
         """Template-facing dict of an op: its attrs plus resolved access patterns."""
         attrs = dict(op.attrs)
         d: dict[str, Any] = {"out": op.out, "opcode": op.opcode, "kind": op.kind, "dtype": op.dtype,
-                             "args": [_literal(a) for a in op.args], "attrs": attrs, "bias_tile": False}
+                             "args": [_literal(a) for a in op.args], "attrs": attrs, "bias_tile": False,
+                             "inplace": False, "engine": None, "reduce_res": None}
         row = op.kind == "row"
         for key in ("access", "a", "b"):
             if key in attrs:
                 arg, base, strides = attrs[key]
+                terms = [] if hoisted else self.var_terms(strides, with_free=not row, with_red=not row)
                 d[key] = {"arg": arg, "sp": strides[self.part_dim], "sf": strides[self.free_dim] if not row else 1,
-                          "offset": _offset(base, self.var_terms(strides, with_free=not row, with_red=not row))}
+                          "offset": _offset(base, terms)}
         if op.opcode == "iota":
             base, coeffs = attrs["coeffs"]
             d["iota"] = {"sp": coeffs[self.part_dim], "sf": coeffs[self.free_dim],
@@ -158,13 +223,17 @@ class LoopRenderer:
             d["bias_tile"] = True  # NC-v2 takes activation bias only as a (P, 1) tile
         if op.opcode == "reduce":
             conds = [f"{v} == 0" for v in [f"r{j}" for j in range(len(self.red_outer))] + ["f0"]]
-            d["first"] = " and ".join(conds)
+            d["first"] = " and ".join(conds) if not self.resident else "True"
         if op.opcode == "matmul":
             d["attrs"]["k"] = attrs["k"]
         return d
 
     def render(self, out: Lines, op: TileOp) -> None:
-        out.add(str(self.macros.render_op(self.view(op), self.kinds, config.target)))
+        self._emit(out, self.view(op))
+
+    def _emit(self, out: Lines, view: dict[str, Any]) -> None:
+        text = str(self.macros.render_op(view, self.kinds, config.target))
+        out.add("\n".join(line for line in text.splitlines() if line.strip()))
 
     def deps(self, names: list[str], phase: int, done: set[str]) -> list[TileOp]:
         """Full ops needed (transitively) to produce ``names`` inside a chunk of ``phase``."""
@@ -188,24 +257,37 @@ class LoopRenderer:
     def body(self) -> str:
         k = self.k
         out = Lines()
+        if k.family == "matmul":
+            return self._body_plain(out)
+        hoisted = {op.out for op in self.hoisted}
+        flat = self._flat(self.resident, hoisted)
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
+        ext = k.space[self.part_dim]
+        if self.hoisted:
+            out.add(f"P = {min(PMAX, ext)}")
+            out.add(f"F = {k.space[self.free_dim]}")
+            for op in self.hoisted:
+                self._emit(out, self.view(op, hoisted=True))
         for i, v in enumerate(self.outer_vars):
             out.add(str(self.macros.index_loop(v, k.space[i])))
             out.depth += 1
-        out.add(str(self.macros.tile_loop("p0", k.space[self.part_dim], k.part_tile, "P")))
+        out.add(str(self.macros.tile_loop("p0", ext, k.part_tile, "P")))
         out.depth += 1
-        done_full: set[str] = set()
         done_row: set[str] = set()
+        done_full = set(hoisted)
+        rename: dict[str, str] = {}
+        pos = 0
+        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds)
         for phase in range(k.n_phases):
-            # Row values (per-partition scalars) available in this phase, in program order.
             for op in k.ops:
                 if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase \
                         and op.out not in done_row:
-                    self.render(out, op)
+                    self._emit(out, self._named(op, rename))
                     done_row.add(op.out)
-            sinks = [op for op in k.ops if op.phase == phase and op.kind == "full" and op.opcode == "store"]
-            reds = [op for op in k.ops if op.opcode == "reduce" and op.phase == phase]
-            if not sinks and not reds:
+            body = self._phase_body(phase, done_full, self.resident)
+            if not body:
                 continue
+            reds = [op for op in body if op.opcode == "reduce"]
             for op in reds:
                 out.add(f"{op.out} = nl.ndarray((P, 1), dtype=nl.{op.dtype}, buffer=nl.sbuf)")
             depth0 = out.depth
@@ -214,18 +296,59 @@ class LoopRenderer:
                 out.depth += 1
             out.add(str(self.macros.tile_loop("f0", k.space[self.free_dim], self.free_tile, "F")))
             out.depth += 1
-            names = [str(a) for op in sinks + reds for a in op.args if isinstance(a, str)]
-            for op in self.deps(names, phase, done_full if self.resident else set()):
-                self.render(out, op)
-                if self.resident:
-                    done_full.add(op.out)
-            for op in reds + sinks:
-                self.render(out, op)
+            fused = ls.fuse_act_reduce(body)
+            act_res = {a: r for r, a in fused.items()}
+            for op in body:
+                view = self._named(op, rename)
+                if bufs.inplace[pos]:
+                    view["inplace"] = True
+                    view["out"] = bufs.writes[pos]
+                rename[op.out] = view["out"]
+                view["engine"] = engines.get(op.out)
+                if op.out in act_res:
+                    r = act_res[op.out]
+                    view["reduce_res"] = r if self.resident else f"{r}_part"
+                    if not self.resident:
+                        out.add(f"{r}_part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
+                if op.out in fused:
+                    view["fused"] = True
+                self._emit(out, view)
+                pos += 1
             out.depth = depth0
             done_row.update(op.out for op in reds)
         for op in k.ops:
             if op.opcode == "store" and op.kind == "row":
                 self.render(out, op)
+        return out.text()
+
+    def _named(self, op: TileOp, rename: dict[str, str]) -> dict[str, Any]:
+        """The op's view with operand names mapped to the buffers holding them."""
+        view = self.view(op)
+        view["args"] = [rename.get(a, a) if isinstance(a, str) else a for a in view["args"]]
+        return view
+
+    def _body_plain(self, out: Lines) -> str:
+        """Matmul kernels (until they route to their own renderer): the original loop nest."""
+        k = self.k
+        for i, v in enumerate(self.outer_vars):
+            out.add(str(self.macros.index_loop(v, k.space[i])))
+            out.depth += 1
+        out.add(str(self.macros.tile_loop("p0", k.space[self.part_dim], k.part_tile, "P")))
+        out.depth += 1
+        for phase in range(k.n_phases):
+            for op in k.ops:
+                if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase:
+                    self.render(out, op)
+            sinks = [op for op in k.ops if op.phase == phase and op.kind == "full" and op.opcode == "store"]
+            if not sinks:
+                continue
+            depth0 = out.depth
+            out.add(str(self.macros.tile_loop("f0", k.space[self.free_dim], self.free_tile, "F")))
+            out.depth += 1
+            names = [str(a) for op in sinks for a in op.args if isinstance(a, str)]
+            for op in self.deps(names, phase, set()) + sinks:
+                self.render(out, op)
+            out.depth = depth0
         return out.text()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
+from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.intmath import is_int_compute
@@ -351,8 +352,11 @@ class LoopGroupEmitter:
             roles = ["keep"]
             self.accesses = [tuple(s) or (0,) for s in self.accesses]
         iota_sets = [op.attr("coeffs")[1] for op in self.b.ops if op.opcode == "iota"]
+        # A lone (flattened) dim splits into [rows, free] with free tiles large enough for >= 2 KiB DMAs.
+        split_limit = config.free_tile if g.kind == "matmul" else max(config.free_tile, sp.STREAM_FREE_ELEMS)
         canon = sp.canonicalize(space, roles, [*self.accesses, *iota_sets], part_role=part_role,
-                                free_role=free_role, split_limit=config.free_tile)
+                                free_role=free_role, split_limit=split_limit,
+                                split_above=config.free_tile)
 
         def remap(access: tuple[int, int, tuple[int, ...]]) -> tuple[int, int, tuple[int, ...]]:
             arg, off, strides = access
@@ -360,7 +364,8 @@ class LoopGroupEmitter:
             return arg, off, sp.canonical_strides(canon, strides)
 
         ops = []
-        for op in self.b.ops:
+        program = self.b.ops if g.kind == "matmul" else tileopt.optimize(self.b.ops, set())
+        for op in program:
             attrs = dict(op.attrs)
             for key in ("access", "a", "b"):
                 if key in attrs:

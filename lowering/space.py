@@ -14,6 +14,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Free elements per partition a flattened elementwise space is split to: 8192 fp32 = 32 KiB per partition,
+# so each [128, F] DMA moves 4 MiB and amortizes the ~1.3 us fixed DMA cost (REFERENCE 4.3 DMA).
+STREAM_FREE_ELEMS = 8192
+
 DimMap = tuple[tuple[int, ...], ...]  # for each dim of a shape: the consecutive space dims it covers
 
 
@@ -122,13 +126,14 @@ class Canonical:
 
 
 def canonicalize(space: Sequence[int], roles: Sequence[str], stride_sets: Sequence[Sequence[int]], *,
-                 part_role: str, free_role: str, split_limit: int) -> Canonical:
+                 part_role: str, free_role: str, split_limit: int, split_above: int | None = None) -> Canonical:
     """Tile-friendly form of ``space``.
 
     ``roles`` tags each dim ('keep', 'red', 'm', 'n', 'batch'); dims are merged only with a neighbour of
     the same role when every stride vector allows it. The part dim is the last dim of ``part_role``,
-    the free dim the last of ``free_role``; a lone dim larger than ``split_limit`` is split in two so
-    that partitions are used.
+    the free dim the last of ``free_role``; a lone dim larger than ``split_above`` (default
+    ``split_limit``) is split in two, ``[rows, free]`` with ``free <= split_limit``, so that partitions
+    are used.
     """
     groups: list[list[int]] = [[d] for d in range(len(space)) if space[d] != 1]
     merged: list[list[int]] = []
@@ -158,7 +163,8 @@ def canonicalize(space: Sequence[int], roles: Sequence[str], stride_sets: Sequen
         part_idx = part_candidates[-1]
     else:
         part_idx = None
-    if part_idx is None and part_role == free_role and sizes[free_idx] > split_limit:
+    threshold = split_limit if split_above is None else split_above
+    if part_idx is None and part_role == free_role and sizes[free_idx] > threshold:
         split = _split(sizes[free_idx], split_limit)
     if split is not None:
         # Split the lone free dim into (part, free): strides derive from the last merged original dim.

@@ -340,6 +340,8 @@ def _activation(api: str, instr: str, dst: NkiTensor, op: Any, data: NkiTensor, 
     else:
         C.write(dst, y)
     if _trace.ACTIVE is not None:
+        # A reduce_res read-out is an extra accumulator read (REFERENCE 3.3): traced as activation_reduce.
+        instr = "activation_reduce" if reduce_res is not None else instr
         _trace.record("scalar", instr, [dst, data] + [t for t in (bias, scale, reduce_res) if isinstance(t, NkiTensor)])
 
 

@@ -14,30 +14,17 @@ def k0_amax_sub_exp(in0):
             F = min(300, 300 - f0)
             v1 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=v1, src=in0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0))
-            if f0 == 0:
-                nisa.tensor_reduce(dst=r2, op=nl.maximum, data=v1, axis=1)
-            else:
-                r2_part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_reduce(dst=r2_part, op=nl.maximum, data=v1, axis=1)
-                nisa.tensor_tensor(dst=r2, data1=r2, data2=r2_part, op=nl.maximum)
+            nisa.tensor_reduce(dst=r2, op=nl.maximum, data=v1, axis=1)
+        v3n = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=v3n, data=r2, op0=nl.multiply, operand0=-1.0)
         r5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=v3, data=v1, op0=nl.subtract, operand0=r2)
-            v4 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=v4, op=nl.exp, data=v3)
-            if f0 == 0:
-                nisa.tensor_reduce(dst=r5, op=nl.add, data=v4, axis=1)
-            else:
-                r5_part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_reduce(dst=r5_part, op=nl.add, data=v4, axis=1)
-                nisa.tensor_tensor(dst=r5, data1=r5, data2=r5_part, op=nl.add)
+            nisa.activation(dst=v1, op=nl.exp, data=v1, bias=v3n, reduce_op=nl.add, reduce_res=r5, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         r6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=r6, data=r5)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            v7 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=v7, data=v4, op0=nl.multiply, operand0=r6)
-            nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v7)
+            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r6, engine=nisa.engine.scalar)
+            nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v1)
     return out0

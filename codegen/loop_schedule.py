@@ -1,0 +1,156 @@
+"""Scheduling decisions of a loop kernel's body: SBUF buffers, engines, fused reductions.
+
+Input: the sequence of tile ops one kernel emits per loop body (what :class:`codegen.render.LoopRenderer`
+renders, in order). Output, all used by the renderer only (the IR stays unchanged):
+
+- :func:`assign_buffers`: each full tile op writes in place into an operand tile that dies at that op
+  (same dtype), so a chain of N elementwise ops needs one SBUF tile instead of N. Returns the
+  buffer each emission writes and the peak number of live full tiles (the SBUF budget check).
+- :func:`assign_engines`: Vector, Scalar and GpSimd all execute elementwise work; ops go to the engine
+  that keeps the busiest engine least loaded (longest op first), with per-op costs from
+  :mod:`neuron_compile.costmodel` (REFERENCE 3.3 for which engine may run what, 4.3 for costs).
+- :func:`fuse_act_reduce`: an add-reduction of an ``activation`` output in the same body becomes the
+  activation's own accumulator read-out (``reduce_res``, REFERENCE 3.3 / 5.3), so VectorE does not
+  read the tile a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from neuron_compile.lowering.ir import TileOp
+
+from neuron_compile import costmodel
+
+log = logging.getLogger(__name__)
+
+# Opcodes whose output may overwrite an operand (element-wise streaming: every output element depends only
+# on the same element of the operands). Value: operand positions that may be overwritten.
+_INPLACE = {"tensor_tensor": (0, 1), "tensor_scalar": (0,), "activation": (0,), "reciprocal": (0,),
+            "round": (0,), "select": (2,)}
+# ScalarE tensor_scalar on trn2 supports only these (op0, op1) pairs (REFERENCE 3.3).
+_SCALAR_TS = {("multiply", "add"), ("multiply", None), ("add", None)}
+
+
+@dataclass
+class Buffers:
+    writes: list[str]  # per emission: the buffer it writes (its own name when it allocates)
+    inplace: list[bool]  # per emission: writes into a dying operand's tile (no allocation)
+    peak: int  # most full tiles live at once (pinned tiles excluded)
+
+
+def _full_args(op: TileOp, kinds: dict[str, str]) -> list[str]:
+    return [a for a in op.args if isinstance(a, str) and kinds.get(a) == "full"]
+
+
+def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[str, str],
+                   pinned: set[str]) -> Buffers:
+    """Buffers for a straight-line emission order ``flat`` (loads, full ops, reduces, stores)."""
+    n = len(flat)
+    dying: list[set[str]] = [set() for _ in range(n)]
+    live: set[str] = set()
+    live_before: list[set[str]] = [set() for _ in range(n)]
+    for i in range(n - 1, -1, -1):
+        op = flat[i]
+        args = set(_full_args(op, kinds))
+        dying[i] = {a for a in args if a not in live}
+        live.discard(op.out)
+        live |= args
+        live_before[i] = set(live)
+    buf_of: dict[str, str] = {}
+    writes: list[str] = []
+    inplace: list[bool] = []
+    peak = 0
+    for i, op in enumerate(flat):
+        target = None
+        if op.kind == "full" and op.opcode in _INPLACE:
+            for pos in _INPLACE[op.opcode]:
+                a = op.args[pos] if pos < len(op.args) else None
+                if isinstance(a, str) and a in dying[i] and a not in pinned and kinds.get(a) == "full" \
+                        and dtypes.get(a) == op.dtype and a in buf_of:
+                    target = buf_of[a]
+                    break
+        if op.opcode in ("store", "reduce"):
+            writes.append(op.out)
+            inplace.append(False)
+        else:
+            buf_of[op.out] = target or op.out
+            writes.append(buf_of[op.out])
+            inplace.append(target is not None)
+        held = {buf_of[x] for x in live_before[i] if x in buf_of and x not in pinned}
+        if op.kind == "full" and op.opcode not in ("store", "reduce"):
+            held.add(buf_of[op.out])
+        peak = max(peak, len(held))
+    return Buffers(writes, inplace, peak)
+
+
+def engine_options(op: TileOp, target: str) -> tuple[str, ...]:
+    """Engines that may execute ``op`` (fp32 compute ops only; everything else keeps the default)."""
+    attrs = dict(op.attrs)
+    if op.dtype != "float32" or op.kind != "full":
+        return ()
+    if op.opcode == "tensor_tensor":
+        return ("vector", "gpsimd")
+    if op.opcode == "tensor_scalar":
+        pair = (attrs.get("op0"), attrs.get("op1"))
+        ok = pair in _SCALAR_TS and not attrs.get("reverse0") and not attrs.get("reverse1") \
+            and costmodel.hardware(target).nc_version >= 3
+        return ("vector", "scalar") if ok else ("vector",)
+    if op.opcode == "fill":
+        return ("vector", "gpsimd")
+    return ()
+
+
+def _fixed_engine(op: TileOp) -> str | None:
+    return {"activation": "scalar", "reduce": "vector", "reciprocal": "vector", "select": "vector",
+            "iota": "gpsimd", "broadcast": "vector", "cast": "vector", "predicate": "vector",
+            "round": "vector"}.get(op.opcode)
+
+
+def op_ns(op: TileOp, engine: str, free: int, target: str, kinds: dict[str, str]) -> float:
+    """Cost-model time of one instance of ``op`` on ``engine`` over a [128, free] tile."""
+    hw = costmodel.hardware(target)
+    ghz = {"vector": hw.vector_ghz, "scalar": hw.scalar_ghz, "gpsimd": hw.gpsimd_ghz}[engine]
+    inputs = 2 if op.opcode in ("tensor_tensor", "select") else 1
+    work = float(free * inputs)
+    if op.opcode == "reciprocal":
+        work = free * costmodel.VECTOR_RECIPROCAL_CYCLES
+    return (costmodel.INSTRUCTION_OVERHEAD + work) / ghz
+
+
+def assign_engines(body: Sequence[TileOp], free: int, target: str, kinds: dict[str, str],
+                   load: dict[str, float] | None = None) -> dict[str, str]:
+    """``{op.out: engine}`` for ops with a choice; ``load`` (per-engine ns) carries over between bodies."""
+    load = load if load is not None else {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+    fused = set(fuse_act_reduce(body))
+    for op in body:
+        fixed = _fixed_engine(op)
+        if op.opcode == "reduce" and op.out in fused:
+            load["scalar"] += costmodel.ACT_READ_ACCUMULATOR / costmodel.hardware(target).scalar_ghz
+        elif fixed is not None and (op.kind == "full" or op.opcode == "reduce"):
+            load[fixed] += op_ns(op, fixed, free, target, kinds)
+    flexible = [op for op in body if engine_options(op, target)]
+    cost = {op.out: {e: op_ns(op, e, free, target, kinds) for e in engine_options(op, target)} for op in flexible}
+    choice: dict[str, str] = {}
+    for op in sorted(flexible, key=lambda o: -min(cost[o.out].values())):
+        best = min(cost[op.out], key=lambda e: (load[e] + cost[op.out][e], e != "vector"))
+        load[best] += cost[op.out][best]
+        choice[op.out] = best
+    return choice
+
+
+def fuse_act_reduce(body: Sequence[TileOp]) -> dict[str, str]:
+    """``{reduce.out: activation.out}`` for fp32 add-reductions of an activation emitted earlier in ``body``."""
+    acts = {}
+    fused: dict[str, str] = {}
+    for op in body:
+        if op.opcode == "activation" and op.dtype == "float32" and op.kind == "full":
+            acts[op.out] = op
+        elif op.opcode == "reduce" and op.dtype == "float32":
+            a = dict(op.attrs)
+            src = op.args[0]
+            if a.get("op") == "add" and not a.get("negate") and src in acts and src not in fused.values():
+                fused[op.out] = src
+    return fused
