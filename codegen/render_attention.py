@@ -29,6 +29,7 @@ import logging
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.lowering.ir import AttentionKernel
 
+from neuron_compile.config import config
 from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ MATMUL_N = 512  # fp32 moving free size per PSUM bank
 TRANSPOSE_GROUP = 4  # 128-row tiles transposed into one PSUM bank before a single eviction
 MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
+# Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE: VectorE
+# already carries the row max (1 cycle per score), ScalarE the exp; this balances the two under the cost model.
+SCALAR_EVICT_SHARE = 0.6
 
 
 def _load_rows(out: Lines, name: str, arg: int, off: str, s_row: int, s_col: int, rows: int, cols: int,
@@ -54,9 +58,12 @@ def _load_rows(out: Lines, name: str, arg: int, off: str, s_row: int, s_col: int
                 f"[{s_col}, {cols}]], offset={tail}))")
 
 
-def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str) -> None:
-    """``dst[cols, rows] = src^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and eviction."""
+def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str, scale: float = 1.0) -> None:
+    """``dst[cols, rows] = scale * src^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and eviction."""
     tiles = -(-rows // PMAX)
+    evict = (f"nisa.tensor_copy(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
+             f"nisa.tensor_scalar(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
+             f"operand0={scale!r})")
     out.add(f"""\
 {dst} = nl.ndarray(({cols}, {rows}), dtype=nl.{dtype}, buffer=nl.sbuf)
 for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
@@ -65,7 +72,7 @@ for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
         r = min({PMAX}, {rows} - t * {PMAX})
         nisa.nc_transpose(dst=tp[:, (t - g) * {PMAX}:(t - g) * {PMAX} + r], data={src}[0:r, t, :])
     w = min({rows}, (g + {TRANSPOSE_GROUP}) * {PMAX}) - g * {PMAX}
-    nisa.tensor_copy(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])""")
+    {evict}""")
 
 
 def attention_body(k: AttentionKernel) -> str:
@@ -73,7 +80,6 @@ def attention_body(k: AttentionKernel) -> str:
     cdt = k.compute_dtype
     odt = k.outputs[0].dtype
     masked = k.mask is not None
-    sc = 1.0 if masked else k.scale  # with a mask the scores are scaled (and masked) when read from PSUM
     nq = -(-k.sq // PMAX)
     if k.causal:
         out.add(f"""\
@@ -95,7 +101,7 @@ nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_t
     _load_rows(out, "q_rows", qa[0], base(qa), qa[2][2], qa[2][3], k.sq, k.d, cdt)
     _load_rows(out, "k_rows", ka[0], base(ka), ka[2][2], ka[2][3], k.sk, k.d, cdt)
     _load_rows(out, "v_rows", va[0], base(va), va[2][2], va[2][3], k.sk, k.dv, cdt)
-    _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt)
+    _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt, k.scale)  # scores come out of PSUM already scaled
     _transpose_rows(out, "k_rows", "kT", k.sk, k.d, cdt)
     kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
     out.add(f"""\
@@ -119,8 +125,11 @@ for i in range({nq}):
     hi = min(q0 + P, k0 + c0 + cw)
     if lo < hi:
         nisa.nc_matmul(dst=s_ps[:, lo - k0:hi - k0], stationary=ident[0:P, 0:P], moving=cbias[0:P, lo - q0:hi - q0], accumulate=True)""")
-    first_bias = (f"nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
-                  f"nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.multiply, operand0={sc!r})")
+    # The exp bias is -(running max); a masked row that is -inf so far keeps a finite one (FP32_MAX).
+    first_bias = (f"nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+                  f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
+                  "nb = nmax")
+    split = 0.0 if config.target == "trn1" else SCALAR_EVICT_SHARE
     out.depth -= 1
     src = "s_ps"
     if masked:
@@ -131,9 +140,9 @@ for i in range({nq}):
 mask_t = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
 nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}, W]], offset={m_off}))
 s_sb = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-nisa.scalar_tensor_tensor(dst=s_sb, data=s_ps, op0=nl.multiply, operand0={k.scale!r}, op1=nl.add, operand1=mask_t)""")
+nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)""")
         src = "s_sb"
-    _step_tail(out, src, first_bias, sc, cdt, k.dv)
+    _step_tail(out, src, first_bias, split, cdt, k.dv)
     out.depth -= 1
     recip_src = "l_run"
     if masked:
@@ -144,7 +153,7 @@ nisa.tensor_scalar(dst=l_c, data=l_run, op0=nl.maximum, operand0=1e-30)""")
     out.add(f"""\
 rl = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
 nisa.reciprocal(dst=rl, data={recip_src})
-nisa.tensor_scalar(dst=o_rows[0:P, i, :], data=o_run, op0=nl.multiply, operand0=rl)""")
+nisa.activation(dst=o_rows[0:P, i, :], op=nl.copy, data=o_run, scale=rl)""")
     out.depth -= 1
     ob, oh, os_, od = k.out_strides
     o_off = _offset(0, [("b", ob), ("h", oh)])
@@ -159,22 +168,22 @@ nisa.tensor_scalar(dst=o_rows[0:P, i, :], data=o_run, op0=nl.multiply, operand0=
     return out.text()
 
 
-def _step_tail(out: Lines, src: str, first_bias: str, sc: float, cdt: str, dv: int) -> None:
+def _step_tail(out: Lines, src: str, first_bias: str, split: float, cdt: str, dv: int) -> None:
     """Online-softmax update of one key step (row max, exp + row sum, P^T, P V, rescale)."""
     out.add(f"""\
 nmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
 nisa.tensor_reduce(dst=nmax, op=nl.maximum, data={src}, axis=1, negate=True)
-nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
 if k0 == 0:
     {first_bias}
 else:
-    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.multiply, operand0={sc!r}, op1=nl.minimum, operand1=nb_run)
+    nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=nb, data1=nmax, data2=nb_run, op=nl.minimum)
     alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=alpha, op=nl.exp, data=nb_run, bias=nb, scale=-1.0)
 nb_run = nb
 p_sb = nl.ndarray((P, W), dtype=nl.{cdt}, buffer=nl.sbuf)
 rs = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-nisa.activation(dst=p_sb, op=nl.exp, data={src}, bias=nb, scale={sc!r}, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+nisa.activation(dst=p_sb, op=nl.exp, data={src}, bias=nb, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
 if k0 == 0:
     l_run = rs
 else:
@@ -188,8 +197,11 @@ for j in range(nsub):
     nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
 pt = nl.ndarray(({PMAX}, nsub, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nfull = W // {PMAX}
-if nfull > 0:
-    nisa.tensor_copy(dst=pt[:, 0:nfull, 0:P], src=pt_ps[:, 0:nfull, 0:P])
+nvec = nfull - int(nfull * {split!r})
+if nvec > 0:
+    nisa.tensor_copy(dst=pt[:, 0:nvec, 0:P], src=pt_ps[:, 0:nvec, 0:P])
+if nfull > nvec:
+    nisa.activation(dst=pt[:, nvec:nfull, 0:P], op=nl.copy, data=pt_ps[:, nvec:nfull, 0:P])
 if W % {PMAX} > 0:
     nisa.tensor_copy(dst=pt[0:W % {PMAX}, nfull, 0:P], src=pt_ps[0:W % {PMAX}, nfull, 0:P])
 o_ps = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.psum)

@@ -180,8 +180,17 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
                            **kw: Any) -> None:
         rec.add("vector", "tensor_tensor_scan", (dst, data0, data1))
 
+    def scalar_tensor_tensor(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
+                             op1: Any = None, operand1: Any = None, **kw: Any) -> None:
+        rec.add("vector", "scalar_tensor_tensor", (dst, data, operand1))
+
+    def affine_select(dst: ShapeTensor, pattern: Any = None, channel_multiplier: int = 0, on_true_tile: Any = None,
+                      **kw: Any) -> None:
+        rec.add("gpsimd", "affine_select", (dst, on_true_tile))
+
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
-               tensor_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan):
+               tensor_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan,
+               scalar_tensor_tensor, affine_select):
         setattr(isa, fn.__name__, fn)
 
     def isa_getattr(attr: str) -> Any:

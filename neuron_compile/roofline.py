@@ -3,7 +3,8 @@
 FLOPs come from the kernel IR, not from executed instructions, so redundant work in a kernel does
 not raise its own bound: a matmul op counts ``2*M*N*K`` (TensorE, at the operand dtype's peak),
 every other compute tile op 1 FLOP per element it produces (a reduction: per element it reads) at
-the combined Vector + Scalar + GpSimd element rate for the kernel's I/O dtype. Minimal HBM bytes:
+the combined Vector + Scalar + GpSimd element rate for the kernel's I/O dtype. A fused attention
+kernel counts the math of attention (:func:`attention_flops`), not of its decomposition. Minimal HBM bytes:
 each kernel input read once and each output written once (``ArgSpec``\\ s); a gather reads only the
 rows it gathers. A graph's minimal bytes are its own inputs and outputs (intermediates between
 kernels could stay on chip). ``bound = max(PE FLOPs / PE peak, elementwise FLOPs / element peak,
@@ -18,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_compile.costmodel import hardware, itemsize
-from neuron_compile.lowering.ir import GatherKernel, IndexAddKernel, LoopKernel, Plan, ScanKernel
+from neuron_compile.lowering.ir import (
+    AttentionKernel,
+    GatherKernel,
+    IndexAddKernel,
+    LoopKernel,
+    Plan,
+    ScanKernel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +113,35 @@ def kernel_flops(kernel: Any) -> tuple[int, str, int]:
         return 0, "float32", outer * kernel.tokens * kernel.row_size
     if isinstance(kernel, ScanKernel):
         return 0, "float32", math.prod(kernel.space)
+    if isinstance(kernel, AttentionKernel):
+        return attention_flops(kernel)
     return 0, "float32", 0
+
+
+def attention_pairs(kernel: AttentionKernel) -> int:
+    """(query, key) score pairs attention needs: all of them, or those on/below the diagonal when causal."""
+    if not kernel.causal:
+        return kernel.sq * kernel.sk
+    return sum(min(q + 1, kernel.sk) for q in range(kernel.sq))
+
+
+def attention_flops(kernel: AttentionKernel) -> tuple[int, str, int]:
+    """Attention counts the math of attention, not of a particular decomposition: ``2*D`` (q k^T) plus
+    ``2*Dv`` (p v) TensorE FLOPs per needed score pair (4*B*H*S*S*D for D = Dv, ~x0.5 when causal: masked pairs
+    need no work), and 2 elementwise ops per pair (row max, exp with its fused row sum) on fp32 scores. The
+    decomposed graph's count (mask, max, sub, exp, sum, div, guard on every pair) would credit work a fused
+    kernel never has to do."""
+    pairs = kernel.batch * kernel.heads * attention_pairs(kernel)
+    return 2 * pairs * (kernel.d + kernel.dv), kernel.compute_dtype, 2 * pairs
+
+
+def _elementwise_dtype(kernel: Any) -> str:
+    return "float32" if isinstance(kernel, AttentionKernel) else _io_dtype(kernel)
 
 
 def kernel_roofline(kernel: Any, target: str = "trn2") -> Roofline:
     pe, pe_dtype, elem = kernel_flops(kernel)
-    return Roofline(pe, pe_dtype, elem, _io_dtype(kernel), min_bytes(kernel), target)
+    return Roofline(pe, pe_dtype, elem, _elementwise_dtype(kernel), min_bytes(kernel), target)
 
 
 def graph_min_bytes(plan: Plan) -> int:
