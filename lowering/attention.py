@@ -315,7 +315,8 @@ def match_attention(pv: fx.Node) -> Match:
         if const is not None and torch.equal(const, torch.where(keep, 0.0, -math.inf).to(const.dtype)):
             causal = True
         else:
-            _need(_dtype(m) == torch.float32 and len(_shape(m)) <= len(_shape(z)), "mask dtype/rank")
+            _need(_dtype(m) in (torch.float32, torch.bfloat16, torch.float16) and _dtype(z) == torch.float32
+                  and len(_shape(m)) <= len(_shape(z)), "mask dtype/rank")  # the mask DMA converts to fp32
             try:
                 torch.broadcast_shapes(_shape(m), _shape(z))
             except RuntimeError:

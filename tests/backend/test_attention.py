@@ -1,0 +1,175 @@
+"""Fused scaled-dot-product attention: pattern matching, one-kernel lowering, numerics and fallbacks.
+
+Covers ``lowering/attention.py`` (matcher + graph rewrite), ``lowering/ops/attention.py`` (IR) and
+``codegen/render_attention.py`` (the flash-attention kernel): eager-equal results for causal,
+non-causal and additive-mask SDPA in fp32 and bf16 with ragged sequence lengths and several
+online-softmax steps, the written-out ``softmax(q @ k^T / c) @ v`` form, exactly one kernel, the
+ordinary decomposed path whenever the subgraph differs, the NKI API listing and the roofline count.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from neuron_compile.lowering.ir import AttentionKernel
+
+import neuron_compile.backend
+from neuron_compile.config import config
+from neuron_compile.roofline import attention_flops, kernel_roofline
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from nki_api_check import check_source_against_api, require_api  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+def _run(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[Any, dict[str, Any]]:
+    with config.patch(target="trn2"):
+        out = torch.compile(fn, backend="neuron", dynamic=False)(*inputs)
+    return out, neuron_compile.backend.compiled_graphs()[-1]
+
+
+def _families(stats: dict[str, Any]) -> list[str]:
+    return [k.family for k in stats["plan"].kernels]
+
+
+def _check(fn: Callable[..., Any], *inputs: torch.Tensor, fused: bool = True) -> dict[str, Any]:
+    out, stats = _run(fn, *inputs)
+    ref = fn(*inputs)
+    refs, outs = (ref, out) if isinstance(ref, tuple) else ((ref,), (out,))
+    for r, o in zip(refs, outs, strict=True):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        tol = TOL[r.dtype] if r.dtype in TOL else 1e-4
+        torch.testing.assert_close(o.float(), r.float(), atol=tol, rtol=tol, equal_nan=True)
+    if fused:
+        assert _families(stats) == ["attention"], stats["plan"]
+    else:
+        assert "attention" not in _families(stats), stats["plan"]
+    return stats
+
+
+def _qkv(b: int, h: int, sq: int, sk: int, d: int, dv: int | None = None, dtype: torch.dtype = torch.float32
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(sq * 131 + sk)
+    mk = lambda s, e: torch.randn(b, h, s, e, generator=g).to(dtype)  # noqa: E731
+    return mk(sq, d), mk(sk, d), mk(sk, dv or d)
+
+
+def _sdpa(**kw: Any) -> Callable[..., torch.Tensor]:
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(2, 3, 200, 200, 64), (1, 2, 130, 77, 40), (1, 1, 64, 300, 128)],
+                         ids=["ragged", "sq>sk", "sq<sk"])
+def test_sdpa_one_kernel_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[int, ...]) -> None:
+    q, k, v = _qkv(*shape, dtype=dtype)
+    stats = _check(_sdpa(is_causal=causal), q, k, v)
+    kern = stats["plan"].kernels[0]
+    assert isinstance(kern, AttentionKernel) and kern.causal is causal and kern.mask is None
+    assert math.isclose(kern.scale, shape[-1] ** -0.5, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_several_online_softmax_steps(causal: bool) -> None:
+    # fp32 steps are 1024 keys: 1100 keys take two steps (running max/sum rescaling), ragged 128-tiles.
+    q, k, v = _qkv(1, 1, 1100, 1100, 32, 48)
+    stats = _check(_sdpa(is_causal=causal), q, k, v)
+    assert stats["plan"].kernels[0].key_step == 1024
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_additive_mask(dtype: torch.dtype) -> None:
+    q, k, v = _qkv(2, 2, 150, 150, 32, dtype=dtype)
+    mask = torch.randn(150, 150, generator=torch.Generator().manual_seed(3)).to(dtype)
+    stats = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+    assert stats["plan"].kernels[0].mask is not None
+
+
+def test_mask_with_fully_masked_rows_and_finfo_min() -> None:
+    """-inf rows give 0 (SDPA's guard); finfo.min rows give the eager uniform softmax; broadcast over heads."""
+    q, k, v = _qkv(2, 3, 140, 140, 16)
+    mask = torch.zeros(2, 1, 140, 140)
+    mask[:, :, 5, :] = -math.inf
+    mask[:, :, 7, :100] = -math.inf
+    mask[1, :, 9, :] = torch.finfo(torch.float32).min
+    mask[0, :, :, 130:] = -math.inf
+    _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+
+
+def test_written_out_causal_attention() -> None:
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    q, k, v = _qkv(2, 2, 160, 160, 32)
+    stats = _check(attn, q, k, v)
+    assert stats["plan"].kernels[0].causal
+
+
+def _written(mask_fn: Callable[[int, int], torch.Tensor] | None = None, dim: int = -1, scale: float = 0.125,
+             also_scores: bool = False) -> Callable[..., Any]:
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        s = (q @ k.transpose(-2, -1)) * scale
+        if mask_fn is not None:
+            s = s.masked_fill(mask_fn(q.shape[-2], k.shape[-2]), float("-inf"))
+        p = torch.softmax(s, dim=dim)
+        return (p @ v, s) if also_scores else p @ v
+    return attn
+
+
+@pytest.mark.parametrize("fn", [
+    _written(also_scores=True),  # the scores are also a graph output
+    _written(dim=-2),  # softmax over the query dim
+    _written(scale=-0.5),  # negative scale: the row max is taken before scaling
+    _written(lambda n, m: torch.ones(n, m, dtype=torch.bool).tril(-1)),  # strictly-upper kept: not causal
+    _written(lambda n, m: torch.ones(n, m, dtype=torch.bool).triu(1).flip(0)),  # other constant mask
+], ids=["scores_used", "dim_q", "neg_scale", "not_causal", "other_mask"])
+def test_pattern_differs_falls_back(fn: Callable[..., Any]) -> None:
+    q, k, v = _qkv(1, 2, 96, 96, 16)
+    _check(fn, q, k, v, fused=False)
+
+
+def test_head_dim_over_128_falls_back() -> None:
+    q, k, v = _qkv(1, 1, 40, 40, 160)
+    _check(_sdpa(), q, k, v, fused=False)
+
+
+def test_fusion_disabled_uses_decomposition() -> None:
+    q, k, v = _qkv(1, 1, 40, 40, 16)
+    with config.patch(fuse=False):
+        _check(_sdpa(is_causal=True), q, k, v, fused=False)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "mask"])
+def test_kernel_source_uses_only_public_nki_api(causal: bool) -> None:
+    require_api()
+    q, k, v = _qkv(1, 2, 130, 130, 32, dtype=torch.bfloat16)
+    if causal:
+        _, stats = _run(_sdpa(is_causal=True), q, k, v)
+    else:
+        m = torch.zeros(130, 130, dtype=torch.bfloat16)
+        _, stats = _run(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, m)
+    (name, src), = stats["sources"]
+    assert check_source_against_api(src) == [], src
+    assert "nisa.nc_transpose" in src and "reduce_cmd=nisa.reduce_cmd.reset_reduce" in src
+    assert ("nisa.affine_select" in src) is causal and ("mask_t" in src) is not causal
+
+
+def test_roofline_counts_attention_math() -> None:
+    q, k, v = _qkv(2, 3, 200, 200, 64, dtype=torch.bfloat16)
+    _, stats = _run(_sdpa(is_causal=True), q, k, v)
+    kern = stats["plan"].kernels[0]
+    pairs = 2 * 3 * (200 * 201 // 2)  # needed (query, key) pairs: on/below the diagonal
+    assert attention_flops(kern) == (4 * 64 * pairs, "bfloat16", 2 * pairs)
+    roof = kernel_roofline(kern, "trn2")
+    assert roof.min_bytes == 4 * (2 * 3 * 200 * 64 * 2)  # q, k, v read once, out written once (bf16)
