@@ -34,6 +34,7 @@ from typing import Any
 from neuron_compile.codegen.render import Lines, LoopRenderer, _offset
 from neuron_compile.lowering.ir import LoopKernel, TileOp
 
+from neuron_compile.config import config
 from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,15 @@ class Tiles:
     kb: int  # contraction tiles (of 128) per operand DMA
     ta: bool  # transpose A on TensorE (via HBM scratch) instead of an element-strided load
     tb: bool  # same for B
+    resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
-        bm, bn, kb, ta, tb = attr
-        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb))
+        bm, bn, kb, ta, tb, res = attr
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res))
 
 
 @dataclass(frozen=True)
@@ -146,29 +148,27 @@ class MatmulRenderer:
                         nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, {PMAX}], [{PMAX * rows}, KF], [1, RW]], offset=k0 * {rows} + r0), src={name}_cols[0:{PMAX}, 0:KF, 0:RW])
                     if KW % {PMAX}:
                         nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, KW % {PMAX}], [1, RW]], offset=(k0 + KF * {PMAX}) * {rows} + r0), src={name}_cols[0:KW % {PMAX}, KF, 0:RW])
-            del {name}_tp
+            del {name}_tp, {name}_rows, {name}_cols
             """)
         return Operand(name, "0", 1, rows, rows, dt)
 
     # -- phase 2: blocked GEMM ---------------------------------------------------------------------
-    def load_block(self, out: Lines, op: Operand, dst: str, r0: str, width: str) -> None:
-        """DMA ``op[r0:r0+width, k0:k0+KW]`` transposed into ``dst[k, kt, r]`` (full K tiles in one DMA)."""
+    def load_block(self, out: Lines, op: Operand, dst: str, r0: str, width: str, kt0: str = "0") -> None:
+        """DMA ``op[r0:r0+width, k0:k0+KW]`` transposed into ``dst[k, kt0 + kt, r]`` (full K tiles in one DMA)."""
         out.add(f"""
             KF = KW // {PMAX}
             if KF > 0:
-                nisa.dma_copy(dst={dst}[0:{PMAX}, 0:KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, {PMAX}], [{op.ks * PMAX}, KF], [{op.rs}, {width}]], offset={op.offset} + k0 * {op.ks} + {r0} * {op.rs}))
+                nisa.dma_copy(dst={dst}[0:{PMAX}, {kt0}:{kt0} + KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, {PMAX}], [{op.ks * PMAX}, KF], [{op.rs}, {width}]], offset={op.offset} + k0 * {op.ks} + {r0} * {op.rs}))
             if KW % {PMAX}:
-                nisa.dma_copy(dst={dst}[0:KW % {PMAX}, KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, KW % {PMAX}], [{op.rs}, {width}]], offset={op.offset} + (k0 + KF * {PMAX}) * {op.ks} + {r0} * {op.rs}))
+                nisa.dma_copy(dst={dst}[0:KW % {PMAX}, {kt0} + KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, KW % {PMAX}], [{op.rs}, {width}]], offset={op.offset} + (k0 + KF * {PMAX}) * {op.ks} + {r0} * {op.rs}))
             """)
 
     def body(self) -> str:
         k, t = self.k, self.t
         out = Lines()
-        M, N, K, nt = self.M, self.N, self.K, self.nt
-        bm, bn = min(t.bm, _ceil_to(M, PMAX)), min(t.bn, _ceil_to(N, nt))
+        M, N, K = self.M, self.N, self.K
+        bm, bn = min(t.bm, _ceil_to(M, PMAX)), min(t.bn, _ceil_to(N, self.nt))
         kb = max(1, min(t.kb, math.ceil(K / PMAX)))
-        tm, tn = bm // PMAX, bn // nt
-        n_acc = min(tm * tn, 7)
         a, b = self.a, self.b
         for name, op, flag in (("a_t", a, t.ta), ("b_t", b, t.tb)):
             if flag and op.transposable():
@@ -180,10 +180,23 @@ class MatmulRenderer:
             a = self.transpose_to_scratch(out, a, "a_t")
         if t.tb and b.transposable():
             b = self.transpose_to_scratch(out, b, "b_t")
-        acc_dtype = "float32"
+        if t.resident:
+            self.resident_loop(out, a, b, bm, bn, kb)
+        else:
+            self.streamed_loop(out, a, b, bm, bn, kb)
+        return out.text()
+
+    def accumulators(self, out: Lines, n_acc: int) -> None:
         for i in range(n_acc):
-            out.add(f"acc{i} = nl.ndarray(({PMAX}, {nt}), dtype=nl.{acc_dtype}, buffer=nl.psum)")
+            out.add(f"acc{i} = nl.ndarray(({PMAX}, {self.nt}), dtype=nl.float32, buffer=nl.psum)")
         out.add(f"acc = [{', '.join(f'acc{i}' for i in range(n_acc))}]")
+
+    def streamed_loop(self, out: Lines, a: Operand, b: Operand, bm: int, bn: int, kb: int) -> None:
+        """K streamed in KB-tile chunks through both blocks; every tile of the block owns an accumulator."""
+        M, N, K, nt = self.M, self.N, self.K, self.nt
+        tm, tn = bm // PMAX, bn // nt
+        n_acc = tm * tn
+        self.accumulators(out, n_acc)
         out.add(f"""
             a_blk = nl.ndarray(({PMAX}, {kb}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
             b_blk = nl.ndarray(({PMAX}, {kb}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
@@ -210,20 +223,45 @@ class MatmulRenderer:
                         nisa.nc_matmul(dst=acc[t % {n_acc}][0:P, 0:F], stationary=a_blk[0:KK, kt // {PMAX}, i:i + P], moving=b_blk[0:KK, kt // {PMAX}, j:j + F], accumulate=(k0 + kt > 0))
             """)
         out.depth -= 1
-        if n_acc < tm * tn:
-            raise AssertionError("every output tile of a block needs its own PSUM accumulator")
+        self.eviction_loops(out, hoisted, bn, f"t = (i // {PMAX}) * {tn} + j // {nt}")
+
+    def resident_loop(self, out: Lines, a: Operand, b: Operand, bm: int, bn: int, kb: int) -> None:
+        """Blocks hold all of K; output tiles accumulate one after the other in rotating PSUM tiles."""
+        M, N, K, nt = self.M, self.N, self.K, self.nt
+        kt_all = math.ceil(K / PMAX)
+        n_acc = min(7, math.ceil(M / PMAX) * math.ceil(N / nt))
+        self.accumulators(out, n_acc)
         out.add(f"""
-            for i in range(0, BM, {PMAX}):
-                P = min({PMAX}, BM - i)
-                p0 = m0 + i
-                for j in range(0, BN, {nt}):
-                    F = min({nt}, BN - j)
-                    f0 = n0 + j
-                    t = (i // {PMAX}) * {tn} + j // {nt}
+            a_blk = nl.ndarray(({PMAX}, {kt_all}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
+            b_blk = nl.ndarray(({PMAX}, {kt_all}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
+            t = 0
+            for m0 in range(0, {M}, {bm}):
+                BM = min({bm}, {M} - m0)
+                for k0 in range(0, {K}, {kb * PMAX}):
+                    KW = min({kb * PMAX}, {K} - k0)
             """)
         out.depth += 2
-        self.epilogue(out, hoisted)
-        return out.text()
+        self.load_block(out, a, "a_blk", "m0", "BM", f"k0 // {PMAX}")
+        out.depth -= 1
+        out.add(f"""
+            for n0 in range(0, {N}, {bn}):
+                BN = min({bn}, {N} - n0)
+            """)
+        out.depth += 1
+        hoisted = self.hoist_loads(out)
+        out.add(f"""
+            for k0 in range(0, {K}, {kb * PMAX}):
+                KW = min({kb * PMAX}, {K} - k0)
+            """)
+        out.depth += 1
+        self.load_block(out, b, "b_blk", "n0", "BN", f"k0 // {PMAX}")
+        out.depth -= 1
+        self.eviction_loops(out, hoisted, bn, f"""
+            t = t + 1
+            for kt in range(0, {K}, {PMAX}):
+                KK = min({PMAX}, {K} - kt)
+                nisa.nc_matmul(dst=acc[t % {n_acc}][0:P, 0:F], stationary=a_blk[0:KK, kt // {PMAX}, i:i + P], moving=b_blk[0:KK, kt // {PMAX}, j:j + F], accumulate=(kt > 0))
+            """)
 
     # -- phase 3: eviction + epilogue --------------------------------------------------------------
     def _row_constant_load(self, op: TileOp) -> bool:
@@ -248,24 +286,83 @@ class MatmulRenderer:
             hoisted.add(op.out)
         return hoisted
 
-    def epilogue(self, out: Lines, hoisted: set[str]) -> None:
+    def eviction_loops(self, out: Lines, hoisted: set[str], bn: int, tile_prologue: str) -> None:
+        """Per output tile of the block: ``tile_prologue`` (matmuls or accumulator index), then the epilogue.
+
+        Values stored to an output are written by their instruction straight into a ``[128, BN]``
+        staging row in the output dtype and leave in one DMA per row of tiles (not one per tile).
+        """
+        depth = out.depth
+        staged = self.staged_stores()
+        out.add(f"""
+            for i in range(0, BM, {PMAX}):
+                P = min({PMAX}, BM - i)
+                p0 = m0 + i
+            """)
+        out.depth += 1
+        for op in staged:
+            out.add(f"{op.args[0]}_stage = nl.ndarray(({PMAX}, {bn}), dtype=nl.{op.attr('dst_dtype')}, "
+                    "buffer=nl.sbuf)")
+        out.add(f"""
+            for j in range(0, BN, {self.nt}):
+                F = min({self.nt}, BN - j)
+                f0 = n0 + j
+            """)
+        out.depth += 1
+        out.add(tile_prologue)
+        self.epilogue(out, hoisted, staged)
+        out.depth -= 1
+        if staged:
+            out.add("f0 = n0")
+        for op in staged:
+            acc = self.loop.view(op)["access"]
+            out.add(f"nisa.dma_copy(dst=out{acc['arg']}.ap(pattern=[[{acc['sp']}, P], [{acc['sf']}, BN]], "
+                    f"offset={acc['offset']}), src={op.args[0]}_stage[0:P, 0:BN])")
+        out.depth = depth
+
+    def staged_stores(self) -> list[TileOp]:
+        """Full stores of values computed in the epilogue (one store per value; hoisted loads excluded)."""
+        computed = {op.out for op in self.rest if op.opcode not in ("load", "store")} | {self.mm.out}
+        stores = [op for op in self.rest if op.opcode == "store" and op.kind == "full"]
+        seen: set[str] = set()
+        out = []
+        for op in stores:
+            v = op.args[0]
+            if v in computed and v not in seen and (v == self.mm.out or self.producer(v).opcode != "select"):
+                seen.add(v)
+                out.append(op)
+        return out
+
+    def producer(self, name: str) -> TileOp:
+        return next(op for op in self.rest if op.out == name)
+
+    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp]) -> None:
         mm = self.mm
+        stage_of = {op.args[0]: op for op in staged}
         users = [op for op in self.rest if mm.out in op.args]
         in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
         if in_place:
             out.add(f"{mm.out} = acc[t % len(acc)][0:P, 0:F]")
         else:
-            store_dt = {op.attr("dst_dtype") for op in users if op.opcode == "store"}
-            dt = store_dt.pop() if len(store_dt) == 1 and len(users) == 1 else "float32"
+            dst = f"{mm.out}_stage[0:P, j:j + F]" if mm.out in stage_of else \
+                "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)"
             out.add(f"""
-                {mm.out} = nl.ndarray((P, F), dtype=nl.{dt}, buffer=nl.sbuf)
+                {mm.out} = {dst}
                 nisa.tensor_copy(dst={mm.out}, src=acc[t % len(acc)][0:P, 0:F])
                 """)
         for op in self.rest:
             if op.out in hoisted:
                 out.add(f"{op.out} = {op.out}_blk[0:P, j:j + F]")
+            elif any(op is st for st in staged):
                 continue
-            self.loop.render(out, op)
+            elif op.out in stage_of:
+                # the instruction writes its result (cast to the output dtype) into the staging row
+                text = str(self.loop.macros.render_op(self.loop.view(op), self.loop.kinds, config.target))
+                alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
+                assert alloc in text, f"staged value {op.out} has no tile allocation to redirect"
+                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, j:j + F]"))
+            else:
+                self.loop.render(out, op)
 
 
 def _ceil_to(x: int, m: int) -> int:

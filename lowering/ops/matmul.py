@@ -46,13 +46,20 @@ def lower_mm(ctx, node):
 
 # -- tile configuration: candidates scored with the cost model ------------------------------------
 
-SBUF_BUDGET_FRACTION = 0.6  # of the target's SBUF per partition: the rest holds epilogue tiles
+SBUF_BUDGET_FRACTION = 0.7  # of the target's SBUF per partition: the rest holds epilogue tiles
 MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
+SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
 _TUNED: dict[str, Any] = {}
 
 
 def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
-    """Legal (BM, BN, KB, transpose A, transpose B) configurations, deduplicated after clamping to the shape."""
+    """Legal configurations, deduplicated after clamping to the shape.
+
+    Streamed: K flows through (BM, BN) blocks in KB-tile chunks, each block's tiles owning a PSUM
+    accumulator (BM/128 x BN/512 <= 7). Resident: an A block of all K stays in SBUF per M block and a
+    B block of all K per (M, N) block (larger BM: B is re-read M/BM times instead of per 7 tiles).
+    An operand small enough is also tried without the TensorE transpose pass (strided load instead).
+    """
     from neuron_compile.simulator.targets import LIMITS
 
     m, n, k = geometry(kernel)
@@ -60,21 +67,35 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
     nt = moving_tile(n)
     kt = math.ceil(k / PMAX)
     budget = LIMITS[target].sbuf_partition_bytes * SBUF_BUDGET_FRACTION
-    out: dict[tuple[int, int, int, bool, bool], Tiles] = {}
-    for tm in (1, 2, 3, 4, 7):
-        for tn in (1, 2, 3, 4, 7):
-            if tm * tn > MAX_ACCUMULATORS:
-                continue
-            bm = min(tm * PMAX, _ceil_to(m, PMAX))
-            bn = min(tn * nt, _ceil_to(n, nt))
-            for kb in (2, 4, 8, 16):
-                kb = min(kb, kt)
-                if kb * (bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]) > budget:
-                    continue
-                for ta in ((True, False) if a.transposable() else (False,)):
-                    for tb in ((True, False) if b.transposable() else (False,)):
-                        t = Tiles(bm, bn, kb, ta, tb)
-                        out.setdefault(t.to_attr(), t)
+    isa, isb = ITEMSIZE[a.dtype], ITEMSIZE[b.dtype]
+
+    def flags(op: Any) -> tuple[bool, ...]:
+        if not op.transposable():
+            return (False,)
+        return (True, False) if op.rows * k <= SMALL_OPERAND else (True,)
+
+    out: dict[tuple[Any, ...], Tiles] = {}
+
+    def add(tm: int, tn: int, kb: int, resident: bool) -> None:
+        bm = min(tm * PMAX, _ceil_to(m, PMAX))
+        bn = min(tn * nt, _ceil_to(n, nt))
+        kb = min(kb, kt)
+        held = kt if resident else kb
+        if held * (bm * isa + bn * isb) > budget:
+            return
+        for ta in flags(a):
+            for tb in flags(b):
+                t = Tiles(bm, bn, kb, ta, tb, resident)
+                out.setdefault(t.to_attr(), t)
+
+    for tm in (1, 2, 4, 7):
+        for tn in (1, 2, 4, 7):
+            if tm * tn <= MAX_ACCUMULATORS:
+                for kb in (4, 16):
+                    add(tm, tn, kb, False)
+    for tm in (1, 2, 4, 8, 12, 16):
+        for tn in (1, 2, 4):
+            add(tm, tn, 16, True)
     return list(out.values())
 
 

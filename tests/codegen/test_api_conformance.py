@@ -81,12 +81,18 @@ def test_corpus_covers_every_kernel_family(corpus_results) -> None:
 
 
 def test_linear_gelu_is_one_tiled_matmul_kernel(corpus_results) -> None:
-    """M=130, K=300, N=700: partition tiles of 128, K chunks of 128, PSUM tiles of 512 columns, one kernel."""
+    """M=130, K=300, N=700: row tiles of 128, K tiles of 128, PSUM tiles of 512 columns, one kernel.
+
+    x [M, K] and W [N, K] both have K innermost: both are transposed on TensorE (nc_transpose into
+    PSUM), never by an element-strided DMA (no access pattern with a unit partition stride).
+    """
     sources = corpus_results.get("linear_gelu").sources
     assert list(sources) == ["k0_mm_add_gelu"]
     src = sources["k0_mm_add_gelu"]
-    for loop in ("for p0 in range(0, 130, 128):", "for f0 in range(0, 700, 512):", "for k0 in range(0, 300, 128):"):
+    for loop in ("for i in range(0, BM, 128):", "for j in range(0, BN, 512):", "for kt in range(0, KW, 128):"):
         assert loop in src, loop
+    assert src.count("nisa.nc_transpose(dst=") == 2
+    assert ".ap(pattern=[[1, " not in src
     assert "nl.psum" in src and "nisa.nc_matmul(dst=" in src and "op=nl.gelu" in src
 
 

@@ -32,7 +32,7 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, 128], [16640, KF], [1, RW]], offset=k0 * 130 + r0), src=a_t_cols[0:128, 0:KF, 0:RW])
             if KW % 128:
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 130 + r0), src=a_t_cols[0:KW % 128, KF, 0:RW])
-    del a_t_tp
+    del a_t_tp, a_t_rows, a_t_cols
     b_t_rows = nl.ndarray((128, 6, 300), dtype=nl.float32, buffer=nl.sbuf)
     b_t_cols = nl.ndarray((128, 3, 768), dtype=nl.float32, buffer=nl.sbuf)
     b_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
@@ -56,14 +56,14 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=b_t.ap(pattern=[[700, 128], [89600, KF], [1, RW]], offset=k0 * 700 + r0), src=b_t_cols[0:128, 0:KF, 0:RW])
             if KW % 128:
                 nisa.dma_copy(dst=b_t.ap(pattern=[[700, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 700 + r0), src=b_t_cols[0:KW % 128, KF, 0:RW])
-    del b_t_tp
+    del b_t_tp, b_t_rows, b_t_cols
     acc0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc = [acc0, acc1, acc2, acc3]
-    a_blk = nl.ndarray((128, 2, 256), dtype=nl.float32, buffer=nl.sbuf)
-    b_blk = nl.ndarray((128, 2, 1024), dtype=nl.float32, buffer=nl.sbuf)
+    a_blk = nl.ndarray((128, 3, 256), dtype=nl.float32, buffer=nl.sbuf)
+    b_blk = nl.ndarray((128, 3, 1024), dtype=nl.float32, buffer=nl.sbuf)
     for m0 in range(0, 130, 256):
         BM = min(256, 130 - m0)
         for n0 in range(0, 700, 1024):
@@ -71,18 +71,18 @@ def k0_mm_add_gelu(in0, in1, in2):
             v2_blk = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
             f0 = n0
             nisa.dma_copy(dst=v2_blk[0:128, 0:BN], src=in2.ap(pattern=[[0, 128], [1, BN]], offset=f0))
-            for k0 in range(0, 300, 256):
-                KW = min(256, 300 - k0)
+            for k0 in range(0, 300, 384):
+                KW = min(384, 300 - k0)
                 KF = KW // 128
                 if KF > 0:
-                    nisa.dma_copy(dst=a_blk[0:128, 0:KF, 0:BM], src=a_t.ap(pattern=[[130, 128], [16640, KF], [1, BM]], offset=0 + k0 * 130 + m0 * 1))
+                    nisa.dma_copy(dst=a_blk[0:128, 0:0 + KF, 0:BM], src=a_t.ap(pattern=[[130, 128], [16640, KF], [1, BM]], offset=0 + k0 * 130 + m0 * 1))
                 if KW % 128:
-                    nisa.dma_copy(dst=a_blk[0:KW % 128, KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
+                    nisa.dma_copy(dst=a_blk[0:KW % 128, 0 + KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
                 KF = KW // 128
                 if KF > 0:
-                    nisa.dma_copy(dst=b_blk[0:128, 0:KF, 0:BN], src=b_t.ap(pattern=[[700, 128], [89600, KF], [1, BN]], offset=0 + k0 * 700 + n0 * 1))
+                    nisa.dma_copy(dst=b_blk[0:128, 0:0 + KF, 0:BN], src=b_t.ap(pattern=[[700, 128], [89600, KF], [1, BN]], offset=0 + k0 * 700 + n0 * 1))
                 if KW % 128:
-                    nisa.dma_copy(dst=b_blk[0:KW % 128, KF, 0:BN], src=b_t.ap(pattern=[[700, KW % 128], [1, BN]], offset=0 + (k0 + KF * 128) * 700 + n0 * 1))
+                    nisa.dma_copy(dst=b_blk[0:KW % 128, 0 + KF, 0:BN], src=b_t.ap(pattern=[[700, KW % 128], [1, BN]], offset=0 + (k0 + KF * 128) * 700 + n0 * 1))
                 for kt in range(0, KW, 128):
                     KK = min(128, KW - kt)
                     for i in range(0, BM, 128):
@@ -94,6 +94,7 @@ def k0_mm_add_gelu(in0, in1, in2):
             for i in range(0, BM, 128):
                 P = min(128, BM - i)
                 p0 = m0 + i
+                v4_stage = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
                 for j in range(0, BN, 512):
                     F = min(512, BN - j)
                     f0 = n0 + j
@@ -102,7 +103,8 @@ def k0_mm_add_gelu(in0, in1, in2):
                     v2 = v2_blk[0:P, j:j + F]
                     v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.add)
-                    v4 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+                    v4 = v4_stage[0:P, j:j + F]
                     nisa.activation(dst=v4, op=nl.gelu, data=v3)
-                    nisa.dma_copy(dst=out0.ap(pattern=[[700, P], [1, F]], offset=p0 * 700 + f0), src=v4)
+                f0 = n0
+                nisa.dma_copy(dst=out0.ap(pattern=[[700, P], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:P, 0:BN])
     return out0

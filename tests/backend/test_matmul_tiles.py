@@ -1,0 +1,107 @@
+"""Matmul tile configurations: every code path of ``codegen/render_matmul.py`` is numerically right.
+
+The autotuner normally picks one configuration per kernel; here each test forces one (streamed or
+resident blocks, TensorE transposes on or off, small/odd block sizes that leave ragged M, N and K
+edges) and compares the simulated result (trn2 limits) with eager PyTorch. Also checks the
+autotuner's choice is recorded in the kernel IR and that its candidates respect PSUM and SBUF.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from neuron_compile.codegen.render_matmul import Tiles
+from neuron_compile.lowering.ops import matmul as mm_rules
+
+import neuron_compile.backend
+from neuron_compile.config import config
+
+log = logging.getLogger(__name__)
+
+# (bm, bn, kb, transpose A, transpose B, resident)
+CONFIGS = [
+    Tiles(128, 512, 1, True, True, False),
+    Tiles(256, 1024, 2, False, False, False),
+    Tiles(384, 512, 2, True, False, True),
+    Tiles(128, 1024, 1, False, True, True),
+]
+
+
+def _run_forced(tiles: Tiles, fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
+    """Compile ``fn`` with every matmul kernel using ``tiles`` (clamped to the shape), run it on trn2."""
+    orig = mm_rules.candidates
+    mm_rules._TUNED.clear()
+    mm_rules.candidates = lambda kernel, target: [tiles]  # type: ignore[assignment]
+    try:
+        with config.patch(target="trn2"):
+            out = torch.compile(fn, backend="neuron", dynamic=False)(*xs)
+    finally:
+        mm_rules.candidates = orig  # type: ignore[assignment]
+        mm_rules._TUNED.clear()
+    return out
+
+
+def _chosen_tiles() -> list[tuple[Any, ...]]:
+    graphs = neuron_compile.backend.compiled_graphs()
+    plan = graphs[-1]["plan"]
+    return [op.attr("tiles") for k in plan.kernels for op in getattr(k, "ops", ()) if op.opcode == "matmul"]
+
+
+@pytest.mark.parametrize("tiles", CONFIGS, ids=lambda t: "-".join(map(str, t.to_attr())))
+def test_mm_ragged_all_paths(tiles: Tiles) -> None:
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(300, 260, generator=g), torch.randn(260, 1100, generator=g)
+    got = _run_forced(tiles, torch.mm, a, b)
+    torch.testing.assert_close(got, a @ b, atol=2e-4, rtol=2e-4)
+    assert _chosen_tiles() == [tiles.to_attr()]
+
+
+@pytest.mark.parametrize("tiles", CONFIGS, ids=lambda t: "-".join(map(str, t.to_attr())))
+def test_linear_bias_gelu_bf16_all_paths(tiles: Tiles) -> None:
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(200, 600).to(torch.bfloat16)
+    x = torch.randn(140, 200, generator=g).to(torch.bfloat16)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(lin(x))
+
+    with torch.no_grad():
+        got = _run_forced(tiles, fn, x)
+        want = fn(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("tiles", CONFIGS[:2], ids=lambda t: "-".join(map(str, t.to_attr())))
+def test_bmm_transposed_operand(tiles: Tiles) -> None:
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(3, 130, 140, generator=g), torch.randn(3, 70, 140, generator=g)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b.transpose(1, 2)) * 0.5 + 1.0
+
+    got = _run_forced(tiles, fn, a, b)
+    torch.testing.assert_close(got, fn(a, b), atol=2e-4, rtol=2e-4)
+
+
+def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(600, 700, generator=g), torch.randn(700, 900, generator=g)
+    mm_rules._TUNED.clear()
+    with config.patch(target="trn2"):
+        got = torch.compile(torch.mm, backend="neuron", dynamic=False)(a, b)
+    torch.testing.assert_close(got, a @ b, atol=5e-4, rtol=5e-4)
+    (chosen,) = _chosen_tiles()
+    plan = neuron_compile.backend.compiled_graphs()[-1]["plan"]
+    kernel = plan.kernels[0]
+    cands = mm_rules.candidates(kernel, "trn2")
+    assert Tiles.from_attr(chosen) in cands
+    assert len(cands) > 1
+    for t in cands:
+        assert t.bm % 128 == 0 and t.kb >= 1
+        if not t.resident:  # every tile of a streamed block owns a PSUM accumulator
+            assert (t.bm // 128) * -(-t.bn // 512) <= mm_rules.MAX_ACCUMULATORS
