@@ -82,30 +82,47 @@ def select_executor() -> str:
     return choice
 
 
+def kernel_identity(name: str, source: str) -> str:
+    """A kernel's source with its own name taken out: equal for identical kernels of different layers."""
+    return source.replace(f"def {name}(", "def _kernel_(", 1)
+
+
 def load_kernels(sources: Sequence[tuple[str, str]], executor: str) -> list[Callable[..., Any]]:
-    """Turn rendered sources into callables that take and return NumPy arrays."""
+    """Turn rendered sources into callables that take and return NumPy arrays.
+
+    Identical kernels (same source but for the name, e.g. one per transformer layer) are loaded
+    (and, on the real toolchain, compiled) once and shared.
+    """
+    unique: dict[str, Callable[..., Any]] = {}
     fns = []
+    for name, src in sources:
+        ident = kernel_identity(name, src)
+        if ident not in unique:
+            unique[ident] = _load_one(name, src, executor)
+        fns.append(unique[ident])
+    if len(unique) < len(fns):
+        log.debug("loaded %d unique kernels for %d kernel calls", len(unique), len(fns))
+    return fns
+
+
+def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
     if executor == "simulator":
         from neuron_compile import simulator
 
-        for name, src in sources:
-            glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
-            fns.append(simulator.simulate(glb[name]))
-        return fns
+        glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
+        return simulator.simulate(glb[name])
     nki = real_nki()
     assert nki is not None
     folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))
-    for name, src in sources:
-        path = folder / f"{name}.py"
-        path.write_text(src)
-        spec = importlib.util.spec_from_file_location(f"neuron_compile_kernels.{name}", path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        kernel = getattr(module, name)
-        fns.append(nki.simulate(kernel) if executor == "nki-simulate" else _device_call(kernel))
-    return fns
+    path = folder / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"neuron_compile_kernels.{name}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    kernel = getattr(module, name)
+    return nki.simulate(kernel) if executor == "nki-simulate" else _device_call(kernel)
 
 
 def _device_call(kernel: Any) -> Callable[..., Any]:  # pragma: no cover - needs a Neuron device

@@ -148,3 +148,23 @@ def test_plan_json_round_trip_is_lossless():
     assert back.kernels == plan.kernels and back.kernels
     assert (back.buffers, back.calls, back.inputs, back.outputs) == (plan.buffers, plan.calls, plan.inputs,
                                                                      plan.outputs)
+
+
+def test_identical_kernels_of_different_layers_load_once():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from models import GPT, GPTConfig
+
+    from neuron_compile.runtime import kernel_identity, load_kernels
+
+    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, n_heads=2, n_layers=3)).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    with patch(cache=False), torch.no_grad():
+        torch.testing.assert_close(_compile(model)(idx), model(idx), atol=1e-5, rtol=1e-5)
+    sources = B.compiled_graphs()[-1]["sources"]
+    unique = {kernel_identity(n, s) for n, s in sources}
+    assert len(unique) < len(sources) * 2 // 3  # per-layer kernels are shared across the 3 layers
+    fns = load_kernels(sources, "simulator")
+    assert len({id(f) for f in fns}) == len(unique)
