@@ -6,8 +6,8 @@ Per (batch, head), unrolled:
    tile gets its own DMA), and Q, K are transposed on TensorE, four 128-row tiles per PSUM bank and
    one eviction, into ``Q^T``/``K^T`` with D on partitions (the matmul contraction dim).
 2. Per 128-query tile, the needed keys (all, or up to the diagonal when causal: fully masked key
-   tiles are never computed) are split into equal steps of <= ``key_step`` keys. Per step: ``S = Q
-   K^T`` into PSUM (512-key chunks, one bank each); the causal diagonal block gets a 0 / -3e38 bias
+   tiles are never computed) are split into equal steps of <= ``key_step`` (512) keys. Per step:
+   ``S = Q K^T`` into one PSUM bank; the causal diagonal block gets a 0 / -3e38 bias
    accumulated onto PSUM by TensorE (identity x bias tile, both built once with ``affine_select``);
    an additive mask is applied at the PSUM read (``S * scale + mask``). The negated row max
    (``tensor_reduce(negate=True)``), the running bias ``b = -scale * m`` (min with the previous one),
@@ -18,8 +18,9 @@ Per (batch, head), unrolled:
 3. ``out = O / max(l, tiny)`` (a fully masked row has ``l = 0`` and ``O = 0``: SDPA returns 0 there),
    cast to the output dtype, stored with one DMA per (b, h).
 
-Hardware limits respected: <= 128 partitions, matmul K/M <= 128 and N <= 512 per PSUM bank, PSUM
-use <= 16 KiB per partition (scores fp32 + transposed P + output + staging), only NKI 0.6 names.
+Hardware limits respected: <= 128 partitions, matmul K/M <= 128 and N <= 512, every PSUM tile within
+one 2 KiB bank (scores, transposed P, output, staging), only NKI 0.6 names; tile extents are
+statically bounded (``min(<int>, ...)``) so ``tests/codegen/static_checks.py`` can verify them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
 
-MATMUL_N = 512  # fp32 moving free size per PSUM bank
 TRANSPOSE_GROUP = 4  # 128-row tiles transposed into one PSUM bank before a single eviction
 MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
@@ -113,24 +113,24 @@ for i in range({nq}):
     nsteps = (kend + {k.key_step - 1}) // {k.key_step}
     wstep = ((kend + nsteps - 1) // nsteps + {PMAX - 1}) // {PMAX} * {PMAX}
     for k0 in range(0, kend, wstep):
-        W = min(wstep, kend - k0)
+        W = min({k.key_step}, wstep, kend - k0)
         s_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-        for c0 in range(0, W, {MATMUL_N}):
-            cw = min({MATMUL_N}, W - c0)
-            nisa.nc_matmul(dst=s_ps[:, c0:c0 + cw], stationary=qT[:, q0:q0 + P], moving=kT[:, k0 + c0:k0 + c0 + cw])""")
-    out.depth += 3
+        nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, q0:q0 + P], moving=kT[0:{k.d}, k0:k0 + W])""")
+    out.depth += 2
     if k.causal:
-        out.add("""\
-    lo = max(q0, k0 + c0)
-    hi = min(q0 + P, k0 + c0 + cw)
-    if lo < hi:
-        nisa.nc_matmul(dst=s_ps[:, lo - k0:hi - k0], stationary=ident[0:P, 0:P], moving=cbias[0:P, lo - q0:hi - q0], accumulate=True)""")
+        out.add(f"""\
+lo = max(q0, k0)
+hi = min(q0 + P, k0 + W)
+if lo < hi:
+    n = min({PMAX}, hi - lo)
+    c1 = lo - q0
+    c2 = lo - k0
+    nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
     # The exp bias is -(running max); a masked row that is -inf so far keeps a finite one (FP32_MAX).
     first_bias = (f"nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
                   f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
                   "nb = nmax")
     split = 0.0 if config.target == "trn1" else SCALAR_EVICT_SHARE
-    out.depth -= 1
     src = "s_ps"
     if masked:
         ma = k.mask
@@ -142,7 +142,7 @@ nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}
 s_sb = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
 nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)""")
         src = "s_sb"
-    _step_tail(out, src, first_bias, split, cdt, k.dv)
+    _step_tail(out, src, first_bias, split, cdt, k.dv, k.key_step // PMAX)
     out.depth -= 1
     recip_src = "l_run"
     if masked:
@@ -168,7 +168,7 @@ nisa.activation(dst=o_rows[0:P, i, :], op=nl.copy, data=o_run, scale=rl)""")
     return out.text()
 
 
-def _step_tail(out: Lines, src: str, first_bias: str, split: float, cdt: str, dv: int) -> None:
+def _step_tail(out: Lines, src: str, first_bias: str, split: float, cdt: str, dv: int, nsub: int) -> None:
     """Online-softmax update of one key step (row max, exp + row sum, P^T, P V, rescale)."""
     out.add(f"""\
 nmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -191,11 +191,11 @@ else:
     nisa.scalar_tensor_tensor(dst=l_new, data=l_run, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=rs)
     l_run = l_new
 nsub = (W + {PMAX - 1}) // {PMAX}
-pt_ps = nl.ndarray(({PMAX}, nsub, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
+pt_ps = nl.ndarray(({PMAX}, {nsub}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
 for j in range(nsub):
     wj = min({PMAX}, W - j * {PMAX})
     nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
-pt = nl.ndarray(({PMAX}, nsub, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+pt = nl.ndarray(({PMAX}, {nsub}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nfull = W // {PMAX}
 nvec = nfull - int(nfull * {split!r})
 if nvec > 0:
@@ -207,7 +207,7 @@ if W % {PMAX} > 0:
 o_ps = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.psum)
 for j in range(nsub):
     wj = min({PMAX}, W - j * {PMAX})
-    nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, k0 // {PMAX} + j, :], accumulate=(j > 0))
+    nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, k0 // {PMAX} + j, 0:{dv}], accumulate=(j > 0))
 if nsteps == 1:
     o_run = o_ps
 elif k0 == 0:

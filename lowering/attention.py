@@ -263,8 +263,9 @@ SBUF_BUDGET = 150 * 1024  # bytes per partition the kernel may keep resident (tr
 
 
 def key_step(compute_dtype: str) -> int:
-    """Keys per online-softmax step: the scores (fp32) and transposed probabilities must share PSUM's 16 KiB."""
-    return 2048 if compute_dtype in ("bfloat16", "float16") else 1024
+    """Keys per online-softmax step: one PSUM bank (2 KiB per partition) of fp32 scores; every PSUM tile of the
+    kernel stays within one bank (the transposed probabilities of a step: 4 x 128 columns)."""
+    return 512
 
 
 def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int) -> int:

@@ -11,6 +11,8 @@ Rule kinds:
 - ``view``: ``fn(node, view) -> View | None``; a pure view costs nothing (None: needs a copy).
 - ``matmul``/``copy``/``gather``: anchors of their own kernel families (see ``lowering.graph``).
 - ``alias``: the node's value is its first argument (detach, alias, clone in a view-free context).
+- ``attention``: the fused ``neuron_compile::attention`` node (``lowering/attention.py``), lowered like
+  ``copy``/``gather`` anchors: ``fn(gl, node)`` emits its own kernel.
 """
 
 from __future__ import annotations
