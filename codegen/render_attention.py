@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 TRANSPOSE_GROUP = 4  # 128-row tiles transposed into one PSUM bank before a single eviction
 MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
+BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE: VectorE
 # already carries the row max (1 cycle per score), ScalarE the exp; this balances the two under the cost model.
@@ -114,35 +115,9 @@ for i in range({nq}):
     wstep = ((kend + nsteps - 1) // nsteps + {PMAX - 1}) // {PMAX} * {PMAX}
     for k0 in range(0, kend, wstep):
         W = min({k.key_step}, wstep, kend - k0)
-        s_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, q0:q0 + P], moving=kT[0:{k.d}, k0:k0 + W])""")
+        nch = (W + {BANK_KEYS - 1}) // {BANK_KEYS}""")
     out.depth += 2
-    if k.causal:
-        out.add(f"""\
-lo = max(q0, k0)
-hi = min(q0 + P, k0 + W)
-if lo < hi:
-    n = min({PMAX}, hi - lo)
-    c1 = lo - q0
-    c2 = lo - k0
-    nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
-    # The exp bias is -(running max); a masked row that is -inf so far keeps a finite one (FP32_MAX).
-    first_bias = (f"nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
-                  f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
-                  "nb = nmax")
-    split = 0.0 if config.target == "trn1" else SCALAR_EVICT_SHARE
-    src = "s_ps"
-    if masked:
-        ma = k.mask
-        assert ma is not None
-        m_off = _offset(ma[1], [("b", ma[2][0]), ("h", ma[2][1]), ("q0", ma[2][2]), ("k0", ma[2][3])])
-        out.add(f"""\
-mask_t = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}, W]], offset={m_off}))
-s_sb = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)""")
-        src = "s_sb"
-    _step_tail(out, src, first_bias, split, cdt, k.dv, k.key_step // PMAX)
+    _step(out, k, config.target != "trn1")
     out.depth -= 1
     recip_src = "l_run"
     if masked:
@@ -168,46 +143,97 @@ nisa.activation(dst=o_rows[0:P, i, :], op=nl.copy, data=o_run, scale=rl)""")
     return out.text()
 
 
-def _step_tail(out: Lines, src: str, first_bias: str, split: float, cdt: str, dv: int, nsub: int) -> None:
-    """Online-softmax update of one key step (row max, exp + row sum, P^T, P V, rescale)."""
+def _step(out: Lines, k: AttentionKernel, scalar_copies: bool) -> None:
+    """One online-softmax key step of W keys, processed in PSUM-bank chunks of 512 keys."""
+    cdt, dv, masked = k.compute_dtype, k.dv, k.mask is not None
+    nmax_ch = k.key_step // BANK_KEYS
     out.add(f"""\
-nmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-nisa.tensor_reduce(dst=nmax, op=nl.maximum, data={src}, axis=1, negate=True)
+nparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
+srcs = []
+for c in range(nch):
+    kc = k0 + c * {BANK_KEYS}
+    cw = min({BANK_KEYS}, W - c * {BANK_KEYS})
+    s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, q0:q0 + P], moving=kT[0:{k.d}, kc:kc + cw])""")
+    out.depth += 1
+    if k.causal:
+        out.add(f"""\
+lo = max(q0, kc)
+hi = min(q0 + P, kc + cw)
+if lo < hi:
+    n = min({PMAX}, hi - lo)
+    c1 = lo - q0
+    c2 = lo - kc
+    nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
+    src = "s_ps"
+    if masked:
+        ma = k.mask
+        assert ma is not None
+        m_off = _offset(ma[1], [("b", ma[2][0]), ("h", ma[2][1]), ("q0", ma[2][2]), ("kc", ma[2][3])])
+        out.add(f"""\
+mask_t = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}, cw]], offset={m_off}))
+s_sb = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)""")
+        src = "s_sb"
+    out.add(f"""\
+nisa.tensor_reduce(dst=nparts[:, c:c + 1], op=nl.maximum, data={src}, axis=1, negate=True)
+srcs.append({src})""")
+    out.depth -= 1
+    # The exp bias is -(running max); a masked row that is -inf so far keeps a finite one (FP32_MAX).
+    first = (f"nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+             f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
+             "nb = nmax")
+    share = SCALAR_EVICT_SHARE if scalar_copies else 0.0
+    out.add(f"""\
+if nch == 1:
+    nmax = nparts[:, 0:1]
+else:
+    nmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=nmax, op=nl.minimum, data=nparts[:, 0:nch], axis=1)
 if k0 == 0:
-    {first_bias}
+    {first}
 else:
     nb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=nb, data1=nmax, data2=nb_run, op=nl.minimum)
     alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=alpha, op=nl.exp, data=nb_run, bias=nb, scale=-1.0)
 nb_run = nb
-p_sb = nl.ndarray((P, W), dtype=nl.{cdt}, buffer=nl.sbuf)
-rs = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-nisa.activation(dst=p_sb, op=nl.exp, data={src}, bias=nb, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+rparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
+o_ps = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.psum)
+for c in range(nch):
+    cw = min({BANK_KEYS}, W - c * {BANK_KEYS})
+    p_sb = nl.ndarray((P, cw), dtype=nl.{cdt}, buffer=nl.sbuf)
+    nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_res=rparts[:, c:c + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nsub = (cw + {PMAX - 1}) // {PMAX}
+    pt_ps = nl.ndarray(({PMAX}, {BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
+    for j in range(nsub):
+        wj = min({PMAX}, cw - j * {PMAX})
+        nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
+    pt = nl.ndarray(({PMAX}, {BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+    nfull = cw // {PMAX}
+    on_scalar = int((c + 1) * {share!r}) > int(c * {share!r})
+    if nfull > 0 and on_scalar:
+        nisa.activation(dst=pt[:, 0:nfull, 0:P], op=nl.copy, data=pt_ps[:, 0:nfull, 0:P])
+    elif nfull > 0:
+        nisa.tensor_copy(dst=pt[:, 0:nfull, 0:P], src=pt_ps[:, 0:nfull, 0:P])
+    if cw % {PMAX} > 0:
+        nisa.tensor_copy(dst=pt[0:cw % {PMAX}, nfull, 0:P], src=pt_ps[0:cw % {PMAX}, nfull, 0:P])
+    for j in range(nsub):
+        wj = min({PMAX}, cw - j * {PMAX})
+        kt = (k0 + c * {BANK_KEYS}) // {PMAX} + j
+        nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, kt, 0:{dv}], accumulate=(c + j > 0))
+if nch == 1:
+    rs = rparts[:, 0:1]
+else:
+    rs = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=rs, op=nl.add, data=rparts[:, 0:nch], axis=1)
 if k0 == 0:
     l_run = rs
 else:
     l_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=l_new, data=l_run, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=rs)
     l_run = l_new
-nsub = (W + {PMAX - 1}) // {PMAX}
-pt_ps = nl.ndarray(({PMAX}, {nsub}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
-for j in range(nsub):
-    wj = min({PMAX}, W - j * {PMAX})
-    nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
-pt = nl.ndarray(({PMAX}, {nsub}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nfull = W // {PMAX}
-nvec = nfull - int(nfull * {split!r})
-if nvec > 0:
-    nisa.tensor_copy(dst=pt[:, 0:nvec, 0:P], src=pt_ps[:, 0:nvec, 0:P])
-if nfull > nvec:
-    nisa.activation(dst=pt[:, nvec:nfull, 0:P], op=nl.copy, data=pt_ps[:, nvec:nfull, 0:P])
-if W % {PMAX} > 0:
-    nisa.tensor_copy(dst=pt[0:W % {PMAX}, nfull, 0:P], src=pt_ps[0:W % {PMAX}, nfull, 0:P])
-o_ps = nl.ndarray((P, {dv}), dtype=nl.float32, buffer=nl.psum)
-for j in range(nsub):
-    wj = min({PMAX}, W - j * {PMAX})
-    nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, k0 // {PMAX} + j, 0:{dv}], accumulate=(j > 0))
 if nsteps == 1:
     o_run = o_ps
 elif k0 == 0:

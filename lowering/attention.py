@@ -263,9 +263,10 @@ SBUF_BUDGET = 150 * 1024  # bytes per partition the kernel may keep resident (tr
 
 
 def key_step(compute_dtype: str) -> int:
-    """Keys per online-softmax step: one PSUM bank (2 KiB per partition) of fp32 scores; every PSUM tile of the
-    kernel stays within one bank (the transposed probabilities of a step: 4 x 128 columns)."""
-    return 512
+    """Keys per online-softmax step. A step is processed in 512-key chunks, each with its own one-bank PSUM
+    tiles (fp32 scores 2 KiB, transposed probabilities 1/2 KiB); with the P V accumulator and the transpose
+    staging bank the step must fit PSUM's 8 banks (16 KiB) per partition: 4 chunks in bf16, 3 in fp32."""
+    return 2048 if compute_dtype in ("bfloat16", "float16") else 1536
 
 
 def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int) -> int:
