@@ -41,7 +41,7 @@ BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the ma
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE: VectorE
 # already carries the row max (1 cycle per score), ScalarE the exp; this balances the two under the cost model.
-SCALAR_EVICT_SHARE = 0.6
+SCALAR_EVICT_SHARE = 0.75
 
 
 def _load_rows(out: Lines, name: str, arg: int, off: str, s_row: int, s_col: int, rows: int, cols: int,
