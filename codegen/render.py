@@ -60,7 +60,7 @@ def render_kernel(kernel: Kernel) -> str:
 
         body = render_body(kernel)
     elif isinstance(kernel, LoopKernel):
-        body = LoopRenderer(kernel).body()
+        body = _loop_body(kernel)
     elif isinstance(kernel, CopyKernel):
         body = _copy_body(kernel)
     elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
@@ -71,6 +71,11 @@ def render_kernel(kernel: Kernel) -> str:
         body = attention_body(kernel)
     else:  # pragma: no cover
         raise TypeError(kernel)
+    return _wrap(kernel, body)
+
+
+def _wrap(kernel: Kernel, body: str) -> str:
+    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
     returns = ", ".join(f"out{i}" for i in range(len(kernel.outputs))) or "None"
@@ -89,6 +94,32 @@ def render_kernel(kernel: Kernel) -> str:
         raise TemplateRenderError(f"template {template_name} rendered invalid Python for kernel {kernel.name} "
                                   f"at line {exc.lineno}: {exc.msg}: {line.strip()!r}") from exc
     return source
+
+
+def _loop_body(k: LoopKernel) -> str:
+    """Body of a pointwise/reduction kernel: one row per partition, or R rows per partition per DMA.
+
+    Row groups (:meth:`LoopRenderer.row_group_options`) amortize the ~1.3 us fixed cost of every DMA
+    (REFERENCE 4.3 DMA) over R rows at the price of more SBUF; they are chosen only when the cost model
+    estimates the kernel's analytic instruction stream faster than with one row per partition.
+    """
+    base = LoopRenderer(k)
+    options = base.row_group_options()
+    if not options:
+        return base.body()
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import source_stream
+
+    args = [(a.numel, a.dtype) for a in k.inputs]
+    best: tuple[float, int, str] | None = None
+    for rows in (1, *options):
+        body = base.body() if rows == 1 else LoopRenderer(k, rows=rows).body()
+        ns = estimate(source_stream(_wrap(k, body), k.name, args), config.target).time_ns
+        log.debug("kernel %s: %d rows per partition -> %.1f us", k.name, rows, ns / 1e3)
+        if best is None or ns < best[0]:
+            best = (ns, rows, body)
+    assert best is not None
+    return best[2]
 
 
 class Lines:
@@ -122,8 +153,9 @@ class LoopRenderer:
     are hoisted out of all loops when the row is a single chunk.
     """
 
-    def __init__(self, k: LoopKernel) -> None:
+    def __init__(self, k: LoopKernel, rows: int = 1) -> None:
         self.k = k
+        self.rows = rows
         self.macros = _macros()
         n = len(k.space)
         self.outer_vars = [f"o{i}" for i in range(k.n_outer)]
@@ -156,6 +188,68 @@ class LoopRenderer:
         self.resident = False
 
     # -- planning ------------------------------------------------------------------------------------
+    def _bodies(self, hoisted: set[str]) -> list[list[TileOp]]:
+        done = set(hoisted)
+        return [self._phase_body(phase, done, self.resident) for phase in range(self.k.n_phases)]
+
+    def _wide_buffers(self, bodies: list[list[TileOp]], writes: list[str]) -> dict[str, str] | None:
+        """Row-group mode: buffers held as ``[P, R, F]`` tiles (``{buffer: dtype}``), or None if unsupported.
+
+        Loads and stored values move R rows per DMA, and a full tile read in a later phase than the one
+        writing it must keep every row (each phase loops over the R rows); other tiles stay ``(P, F)``.
+        """
+        buf_of: dict[str, str] = {}
+        written_in: dict[str, int] = {}
+        wide: dict[str, str] = {}
+        pos = 0
+        for b, body in enumerate(bodies):
+            for op in body:
+                if op.opcode not in ("store", "reduce"):
+                    buf_of[op.out] = writes[pos]
+                    written_in.setdefault(writes[pos], b)
+                    if op.opcode == "load":
+                        wide[writes[pos]] = op.dtype
+                pos += 1
+        for b, body in enumerate(bodies):
+            for op in body:
+                for a in op.args:
+                    if not isinstance(a, str) or self.kinds.get(a) != "full":
+                        continue
+                    if a not in buf_of:
+                        if op.opcode == "store":
+                            return None  # stores a hoisted tile: no per-row buffer to move
+                        continue
+                    buf = buf_of[a]
+                    if op.opcode == "store" or written_in[buf] != b:
+                        wide[buf] = self.dtypes[buf]
+        return wide
+
+    def row_group_options(self) -> list[int]:
+        """Rows per partition (> 1) this kernel can move per DMA within the SBUF budget (resident rows only)."""
+        k = self.k
+        if self.rows != 1 or k.family != "reduction" or not self.resident or self.red_outer:
+            return []
+        for op in k.ops:
+            if op.opcode in ("iota", "matmul") or "a" in dict(op.attrs) or \
+                    (op.kind == "row" and op.opcode in ("load", "store")):
+                return []
+        hoisted = {op.out for op in self.hoisted}
+        bodies = self._bodies(hoisted)
+        flat = [op for body in bodies for op in body]
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
+        wide = self._wide_buffers(bodies, bufs.writes)
+        if wide is None:
+            return []
+        ext, nf = k.space[self.part_dim], k.space[self.free_dim]
+        out = []
+        rows = 2
+        while ext % (PMAX * rows) == 0 and rows <= 16:
+            if (bufs.peak + len(self.hoisted) + len(wide) * (rows - 1)) * nf * 4 > config.row_resident_bytes:
+                break
+            out.append(rows)
+            rows *= 2
+        return out
+
     def _hoistable(self) -> list[TileOp]:
         """Full loads independent of the outer and partition loops (whole-row chunks only)."""
         k = self.k
@@ -259,6 +353,8 @@ class LoopRenderer:
         out = Lines()
         if k.family == "matmul":
             return self._body_plain(out)
+        if self.rows > 1:
+            return self._body_rows(out)
         hoisted = {op.out for op in self.hoisted}
         flat = self._flat(self.resident, hoisted)
         bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
@@ -319,6 +415,109 @@ class LoopRenderer:
         for op in k.ops:
             if op.opcode == "store" and op.kind == "row":
                 self.render(out, op)
+        return out.text()
+
+    def _body_rows(self, out: Lines) -> str:
+        """Resident rows, R per partition: partition p of tile p0 holds rows ``p0 + p * R + q``, q < R.
+
+        One DMA moves each ``[P, R, F]`` load/store tile; row values live in ``(P, R)`` tiles. Each
+        phase's ops run once per row q on ``(P, F)`` / ``(P, 1)`` views of those tiles, so every
+        instruction is the one-row instruction (same engines, same per-row results).
+        """
+        k, rows = self.k, self.rows
+        hoisted = {op.out for op in self.hoisted}
+        bodies = self._bodies(hoisted)
+        flat = [op for body in bodies for op in body]
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
+        wide = self._wide_buffers(bodies, bufs.writes)
+        assert wide is not None, "row groups requested for an unsupported kernel"
+        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds)
+        row_tiles = {op.out: op.dtype for op in k.ops if op.kind == "row" and op.opcode not in ("load", "store")}
+        out.add(f"P = {PMAX}")
+        out.add(f"F = {k.space[self.free_dim]}")
+        for op in self.hoisted:
+            self._emit(out, self.view(op, hoisted=True))
+        for i, v in enumerate(self.outer_vars):
+            out.add(str(self.macros.index_loop(v, k.space[i])))
+            out.depth += 1
+        out.add(f"for p0 in range(0, {k.space[self.part_dim]}, {PMAX * rows}):")
+        out.depth += 1
+        for name, dt in row_tiles.items():
+            out.add(f"{name}_rows = nl.ndarray((P, {rows}), dtype=nl.{dt}, buffer=nl.sbuf)")
+        for name, dt in wide.items():
+            out.add(f"{name}_rows = nl.ndarray((P, {rows}, F), dtype=nl.{dt}, buffer=nl.sbuf)")
+
+        def aliases(views: list[dict[str, Any]]) -> None:
+            used = dict.fromkeys(n for v in views for n in [v["out"], v.get("reduce_res"), *v["args"]]
+                                 if isinstance(n, str))
+            for n in used:
+                if n in wide:
+                    out.add(f"{n} = {n}_rows[:, q, :]")
+                elif n in row_tiles:
+                    out.add(f"{n} = {n}_rows[:, q:q + 1]")
+
+        def pattern(op: TileOp) -> str:
+            _, base, strides = op.attr("access")
+            sp, sf = strides[self.part_dim], strides[self.free_dim]
+            offset = _offset(base, self.var_terms(strides, with_free=False, with_red=False))
+            return f"pattern=[[{sp * rows}, P], [{sp}, {rows}], [{sf}, F]], offset={offset}"
+
+        done_row: set[str] = set()
+        rename: dict[str, str] = {}
+        pos = 0
+        for phase, body in enumerate(bodies):
+            views = []
+            for op in k.ops:
+                if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase \
+                        and op.out not in done_row:
+                    view = self._named(op, rename)
+                    view["inplace"] = True  # writes its (P, 1) view of the (P, R) tile
+                    views.append(view)
+                    done_row.add(op.out)
+            if views:
+                out.add(f"for q in range({rows}):")
+                out.depth += 1
+                aliases(views)
+                for view in views:
+                    self._emit(out, view)
+                out.depth -= 1
+            if not body:
+                continue
+            fused = ls.fuse_act_reduce(body)
+            act_res = {a: r for r, a in fused.items()}
+            views, stores = [], []
+            for op in body:
+                if op.opcode == "load":
+                    rename[op.out] = bufs.writes[pos]
+                    out.add(f"nisa.dma_copy(dst={bufs.writes[pos]}_rows, src=in{op.attr('access')[0]}.ap("
+                            f"{pattern(op)}))")
+                elif op.opcode == "store":
+                    stores.append(op)
+                else:
+                    view = self._named(op, rename)
+                    if bufs.inplace[pos] or bufs.writes[pos] in wide or op.opcode == "reduce":
+                        view["inplace"] = True
+                        view["out"] = bufs.writes[pos]
+                    rename[op.out] = view["out"]
+                    view["engine"] = engines.get(op.out)
+                    if op.out in act_res:
+                        view["reduce_res"] = act_res[op.out]
+                    if op.out in fused:
+                        view["fused"] = True
+                    if op.opcode == "reduce":
+                        view["first"] = "True"
+                    views.append(view)
+                pos += 1
+            out.add(f"for q in range({rows}):")
+            out.depth += 1
+            aliases(views)
+            for view in views:
+                self._emit(out, view)
+            out.depth -= 1
+            for op in stores:
+                out.add(f"nisa.dma_copy(dst=out{op.attr('access')[0]}.ap({pattern(op)}), "
+                        f"src={rename.get(op.args[0], op.args[0])}_rows)")
+            done_row.update(op.out for op in body if op.opcode == "reduce")
         return out.text()
 
     def _named(self, op: TileOp, rename: dict[str, str]) -> dict[str, Any]:

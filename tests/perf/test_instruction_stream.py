@@ -22,6 +22,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
     "chain": (lambda x: ((x * 2 + 1).relu() - 0.5).abs(), lambda: [torch.randn(300, 700)]),
     "softmax": (lambda x: torch.softmax(x, -1), lambda: [torch.randn(130, 3000)]),
     "layernorm": (lambda x: F.layer_norm(x, (96,)), lambda: [torch.randn(4, 50, 96)]),
+    "layernorm_row_groups": (lambda x: F.layer_norm(x, (96,)), lambda: [torch.randn(4, 64, 96)]),  # R rows per DMA
     "matmul_epilogue": (lambda a, b: F.gelu(a @ b) + 1, lambda: [torch.randn(200, 300), torch.randn(300, 600)]),
     "bf16_bmm": (lambda a, b: torch.bmm(a, b), lambda: [torch.randn(3, 64, 200, dtype=bf16),
                                                        torch.randn(3, 200, 100, dtype=bf16)]),
