@@ -82,6 +82,7 @@ class Partitioner:
             value = self._inlinable_constant(node)
             if value is not None:
                 self.inlined[node] = value
+                log.debug("%s (%s): constant %r folded into its elementwise consumers", node.name, node.target, value)
                 continue
             if kind in ("view", "alias"):
                 self._view(node)
@@ -93,7 +94,21 @@ class Partitioner:
                 self._new(node, "matmul", node_shape(node), reason="a matmul starts its own kernel")
             else:
                 self._new(node, kind, node_shape(node), reason=f"{kind} ops run as their own kernel")
+            if log.isEnabledFor(logging.DEBUG):
+                self._log_decision(node)
         return Partition(self.groups, self.group_of, self.absorbed, self.inlined)
+
+    def _log_decision(self, node: fx.Node) -> None:
+        """One DEBUG line per node: which kernel group it went to, and why a new group started."""
+        g = self.group_of.get(node)
+        if g is None:
+            log.debug("%s (%s): view of a stored buffer (no kernel)", node.name, node.target)
+        elif g.members[0] is node:
+            log.debug("%s (%s): starts kernel group %d [%s]: %s", node.name, node.target, g.id, g.kind,
+                      getattr(g, "reason", "") or "first op")
+        else:
+            how = "absorbed as a view" if node in self.absorbed else "fused"
+            log.debug("%s (%s): %s into kernel group %d [%s]", node.name, node.target, how, g.id, g.kind)
 
     def _inlinable_constant(self, node: fx.Node) -> float | None:
         """A filled constant (full, scalar_tensor) read only by elementwise ops becomes an immediate operand."""

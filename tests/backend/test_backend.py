@@ -230,3 +230,42 @@ def test_bfloat16_softmax_one_kernel():
     torch.testing.assert_close(f(x), F.softmax(x, dim=-1), atol=1e-2, rtol=1e-2)
     assert [g["kernels"] for g in B.compiled_graphs()] == [1]
     assert neuron_compile.__version__
+
+
+def test_torch_logs_shows_per_op_decisions(tmp_path):
+    res = _run("""
+        import torch
+        f = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="neuron")
+        f(torch.randn(4, 8))
+    """, {"TORCH_LOGS": "+neuron_compile", "NEURON_COMPILE_CACHE": "0"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "amax (aten.amax.default): fused into kernel group 0 [reduction]" in res.stderr
+    assert "mul (aten.mul.Tensor): starts kernel group 0" in res.stderr
+    assert "nisa.tensor_reduce(" in res.stderr  # the rendered kernel at DEBUG
+    assert "neuron: inference graph" in res.stderr  # the INFO line per compiled graph
+
+
+def test_cache_cli_on_a_cache_made_by_the_examples(tmp_path):
+    import json
+
+    cache = tmp_path / "examples-cache"
+    env = {"NEURON_COMPILE_CACHE_DIR": str(cache)}
+    for script in ("examples/quickstart.py", "examples/default_backend.py"):
+        res = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=600, cwd=REPO,
+                             env=dict(os.environ, **env))
+        assert res.returncode == 0, res.stderr[-2000:]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "neuron_compile", "cache", *args], capture_output=True,
+                              text=True, timeout=120, cwd=REPO, env=dict(os.environ, **env))
+
+    listed = json.loads(cli("list", "--json").stdout)
+    entries = listed["entries"] if isinstance(listed, dict) else listed
+    assert len(entries) >= 3  # quickstart's graph (+ its whole-graph entry) and default_backend's two shapes
+    assert cli("verify").returncode == 0
+    first = entries[0]
+    key = first.get("key") or first.get("digest")
+    shown = cli("show", key[:12], "--source")
+    assert shown.returncode == 0 and "@nki.jit" in shown.stdout
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["misses"] >= 3
