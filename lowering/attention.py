@@ -129,7 +129,16 @@ def _flatten_of(n: fx.Node, user: fx.Node, nodes: list[fx.Node]) -> fx.Node:
     if len(out) != 3 or len(ins) != 4 or ins[0] * ins[1] != out[0] or ins[2:] != out[1:]:
         return n
     nodes.append(n)
-    if _call(src, aten.expand.default) and _sole_user(src, n) and _shape(src.args[0]) == ins:
+    # ``reshape`` of a non-viewable (e.g. head-transposed) operand arrives as clone(contiguous) + view: a
+    # value-preserving copy, absorbed so the kernel reads the strided source directly.
+    if _call(src, aten.clone.default) and _sole_user(src, n) and set(src.kwargs) <= {"memory_format"} \
+            and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format \
+            and _shape(src.args[0]) == ins:
+        nodes.append(src)
+        user, src = src, src.args[0]
+    else:
+        user = n
+    if _call(src, aten.expand.default) and _sole_user(src, user) and _shape(src.args[0]) == ins:
         nodes.append(src)
         return src.args[0]
     return src

@@ -177,3 +177,29 @@ def test_roofline_counts_attention_math() -> None:
     assert attention_flops(kern) == (4 * 64 * pairs, "bfloat16", 2 * pairs)
     roof = kernel_roofline(kern, "trn2")
     assert roof.min_bytes == 4 * (2 * 3 * 200 * 64 * 2)  # q, k, v read once, out written once (bf16)
+
+
+def _heads_sdpa(h: int) -> Callable[..., torch.Tensor]:
+    """GPT-style: q/k/v are head-split, transposed views of one [b, s, 3d] projection; output back to [b, s, d]."""
+    def attn(qkv: torch.Tensor) -> torch.Tensor:
+        b, s, d3 = qkv.shape
+        d = d3 // 3
+        q, k, v = (t.view(b, s, h, d // h).transpose(1, 2) for t in qkv.split(d, dim=-1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+    return attn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_head_split_views_absorbed(dtype: torch.dtype) -> None:
+    """The decomposition's casts, sqrt(scale) multiplies and layout clones of q/k/v become part of the one
+    kernel: it reads the strided projection directly (scale folded) and writes the [b, s, h*d] layout."""
+    qkv = torch.randn(2, 200, 3 * 96, generator=torch.Generator().manual_seed(5)).to(dtype)
+    stats = _check(_heads_sdpa(3), qkv)
+    kern = stats["plan"].kernels[0]
+    assert math.isclose(kern.scale, 1 / math.sqrt(32), rel_tol=1e-6)
+    assert kern.compute_dtype == ("bfloat16" if dtype == torch.bfloat16 else "float32")
+    assert kern.q[2] == (200 * 288, 32, 288, 1) and kern.k[1] == kern.q[1] + 96 and kern.v[1] == kern.q[1] + 192
+    if dtype == torch.bfloat16:  # the decomposition's own numerics: exact fp32 math on the upcast inputs
+        out, _ = _run(_heads_sdpa(3), qkv)
+        ref = _heads_sdpa(3)(qkv.float())
+        torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
