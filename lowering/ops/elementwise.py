@@ -2,6 +2,13 @@
 
 Each rule computes in fp32 tiles (NeuronCore Vector/Scalar engines compute in fp32 and round on
 write); broadcasting and type promotion are already explicit in the ATen graph's shapes/dtypes.
+
+bf16/fp16 rounding policy (as Inductor's fused kernels): a low-precision value consumed only inside
+its fused kernel stays fp32 (no per-op round trip); it is rounded (RNE) where it leaves the kernel
+(the store DMA casts to the buffer dtype), at an explicit cast node (``.to(torch.bfloat16)``), and
+where rounding changes a result's meaning: a comparison or a bool cast of a bf16/fp16 intermediate
+sees the rounded value, as in eager. Values differ from eager's per-op rounding only within bf16
+tolerance (an fp16 intermediate beyond 65504 stays finite until it is stored).
 Nodes computing in integers (see :mod:`lowering.intmath`) get exact int32 tiles instead: add, sub,
 mul, neg, abs, maximum/minimum, clamp, where/masked_fill, comparisons and logical ops are exact for
 the whole int32 range (wrapping like int32); integer ops without an exact form are refused.
@@ -61,11 +68,22 @@ def _low_precision(node: fx.Node) -> str | None:
 
 
 def _finish(ctx, node: fx.Node, val):
-    """Round through the node's dtype when it is bf16/fp16, as eager does after every op."""
-    low = _low_precision(node)
-    if low and isinstance(val, TileVal):
-        return ctx.b.round_to(val, low)
+    """An op's result: kept in fp32 inside the kernel (rounded at the store; see the module docstring)."""
     return val
+
+
+def _rounded(ctx, arg: object, val):
+    """``val`` as eager sees it: an in-kernel intermediate of a bf16/fp16 node rounded to that dtype.
+
+    Loaded values are already exact in their storage dtype and are returned as they are.
+    """
+    low = _low_precision(arg) if isinstance(arg, fx.Node) else None
+    if low is None or not isinstance(val, TileVal) or val.dtype != "float32":
+        return val
+    producer = next((op for op in reversed(ctx.b.ops) if op.out == val.name), None)
+    if producer is None or producer.opcode in ("load", "round"):
+        return val
+    return ctx.b.round_to(val, low)
 
 
 def _binary(op: str):
@@ -109,7 +127,8 @@ _COMPARE = {
 
 @register_lowering(*_COMPARE, family="elementwise")
 def lower_compare(ctx, node, a, b):
-    """aten comparisons: 1.0/0.0 tiles (stored as bool)."""
+    """aten comparisons: 1.0/0.0 tiles (stored as bool); bf16/fp16 intermediates compared rounded."""
+    a, b = _rounded(ctx, node.args[0], a), _rounded(ctx, node.args[1], b)
     return ctx.b.binary(_COMPARE[node.target], a, b)
 
 
@@ -328,15 +347,17 @@ def _cast_check(node: fx.Node) -> str | None:
 @register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise",
                    check=_cast_check)
 def lower_to_copy(ctx, node, x, *args, **kwargs):
-    """aten._to_copy (dtype casts): fp32 compute tiles; the store rounds (RNE) to the new dtype.
+    """aten._to_copy (dtype casts): a cast to bf16/fp16 rounds (RNE) in the kernel, as the user asked.
 
     Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); int -> float rounds RNE in
-    fp32 as eager does."""
+    fp32 as eager does; a bool cast tests the (rounded) source value."""
     if _dtype(node) == torch.bool:
-        return ctx.b.binary("not_equal", x, 0.0)
+        return ctx.b.binary("not_equal", _rounded(ctx, node.args[0], x), 0.0)
     if is_int_compute(node) or _dtype(node) in INTS:
         return ctx.b.coerce(x)
-    return _finish(ctx, node, ctx.b.coerce(x))
+    low = _low_precision(node)
+    x = ctx.b.coerce(_rounded(ctx, node.args[0], x))
+    return ctx.b.round_to(x, low) if low and isinstance(x, TileVal) else x
 
 
 @register_lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,

@@ -3,7 +3,9 @@
 Every :class:`~tests.backend.op_table.OpCase` runs ``torch.compile(fn, backend="neuron",
 dynamic=False)`` forward (an inference graph) and, for differentiable float cases, forward and
 backward (training graphs), comparing outputs and input ``.grad`` with eager in float32 and
-bfloat16.
+bfloat16. bf16/fp16 results may differ from eager's per-op rounding (fused intermediates stay
+fp32): an element outside the tolerance of eager passes only if it is no farther from a float64
+reference than eager's own value is, plus the tolerance (Inductor's fp64-reference check).
 """
 
 from __future__ import annotations
@@ -50,15 +52,34 @@ def _inputs(case: OpCase, dtype: torch.dtype, requires_grad: bool) -> list[torch
     return xs
 
 
-def _assert_close(got: torch.Tensor, want: torch.Tensor, case: OpCase, dtype: torch.dtype, what: str) -> None:
+def _assert_close(got: torch.Tensor, want: torch.Tensor, case: OpCase, dtype: torch.dtype, what: str,
+                  ref: torch.Tensor | None = None) -> None:
     assert got.shape == want.shape, f"{case.name} {what}: shape {tuple(got.shape)} != eager {tuple(want.shape)}"
     assert got.dtype == want.dtype, f"{case.name} {what}: dtype {got.dtype} != eager {want.dtype}"
     if not want.is_floating_point():
         assert torch.equal(got, want), f"{case.name} {what}: {got} != {want}"
         return
     atol, rtol = case.tol[dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol,
+    g, w = got.double(), want.double()
+    if ref is not None and dtype in (torch.bfloat16, torch.float16):
+        # Off eager by more than the tolerance only where eager itself is as far from the fp64 truth.
+        r = ref.double()
+        no_worse = (g - r).abs() <= (w - r).abs() + atol + rtol * r.abs()
+        g = torch.where(no_worse & ~torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True), w, g)
+    torch.testing.assert_close(g.float(), w.float(), atol=atol, rtol=rtol,
                                msg=lambda m: f"{case.name} {what} ({dtype}): {m}")
+
+
+def _reference(case: OpCase, xs: list[torch.Tensor], cotangents: list[torch.Tensor] | None = None
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """float64 outputs (and input grads for ``cotangents``) of ``case`` on the same (rounded) inputs."""
+    leaves = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in xs]
+    with torch.enable_grad():
+        outs = _flat(case.fn(*leaves))
+        if cotangents is not None:
+            pairs = [(o, c) for o, c in zip(outs, cotangents, strict=True) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [c.double() for _, c in pairs])
+    return [o.detach() for o in outs], [x.grad if x.is_floating_point() else None for x in leaves]
 
 
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,8 +92,9 @@ def test_forward(case: OpCase, dtype: torch.dtype) -> None:
     want = _flat(case.fn(*xs))
     got = _flat(_compile(case.fn)(*xs))
     assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        _assert_close(g, w, case, dtype, f"output {i}")
+    refs = _reference(case, xs)[0] if dtype != torch.float32 else [None] * len(want)
+    for i, (g, w, r) in enumerate(zip(got, want, refs, strict=True)):
+        _assert_close(g, w, case, dtype, f"output {i}", r)
     graphs = neuron_compile.backend.compiled_graphs()
     assert graphs, "the neuron backend compiled nothing"
     for name, source in (src for g in graphs for src in g["sources"] if API_JSON_PATH.is_file()):
@@ -95,12 +117,13 @@ def test_backward(case: OpCase, dtype: torch.dtype) -> None:
     torch.autograd.backward([g for g, _, _ in pairs], [c for _, _, c in pairs])
     kinds = [g["kind"] for g in neuron_compile.backend.compiled_graphs()]
     assert "backward" in kinds, f"{case.name}: no backward graph was compiled by the neuron backend ({kinds})"
+    ref_grads = _reference(case, xs_eager, cotangents)[1] if dtype != torch.float32 else [None] * len(xs)
     for i, (x, xe) in enumerate(zip(xs, xs_eager, strict=True)):
         if not x.requires_grad:
             continue
         assert (x.grad is None) == (xe.grad is None), f"{case.name}: grad of input {i} missing on one side"
         if xe.grad is not None:
-            _assert_close(x.grad, xe.grad, case, dtype, f"grad of input {i}")
+            _assert_close(x.grad, xe.grad, case, dtype, f"grad of input {i}", ref_grads[i])
 
 
 # -- fusion ---------------------------------------------------------------------------------------------
