@@ -188,6 +188,7 @@ srcs.append({src})""")
              f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
              "nb = nmax")
     share = SCALAR_EVICT_SHARE if scalar_copies else 0.0
+    grp = 2 if cdt in ("bfloat16", "float16") else 1  # 2 KiB PSUM bank: 8 bf16 / 4 fp32 [128, 128] blocks
     out.add(f"""\
 nmax = nparts[:, 0:1]
 for c in range(1, nch):
@@ -208,25 +209,29 @@ for c in range(nch):
     cw = min({BANK_KEYS}, W - c * {BANK_KEYS})
     p_sb = nl.ndarray((P, cw), dtype=nl.{cdt}, buffer=nl.sbuf)
     nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_res=rparts[:, c:c + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    if c % {grp} == 0:  # bf16: the transposed P of two chunks share one PSUM bank and one eviction
+        pt_ps = nl.ndarray(({PMAX}, {grp * BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
     nsub = (cw + {PMAX - 1}) // {PMAX}
-    pt_ps = nl.ndarray(({PMAX}, {BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
     for j in range(nsub):
         wj = min({PMAX}, cw - j * {PMAX})
-        nisa.nc_transpose(dst=pt_ps[0:wj, j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
-    pt = nl.ndarray(({PMAX}, {BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-    nfull = cw // {PMAX}
-    on_scalar = int((n_evict + 1) * {share!r}) > int(n_evict * {share!r})
-    n_evict += 1
-    if nfull > 0 and on_scalar:
-        nisa.activation(dst=pt[:, 0:nfull, 0:P], op=nl.copy, data=pt_ps[:, 0:nfull, 0:P])
-    elif nfull > 0:
-        nisa.tensor_copy(dst=pt[:, 0:nfull, 0:P], src=pt_ps[:, 0:nfull, 0:P])
-    if cw % {PMAX} > 0:
-        nisa.tensor_copy(dst=pt[0:cw % {PMAX}, nfull, 0:P], src=pt_ps[0:cw % {PMAX}, nfull, 0:P])
-    for j in range(nsub):
-        wj = min({PMAX}, cw - j * {PMAX})
-        kt = (k0 + c * {BANK_KEYS}) // {PMAX} + j
-        nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, kt, 0:{dv}], accumulate=(c + j > 0))
+        nisa.nc_transpose(dst=pt_ps[0:wj, (c % {grp}) * {BANK_KEYS // PMAX} + j, 0:P], data=p_sb[:, j * {PMAX}:j * {PMAX} + wj])
+    if c % {grp} == {grp - 1} or c == nch - 1:
+        c0 = c - c % {grp}
+        kw = min({grp * BANK_KEYS}, W - c0 * {BANK_KEYS})
+        pt = nl.ndarray(({PMAX}, {grp * BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+        nfull = kw // {PMAX}
+        on_scalar = int((n_evict + 1) * {share!r}) > int(n_evict * {share!r})
+        n_evict += 1
+        if nfull > 0 and on_scalar:
+            nisa.activation(dst=pt[:, 0:nfull, 0:P], op=nl.copy, data=pt_ps[:, 0:nfull, 0:P])
+        elif nfull > 0:
+            nisa.tensor_copy(dst=pt[:, 0:nfull, 0:P], src=pt_ps[:, 0:nfull, 0:P])
+        if kw % {PMAX} > 0:
+            nisa.tensor_copy(dst=pt[0:kw % {PMAX}, nfull, 0:P], src=pt_ps[0:kw % {PMAX}, nfull, 0:P])
+        for j in range((kw + {PMAX - 1}) // {PMAX}):
+            wj = min({PMAX}, kw - j * {PMAX})
+            kt = (k0 + c0 * {BANK_KEYS}) // {PMAX} + j
+            nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, kt, 0:{dv}], accumulate=(c0 + j > 0))
 rs = rparts[:, 0:1]
 for c in range(1, nch):
     rsn = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)

@@ -203,3 +203,12 @@ def test_head_split_views_absorbed(dtype: torch.dtype) -> None:
         out, _ = _run(_heads_sdpa(3), qkv)
         ref = _heads_sdpa(3)(qkv.float())
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_bf16_transposed_p_pairs_share_a_bank() -> None:
+    # bf16: two 512-key chunks' transposed P share one PSUM bank and eviction; 2300 keys = two 1152-key steps
+    # of chunks 512 + 512 (one pair) + 128 (a ragged single), ragged 130 queries.
+    q, k, v = _qkv(1, 1, 130, 2300, 32, 40, dtype=torch.bfloat16)
+    stats = _check(_sdpa(), q, k, v)
+    (_, src), = stats["sources"]
+    assert "c % 2 == 0" in src and check_kernel_rules(src) == [], src
