@@ -40,6 +40,7 @@ from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
 log = logging.getLogger(__name__)
 
 TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 -> 2 KiB runs
+MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for TensorE transposes)
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -54,14 +55,15 @@ class Tiles:
     ta: bool  # transpose A on TensorE (via HBM scratch) instead of an element-strided load
     tb: bool  # same for B
     resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
+    split: bool = False  # K in KB-tile chunks, partial sums of the whole block kept in SBUF fp32
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
-        bm, bn, kb, ta, tb, res = attr
-        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res))
+        bm, bn, kb, ta, tb, res, *split = attr
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split and split[0]))
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class MatmulRenderer:
         self.a, self.b = operands(k)
         self.t = Tiles.from_attr(self.mm.attr("tiles"))
         self.nt = moving_tile(self.N)
+        self.acc_src = "acc[t % len(acc)][0:P, 0:F]"  # where the epilogue reads the finished sum
 
     # -- phase 1: transposes into HBM scratch ------------------------------------------------------
     def transpose_to_scratch(self, out: Lines, op: Operand, name: str) -> Operand:
@@ -180,7 +183,9 @@ class MatmulRenderer:
             a = self.transpose_to_scratch(out, a, "a_t")
         if t.tb and b.transposable():
             b = self.transpose_to_scratch(out, b, "b_t")
-        if t.resident:
+        if t.split:
+            self.split_loop(out, a, b, bm, bn, kb)
+        elif t.resident:
             self.resident_loop(out, a, b, bm, bn, kb)
         else:
             self.streamed_loop(out, a, b, bm, bn, kb)
@@ -229,7 +234,7 @@ class MatmulRenderer:
         """Blocks hold all of K; output tiles accumulate one after the other in rotating PSUM tiles."""
         M, N, K, nt = self.M, self.N, self.K, self.nt
         kt_all = math.ceil(K / PMAX)
-        n_acc = min(7, math.ceil(M / PMAX) * math.ceil(N / nt))
+        n_acc = min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
         self.accumulators(out, n_acc)
         out.add(f"""
             a_blk = nl.ndarray(({PMAX}, {kt_all}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
@@ -262,6 +267,69 @@ class MatmulRenderer:
                 KK = min({PMAX}, {K} - kt)
                 nisa.nc_matmul(dst=acc[t % {n_acc}][0:P, 0:F], stationary=a_blk[0:KK, kt // {PMAX}, i:i + P], moving=b_blk[0:KK, kt // {PMAX}, j:j + F], accumulate=(kt > 0))
             """)
+
+    def split_loop(self, out: Lines, a: Operand, b: Operand, bm: int, bn: int, kb: int) -> None:
+        """Large (BM, BN) blocks, K in KB-tile chunks: each tile's chunk sum goes from PSUM into an SBUF fp32
+        partial (a ScalarE copy for the first chunk, a VectorE add after), so operands are re-read only
+        N/BN and M/BM times while PSUM holds just the tiles in flight. The last chunk's matmuls run in
+        the eviction loop; its add into the partial is the value the epilogue reads."""
+        M, N, K, nt = self.M, self.N, self.K, self.nt
+        kc = kb * PMAX
+        n_chunks = math.ceil(K / kc)
+        n_acc = min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
+        self.accumulators(out, n_acc)
+        out.add(f"""
+            a_blk = nl.ndarray(({PMAX}, {kb}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
+            b_blk = nl.ndarray(({PMAX}, {kb}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
+            part = nl.ndarray(({PMAX}, {bm // PMAX}, {bn}), dtype=nl.float32, buffer=nl.sbuf)
+            t = 0
+            for m0 in range(0, {M}, {bm}):
+                BM = min({bm}, {M} - m0)
+                for n0 in range(0, {N}, {bn}):
+                    BN = min({bn}, {N} - n0)
+            """)
+        out.depth += 2
+        hoisted = self.hoist_loads(out)
+        mm = f"""
+            t = t + 1
+            for kt in range(0, KW, {PMAX}):
+                KK = min({PMAX}, KW - kt)
+                nisa.nc_matmul(dst=acc[t % {n_acc}][0:P, 0:F], stationary=a_blk[0:KK, kt // {PMAX}, i:i + P], moving=b_blk[0:KK, kt // {PMAX}, j:j + F], accumulate=(kt > 0))
+            """
+        part = f"part[0:P, i // {PMAX}, j:j + F]"
+        if n_chunks > 1:
+            out.add(f"""
+                for k0 in range(0, {(n_chunks - 1) * kc}, {kc}):
+                    KW = {kc}
+                """)
+            out.depth += 1
+            self.load_block(out, a, "a_blk", "m0", "BM")
+            self.load_block(out, b, "b_blk", "n0", "BN")
+            out.add(f"""
+                for i in range(0, BM, {PMAX}):
+                    P = min({PMAX}, BM - i)
+                    for j in range(0, BN, {nt}):
+                        F = min({nt}, BN - j)
+                """)
+            out.depth += 2
+            out.add(mm)
+            out.add(f"""
+                if k0 == 0:
+                    nisa.activation(dst={part}, op=nl.copy, data=acc[t % {n_acc}][0:P, 0:F])
+                else:
+                    nisa.tensor_tensor(dst={part}, data1=acc[t % {n_acc}][0:P, 0:F], data2={part}, op=nl.add)
+                """)
+            out.depth -= 3
+        out.add(f"""
+            k0 = {(n_chunks - 1) * kc}
+            KW = {K - (n_chunks - 1) * kc}
+            """)
+        self.load_block(out, a, "a_blk", "m0", "BM")
+        self.load_block(out, b, "b_blk", "n0", "BN")
+        if n_chunks > 1:
+            mm += f"nisa.tensor_tensor(dst={part}, data1=acc[t % {n_acc}][0:P, 0:F], data2={part}, op=nl.add)\n"
+            self.acc_src = part
+        self.eviction_loops(out, hoisted, bn, mm)
 
     # -- phase 3: eviction + epilogue --------------------------------------------------------------
     def _row_constant_load(self, op: TileOp) -> bool:
@@ -342,13 +410,13 @@ class MatmulRenderer:
         users = [op for op in self.rest if mm.out in op.args]
         in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
         if in_place:
-            out.add(f"{mm.out} = acc[t % len(acc)][0:P, 0:F]")
+            out.add(f"{mm.out} = {self.acc_src}")
         else:
             dst = f"{mm.out}_stage[0:P, j:j + F]" if mm.out in stage_of else \
                 "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)"
             out.add(f"""
                 {mm.out} = {dst}
-                nisa.tensor_copy(dst={mm.out}, src=acc[t % len(acc)][0:P, 0:F])
+                nisa.tensor_copy(dst={mm.out}, src={self.acc_src})
                 """)
         for op in self.rest:
             if op.out in hoisted:

@@ -48,6 +48,7 @@ def lower_mm(ctx, node):
 
 SBUF_BUDGET_FRACTION = 0.7  # of the target's SBUF per partition: the rest holds epilogue tiles
 MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
+SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't be large (K > 2048)
 SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
 _TUNED: dict[str, Any] = {}
 
@@ -58,6 +59,8 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
     Streamed: K flows through (BM, BN) blocks in KB-tile chunks, each block's tiles owning a PSUM
     accumulator (BM/128 x BN/512 <= 7). Resident: an A block of all K stays in SBUF per M block and a
     B block of all K per (M, N) block (larger BM: B is re-read M/BM times instead of per 7 tiles).
+    Split (large K only): up to 2048x2048 blocks whose K chunks add into SBUF fp32 partial sums, so
+    neither operand is re-read more than N/BN or M/BM times however long K is.
     An operand small enough is also tried without the TensorE transpose pass (strided load instead).
     """
     from neuron_compile.simulator.targets import LIMITS
@@ -76,16 +79,17 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
 
     out: dict[tuple[Any, ...], Tiles] = {}
 
-    def add(tm: int, tn: int, kb: int, resident: bool) -> None:
+    def add(tm: int, tn: int, kb: int, resident: bool, split: bool = False) -> None:
         bm = min(tm * PMAX, _ceil_to(m, PMAX))
         bn = min(tn * nt, _ceil_to(n, nt))
         kb = min(kb, kt)
         held = kt if resident else kb
-        if held * (bm * isa + bn * isb) > budget:
+        partials = bm // PMAX * bn * 4 if split else 0  # the SBUF fp32 partial sums of a block
+        if held * (bm * isa + bn * isb) + partials > budget:
             return
         for ta in flags(a):
             for tb in flags(b):
-                t = Tiles(bm, bn, kb, ta, tb, resident)
+                t = Tiles(bm, bn, kb, ta, tb, resident, split)
                 out.setdefault(t.to_attr(), t)
 
     for tm in (1, 2, 4, 7):
@@ -96,6 +100,10 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
     for tm in (1, 2, 4, 8, 12, 16):
         for tn in (1, 2, 4):
             add(tm, tn, 16, True)
+    if kt > SPLIT_MIN_K_TILES:
+        for tm, tn in ((8, 2), (8, 4), (16, 1), (16, 2)):
+            for kb in (8, 16, 32):
+                add(tm, tn, kb, False, True)
     return list(out.values())
 
 

@@ -1,8 +1,8 @@
 """Matmul tile configurations: every code path of ``codegen/render_matmul.py`` is numerically right.
 
 The autotuner normally picks one configuration per kernel; here each test forces one (streamed or
-resident blocks, TensorE transposes on or off, small/odd block sizes that leave ragged M, N and K
-edges) and compares the simulated result (trn2 limits) with eager PyTorch. Also checks the
+resident blocks, K-split blocks with SBUF partial sums, TensorE transposes on or off, small/odd
+block sizes that leave ragged M, N and K edges) and compares the simulated result (trn2 limits) with eager PyTorch. Also checks the
 autotuner's choice is recorded in the kernel IR and that its candidates respect PSUM and SBUF.
 """
 
@@ -22,12 +22,15 @@ from neuron_compile.config import config
 
 log = logging.getLogger(__name__)
 
-# (bm, bn, kb, transpose A, transpose B, resident)
+# (bm, bn, kb, transpose A, transpose B, resident, split)
 CONFIGS = [
     Tiles(128, 512, 1, True, True, False),
     Tiles(256, 1024, 2, False, False, False),
     Tiles(384, 512, 2, True, False, True),
     Tiles(128, 1024, 1, False, True, True),
+    Tiles(256, 1024, 1, True, True, False, True),  # K split in 128-chunks: ragged last chunk
+    Tiles(1024, 512, 2, False, True, False, True),  # 16 tiles per block > 7 PSUM tiles
+    Tiles(128, 512, 4, True, False, False, True),  # one chunk: no partial sums
 ]
 
 
@@ -103,5 +106,21 @@ def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
     assert len(cands) > 1
     for t in cands:
         assert t.bm % 128 == 0 and t.kb >= 1
-        if not t.resident:  # every tile of a streamed block owns a PSUM accumulator
+        if not t.resident and not t.split:  # every tile of a streamed block owns a PSUM accumulator
             assert (t.bm // 128) * -(-t.bn // 512) <= mm_rules.MAX_ACCUMULATORS
+
+
+def test_large_k_candidates_include_split_blocks_within_sbuf() -> None:
+    """K = 4096: K-split blocks are offered, each with its operand chunks and fp32 partials within budget."""
+    from neuron_compile.simulator.targets import LIMITS
+
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(256, 4096, generator=g), torch.randn(4096, 640, generator=g)
+    got = _run_forced(Tiles(256, 1024, 8, True, False, False, True), torch.mm, a, b)
+    torch.testing.assert_close(got, a @ b, atol=2e-3, rtol=2e-3)
+    kernel = neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels[0]
+    split = [t for t in mm_rules.candidates(kernel, "trn2") if t.split]
+    assert split
+    budget = LIMITS["trn2"].sbuf_partition_bytes * mm_rules.SBUF_BUDGET_FRACTION
+    for t in split:
+        assert t.kb * (t.bm + t.bn) * 4 + t.bm // 128 * t.bn * 4 <= budget, t
