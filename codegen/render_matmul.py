@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 -> 2 KiB runs
 MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for TensorE transposes)
+PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -56,14 +57,16 @@ class Tiles:
     tb: bool  # same for B
     resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
     split: bool = False  # K in KB-tile chunks, partial sums of the whole block kept in SBUF fp32
+    direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
-        bm, bn, kb, ta, tb, res, *split = attr
-        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split and split[0]))
+        bm, bn, kb, ta, tb, res, *rest = attr
+        split, direct = (list(rest) + [False, False])[:2]
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct))
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class MatmulRenderer:
         self.t = Tiles.from_attr(self.mm.attr("tiles"))
         self.nt = moving_tile(self.N)
         self.acc_src = "acc[t % len(acc)][0:P, 0:F]"  # where the epilogue reads the finished sum
+        self.direct: set[str] = set()  # blocks ("a_blk"/"b_blk") filled by TensorE transposes
 
     # -- phase 1: transposes into HBM scratch ------------------------------------------------------
     def transpose_to_scratch(self, out: Lines, op: Operand, name: str) -> Operand:
@@ -158,6 +162,9 @@ class MatmulRenderer:
     # -- phase 2: blocked GEMM ---------------------------------------------------------------------
     def load_block(self, out: Lines, op: Operand, dst: str, r0: str, width: str, kt0: str = "0") -> None:
         """DMA ``op[r0:r0+width, k0:k0+KW]`` transposed into ``dst[k, kt0 + kt, r]`` (full K tiles in one DMA)."""
+        if dst in self.direct:
+            self.load_block_transposed(out, op, dst, r0, width, kt0)
+            return
         out.add(f"""
             KF = KW // {PMAX}
             if KF > 0:
@@ -165,6 +172,48 @@ class MatmulRenderer:
             if KW % {PMAX}:
                 nisa.dma_copy(dst={dst}[0:KW % {PMAX}, {kt0} + KF, 0:{width}], src={op.arg}.ap(pattern=[[{op.ks}, KW % {PMAX}], [{op.rs}, {width}]], offset={op.offset} + (k0 + KF * {PMAX}) * {op.ks} + {r0} * {op.rs}))
             """)
+
+    def load_block_transposed(self, out: Lines, op: Operand, dst: str, r0: str, width: str, kt0: str) -> None:
+        """``op[r0:r0+width, k0:k0+KW]`` (K contiguous) into ``dst[k, kt0 + kt, r]`` by TensorE transposes.
+
+        Rows arrive ``G`` row tiles at a time in one DMA of K-contiguous runs; each 128x128 transpose
+        lands in one half of a one-bank PSUM tile and the ``G`` of a half leave together, alternately on
+        VectorE and ScalarE, so no element goes through an HBM scratch.
+        """
+        g = _transpose_group(op.dtype)
+        rows, tp = f"{dst}_tr_rows", f"tr_tp_{op.dtype}"
+        out.add(f"""
+            for g4 in range(0, {width}, {g * PMAX}):
+                W4 = min({g * PMAX}, {width} - g4)
+                GF = W4 // {PMAX}
+                if GF > 0:
+                    nisa.dma_copy(dst={rows}[0:{PMAX}, 0:GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, {PMAX}], [{PMAX * op.rs}, GF], [1, KW]], offset={op.offset} + ({r0} + g4) * {op.rs} + k0))
+                if W4 % {PMAX}:
+                    nisa.dma_copy(dst={rows}[0:W4 % {PMAX}, GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, W4 % {PMAX}], [1, KW]], offset={op.offset} + ({r0} + g4 + GF * {PMAX}) * {op.rs} + k0))
+                for kt in range(0, KW, {PMAX}):
+                    KK = min({PMAX}, KW - kt)
+                    h = (kt // {PMAX}) % 2
+                    for g in range(0, W4, {PMAX}):
+                        R = min({PMAX}, W4 - g)
+                        nisa.nc_transpose(dst={tp}[0:KK, h, g:g + R], data={rows}[0:R, g // {PMAX}, kt:kt + KK])
+                    if h == 0:
+                        nisa.tensor_copy(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], src={tp}[0:KK, 0, 0:W4])
+                    else:
+                        nisa.activation(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], op=nl.copy, data={tp}[0:KK, 1, 0:W4])
+            """)
+
+    def transpose_buffers(self, out: Lines, kb: int) -> None:
+        """Row staging per transposed operand and one PSUM bank per dtype (two halves) for its transposes."""
+        kw = min(kb * PMAX, self.K)
+        dtypes: list[str] = []
+        for op, dst in ((self.a, "a_blk"), (self.b, "b_blk")):
+            if dst in self.direct:
+                out.add(f"{dst}_tr_rows = nl.ndarray(({PMAX}, {_transpose_group(op.dtype)}, {kw}), "
+                        f"dtype=nl.{op.dtype}, buffer=nl.sbuf)")
+                if op.dtype not in dtypes:
+                    dtypes.append(op.dtype)
+                    out.add(f"tr_tp_{op.dtype} = nl.ndarray(({PMAX}, 2, {_transpose_group(op.dtype) * PMAX}), "
+                            f"dtype=nl.{op.dtype}, buffer=nl.psum)")
 
     def body(self) -> str:
         k, t = self.k, self.t
@@ -174,15 +223,18 @@ class MatmulRenderer:
         kb = max(1, min(t.kb, math.ceil(K / PMAX)))
         a, b = self.a, self.b
         for name, op, flag in (("a_t", a, t.ta), ("b_t", b, t.tb)):
-            if flag and op.transposable():
+            if flag and op.transposable() and not t.direct:
                 out.add(f"{name} = nl.ndarray(({K * op.rows},), dtype=nl.{op.dtype}, buffer=nl.private_hbm)")
         for i in range(k.n_outer):
             out.add(f"for o{i} in range({k.space[i]}):")
             out.depth += 1
-        if t.ta and a.transposable():
+        if t.ta and a.transposable() and not t.direct:
             a = self.transpose_to_scratch(out, a, "a_t")
-        if t.tb and b.transposable():
+        if t.tb and b.transposable() and not t.direct:
             b = self.transpose_to_scratch(out, b, "b_t")
+        self.direct = {dst for dst, op, flag in (("a_blk", a, t.ta), ("b_blk", b, t.tb))
+                       if flag and t.direct and op.transposable()}
+        self.transpose_buffers(out, kb)
         if t.split:
             self.split_loop(out, a, b, bm, bn, kb)
         elif t.resident:
@@ -431,6 +483,11 @@ class MatmulRenderer:
                 out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, j:j + F]"))
             else:
                 self.loop.render(out, op)
+
+
+def _transpose_group(dtype: str) -> int:
+    """Row tiles per direct-transpose group: two groups fill one 2 KiB PSUM bank."""
+    return PSUM_BANK_BYTES // (2 * PMAX * ITEMSIZE[dtype])
 
 
 def _ceil_to(x: int, m: int) -> int:

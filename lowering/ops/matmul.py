@@ -49,7 +49,8 @@ def lower_mm(ctx, node):
 SBUF_BUDGET_FRACTION = 0.7  # of the target's SBUF per partition: the rest holds epilogue tiles
 MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
 SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't be large (K > 2048)
-SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
+SMALL_OPERAND = 128 * 512
+DIRECT_ROWS = 4  # row tiles staged per direct transpose group (bf16; fp32 stages 2)  # elements: below this a strided load may beat the transpose pass
 _TUNED: dict[str, Any] = {}
 
 
@@ -60,7 +61,9 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
     accumulator (BM/128 x BN/512 <= 7). Resident: an A block of all K stays in SBUF per M block and a
     B block of all K per (M, N) block (larger BM: B is re-read M/BM times instead of per 7 tiles).
     Split (large K only): up to 2048x2048 blocks whose K chunks add into SBUF fp32 partial sums, so
-    neither operand is re-read more than N/BN or M/BM times however long K is.
+    neither operand is re-read more than N/BN or M/BM times however long K is. Resident and split
+    blocks may also take their transposed operands straight from PE transposes (``direct``): no HBM
+    scratch round trip, at the price of transposing B again for every M block.
     An operand small enough is also tried without the TensorE transpose pass (strided load instead).
     """
     from neuron_compile.simulator.targets import LIMITS
@@ -91,6 +94,13 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
             for tb in flags(b):
                 t = Tiles(bm, bn, kb, ta, tb, resident, split)
                 out.setdefault(t.to_attr(), t)
+                staging = min(kb * PMAX, k) * ((ta and a.transposable()) * DIRECT_ROWS * isa
+                                               + (tb and b.transposable()) * DIRECT_ROWS * isb)
+                # fp32 GEMMs are TensorE-bound (4x matmul cost): the scratch pass is never their bottleneck
+                if (resident or split) and staging and max(isa, isb) == 2 \
+                        and held * (bm * isa + bn * isb) + partials + staging <= budget:
+                    t = replace(t, direct=True)
+                    out.setdefault(t.to_attr(), t)
 
     for tm in (1, 2, 4, 7):
         for tn in (1, 2, 4, 7):

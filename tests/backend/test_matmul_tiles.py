@@ -22,7 +22,7 @@ from neuron_compile.config import config
 
 log = logging.getLogger(__name__)
 
-# (bm, bn, kb, transpose A, transpose B, resident, split)
+# (bm, bn, kb, transpose A, transpose B, resident, split, direct transposes)
 CONFIGS = [
     Tiles(128, 512, 1, True, True, False),
     Tiles(256, 1024, 2, False, False, False),
@@ -31,6 +31,9 @@ CONFIGS = [
     Tiles(256, 1024, 1, True, True, False, True),  # K split in 128-chunks: ragged last chunk
     Tiles(1024, 512, 2, False, True, False, True),  # 16 tiles per block > 7 PSUM tiles
     Tiles(128, 512, 4, True, False, False, True),  # one chunk: no partial sums
+    Tiles(384, 512, 1, True, True, True, False, True),  # resident, both transposed straight into SBUF
+    Tiles(640, 1024, 1, True, True, False, True, True),  # split + direct transposes, ragged 512-row groups
+    Tiles(256, 512, 2, True, True, False, False, True),  # streamed + direct transposes
 ]
 
 
