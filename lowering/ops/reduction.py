@@ -115,8 +115,12 @@ def _arg_check(node: fx.Node) -> str | None:
 def _arg_reduce(ctx, node, x, op: str):
     """First index of the max/min along the free dim: min over (x == best ? index : big).
 
-    Integer inputs: the max/min, the compare and the index reduction are exact int32 ops."""
+    Integer inputs: the max/min, the compare and the index reduction are exact int32 ops. A bf16/fp16
+    value computed in the kernel is rounded first, so ties resolve as in eager."""
+    from neuron_compile.lowering.ops.elementwise import _rounded
+
     b = ctx.b
+    x = _rounded(ctx, node.args[0], x)
     best = b.reduce(op, x)
     hit = b.binary("equal", x, best)
     idx = ctx.iota_along_reduced(node)
