@@ -287,10 +287,9 @@ def publish_whole_graph(key: Any, stats: dict[str, Any]) -> None:
 
 def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], overrides: dict[str, Any]) -> Any:
     """A runner straight from the cache for a whole inference graph, or None."""
+    import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
     from neuron_compile.cache.store import CacheStore
     from neuron_compile.runtime import CompiledGraph
-
-    import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
 
     with config.patch(**overrides):
         start = time.perf_counter()
