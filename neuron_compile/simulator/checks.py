@@ -125,6 +125,11 @@ def write(t: NkiTensor, values: Any) -> None:
     else:
         conv = _dt.cast_for_store(np.asarray(values, dtype=np.float64 if info.is_int else F32), info)
         a[...] = values if conv is None else conv
+    _mark_written(t)
+
+
+def _mark_written(t: NkiTensor) -> None:
+    """The storage was written; in PSUM, the region is now "written by a non-matmul" (flag 2)."""
     st = t.storage
     st.written = True
     if st.mm is not None:
@@ -139,14 +144,7 @@ def write_raw(t: NkiTensor, values: np.ndarray) -> None:
     """Bit-exact store of values already in the storage dtype."""
     a = t.arr
     a[...] = values if values.shape == a.shape else values.reshape(a.shape)
-    st = t.storage
-    st.written = True
-    if st.mm is not None:
-        m = t.mm_view()
-        if m is None:
-            st.mm[...] = 2
-        else:
-            m[...] = 2
+    _mark_written(t)
 
 
 def scalar_or_vector(api: str, name: str, v: Any, p: int, ndim: int, fp32_only: bool = True) -> Any:
@@ -175,3 +173,16 @@ def offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
 
 def engine_name(e: Any) -> str:
     return e.name
+
+
+def resolve_engine(api: str, eng: Any, allowed: tuple[str, ...], default: str) -> str:
+    """The engine an instruction runs on: ``default`` for ``engine.unknown``, else one of ``allowed``."""
+    from neuron_compile.simulator.enums import check_enum, engine
+
+    if eng is engine.unknown:
+        return default
+    check_enum(eng, engine, api, "engine")
+    if eng.name not in allowed:
+        raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng.name}",
+                                       f"one of {', '.join('nisa.engine.' + a for a in allowed)}")
+    return eng.name

@@ -37,14 +37,6 @@ _UFUNCS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "max
 _INT32ISH = frozenset((_dt.int32, _dt.uint32))
 
 
-def _resolve(api: str, eng: Any, allowed: tuple[str, ...], default: str) -> str:
-    if eng is engine.unknown:
-        return default
-    check_enum(eng, engine, api, "engine")
-    if eng.name not in allowed:
-        raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng.name}",
-                                       f"one of {', '.join('nisa.engine.' + a for a in allowed)}")
-    return eng.name
 
 
 def _alu(api: str, param: str, op: Any) -> str:
@@ -89,7 +81,7 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH and dst.dtype in _INT32ISH
     anypsum = PSUM in (data1.storage.buffer, data2.storage.buffer, dst.storage.buffer)
     default = "gpsimd" if (n == "power" or ints) and not anypsum else "vector"
-    eng = _resolve(api, engine, ("vector", "gpsimd"), default)
+    eng = C.resolve_engine(api, engine, ("vector", "gpsimd"), default)
     g = eng == "gpsimd"
     pf = C.onchip(api, "dst", dst, g)
     C.same_pf(api, "data1", C.onchip(api, "data1", data1, g), "dst", pf)
@@ -161,7 +153,7 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     bit1 = n1 is not None and (n1 in O.BITVEC or n1 in O.BITVEC_UNARY)
     if n1 is not None and bit0 != bit1:
         raise SimulatorConstraintError(api, "op1", n1, f"same class as op0 nl.{n0} (both arithmetic or both bit-vector)")
-    eng = _resolve(api, engine, ("vector", "scalar", "gpsimd"), "vector")
+    eng = C.resolve_engine(api, engine, ("vector", "scalar", "gpsimd"), "vector")
     if eng == "gpsimd" and n0 != "rsqrt":
         raise SimulatorConstraintError(api, "engine", "nisa.engine.gpsimd", "GpSimd tensor_scalar only for nl.rsqrt")
     if eng == "scalar":

@@ -206,14 +206,6 @@ def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, u
         _trace.record("dma", "dma_compute", [dst] + srcs)
 
 
-def _resolve(api: str, eng: Any, allowed: tuple[str, ...], default: str) -> str:
-    if eng is engine.unknown:
-        return default
-    check_enum(eng, engine, api, "engine")
-    if eng.name not in allowed:
-        raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng.name}",
-                                       f"one of {', '.join('nisa.engine.' + a for a in allowed)}")
-    return eng.name
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: str | None = None,
@@ -222,7 +214,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
     api = "nisa.tensor_copy"
     if removed:
         C.removed_kwargs(api, removed)
-    eng = _resolve(api, engine, ("vector", "scalar", "gpsimd"), "vector")
+    eng = C.resolve_engine(api, engine, ("vector", "scalar", "gpsimd"), "vector")
     g = eng == "gpsimd"
     pf = C.onchip(api, "dst", dst, g)
     C.same_pf(api, "src", C.onchip(api, "src", src, g), "dst", pf)
@@ -243,7 +235,7 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
     api = "nisa.memset"
     if removed:
         C.removed_kwargs(api, removed)
-    eng = _resolve(api, engine, ("vector", "gpsimd"), "vector")
+    eng = C.resolve_engine(api, engine, ("vector", "gpsimd"), "vector")
     C.onchip(api, "dst", dst, eng == "gpsimd")
     info = dst.info
     if isinstance(value, NkiTensor) or not isinstance(value, (bool, int, float, np.integer, np.floating)):
