@@ -27,7 +27,7 @@ EXTRA = [
     aten.full_like, aten.zeros_like, aten.ones_like, aten.new_zeros, aten.new_ones, aten.new_full, aten.zeros,
     aten.ones, aten.empty_like, aten.index_select, aten.mean.dim,
     aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
-    aten.native_batch_norm_backward,
+    aten.native_batch_norm_backward, aten.linalg_vector_norm, aten.repeat,
 ]
 # Ops we lower ourselves even though a decomposition exists.
 KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, aten.var.correction,
@@ -80,7 +80,30 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
     return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
 
 
+def _constant_pad_nd(x: torch.Tensor, pad: Any, value: Any = 0) -> torch.Tensor:
+    """Constant padding as slices (negative pads) and a cat with filled blocks (torch's reference uses prims)."""
+    out = x
+    for i in range(len(pad) // 2):
+        dim = x.dim() - 1 - i
+        lo, hi = int(pad[2 * i]), int(pad[2 * i + 1])
+        if lo < 0 or hi < 0:
+            size = out.shape[dim]
+            out = aten.slice.Tensor(out, dim, max(-lo, 0), size - max(-hi, 0))
+        parts = []
+        for n in (max(lo, 0), None, max(hi, 0)):
+            if n is None:
+                parts.append(out)
+            elif n:
+                shape = list(out.shape)
+                shape[dim] = n
+                parts.append(aten.full.default(shape, value, dtype=x.dtype, device=x.device))
+        if len(parts) > 1:
+            out = aten.cat.default(parts, dim)
+    return out if out is not x else aten.clone.default(x)
+
+
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.constant_pad_nd.default: _constant_pad_nd,
     aten.addmm.default: _addmm,
     aten.max.dim: _max_dim,
     aten.min.dim: _min_dim,

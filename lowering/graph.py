@@ -240,6 +240,18 @@ class LoopGroupEmitter:
                                                             "src_dtype": src_dtype}, dtype=dtype, phase=0)
         return self.loads[key]
 
+    def _emit_empty(self) -> None:
+        """A group over zero elements needs no kernel: its values are empty buffers (a reduction over an
+        empty dim would produce a filled result, which is refused rather than guessed)."""
+        for node in self.g.members:
+            shape = node_shape(node)
+            if math.prod(shape) != 0:
+                raise LoweringError(f"{node.name} ({node.target}): a reduction over an empty dimension is not "
+                                    f"supported by the neuron backend; avoid zero-sized inputs here")
+            dtype = node_dtype(node)
+            buf = self.gl._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(dtype) or "float32"))
+            self.gl.views[node] = View(buf, shape, contiguous_strides(shape), 0, dtype)
+
     def iota_along_reduced(self, node: fx.Node) -> TileVal:
         """A full tile holding each element's index along the (single) reduced dim."""
         if len(self.g.red) != 1:
@@ -272,6 +284,9 @@ class LoopGroupEmitter:
     def emit(self) -> None:
         g, b = self.g, self.b
         kernel_index = len(self.gl.kernels)
+        if math.prod(g.space) == 0:
+            self._emit_empty()
+            return
         for node in g.members:
             rule = lookup(node.target)
             assert rule is not None

@@ -177,6 +177,9 @@ class CompiledGraph:
         bufs: list[np.ndarray | None] = [None] * len(plan.buffers)
         originals: dict[int, torch.Tensor] = {}
         for b, ref in enumerate(plan.buffers):
+            if ref.kind == "empty":  # a zero-element value: no kernel computes it
+                bufs[b] = np.zeros(0, dtype=_NP_DTYPES[ref.dtype])
+                continue
             if ref.kind == "random":  # training dropout: torch's CPU generator, in graph order (see lowering.ops.index)
                 bufs[b] = to_numpy(torch.rand(ref.numel, dtype=_TORCH_DTYPES[ref.dtype]), ref.dtype)
                 continue

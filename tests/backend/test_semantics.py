@@ -168,3 +168,25 @@ def test_identical_kernels_of_different_layers_load_once():
     assert len(unique) < len(sources) * 2 // 3  # per-layer kernels are shared across the 3 layers
     fns = load_kernels(sources, "simulator")
     assert len({id(f) for f in fns}) == len(unique)
+
+
+@pytest.mark.parametrize("pads", [(1, 2), (0, 3, 2, 0), (-1, 2), (2, -1, 1, 1)])
+def test_constant_pad(pads):
+    x = torch.randn(3, 4, 5)
+    f = lambda t: torch.nn.functional.pad(t, pads, value=0.5) * 2  # noqa: E731
+    torch.testing.assert_close(_compile(f)(x), f(x))
+
+
+def test_vector_norm_and_repeat():
+    x = torch.randn(4, 7)
+    torch.testing.assert_close(_compile(lambda t: t.norm(dim=-1))(x), x.norm(dim=-1))
+    torch.testing.assert_close(_compile(lambda t: t.repeat(2, 3) + 1)(x), x.repeat(2, 3) + 1)
+
+
+def test_zero_element_tensors():
+    x = torch.randn(0, 4)
+    out = _compile(lambda t: torch.softmax(t * 2 + 1, -1))(x)
+    assert out.shape == (0, 4)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="reduction over an empty dimension is not supported"):
+        _compile(lambda t: t.sum(0))(x)
