@@ -160,6 +160,8 @@ class GraphLowering:
 
     # -- groups ------------------------------------------------------------------------------------
     def _emit_group(self, g: Group) -> None:
+        if self._alias_clone(g):
+            return
         if g.kind in ("pointwise", "reduction", "matmul"):
             LoopGroupEmitter(self, g).emit()
         else:
@@ -167,6 +169,32 @@ class GraphLowering:
             rule = lookup(node.target)
             assert rule is not None
             rule.fn(self, node)
+
+    def _alias_clone(self, g: Group) -> bool:
+        """A lone contiguous ``clone`` of an already contiguous kernel result is that result (no copy).
+
+        The graph is functional, so sharing the buffer is safe as long as the clone is not a graph
+        output (the caller may mutate outputs) and its source is a kernel result (not a graph input).
+        """
+        own = [n for n in g.members if n not in self.part.absorbed]  # absorbed views follow lazily
+        if g.kind != "pointwise" or len(own) != 1:
+            return False
+        node = own[0]
+        if node.target is not torch.ops.aten.clone.default or not isinstance(node.args[0], fx.Node) \
+                or node.kwargs.get("memory_format", torch.contiguous_format) != torch.contiguous_format \
+                or any(u.op != "call_function" for u in node.users):
+            return False
+        src = node.args[0]
+        if src in self.literals or src in self.part.inlined:
+            return False
+        view = self.view_of(src)
+        if self.buffers[view.buffer].kind != "kernel" or view.torch_dtype != node_dtype(node) \
+                or view.shape != node_shape(node) \
+                or any(s != c for s, c, n in zip(view.strides, contiguous_strides(view.shape), view.shape, strict=True) if n > 1):
+            return False
+        self.views[node] = view
+        log.debug("%s: contiguous clone of a kernel result aliases it (no copy kernel)", node.name)
+        return True
 
     def new_output(self, node: fx.Node, kernel_index: int, slot: int) -> tuple[int, View]:
         shape = node_shape(node)

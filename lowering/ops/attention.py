@@ -65,6 +65,11 @@ def lower_attention(gl: object, node: fx.Node) -> None:
     out_dtype = storage_dtype(val.dtype) or "float32"
     shape = tuple(int(s) for s in val.shape)
     if out_perm:  # the buffer is contiguous in the permuted order; the node is a view of it
+        # The layout is the decomposition's choice, not the model's: [b, h, s, d] results are stored
+        # [b, s, h, d] so the usual ``transpose(1, 2).reshape(b, s, h * d)`` is a contiguous view
+        # (its layout clone becomes an alias, see GraphLowering._alias_clone) instead of a copy kernel.
+        if len(shape) == 4:
+            out_perm = [0, 2, 1, 3]
         buf_strides = contiguous_strides([shape[p] for p in out_perm])
         strides = [0] * len(shape)
         for i, p in enumerate(out_perm):
