@@ -335,8 +335,13 @@ class LoopGroupEmitter:
             self.values[node] = val
         # Stores: values used outside the group (or as graph outputs).
         results: list[int] = []
+        widened = self._widened_stores()
         for node in g.members:
-            if all(self.gl.part.group_of.get(u) is g for u in node.users):
+            if node in widened:  # read back from its narrow source's buffer (exact: widening is lossless)
+                src = self.gl.views[widened[node]]
+                self.gl.views[node] = View(src.buffer, src.shape, src.strides, src.offset, node_dtype(node))
+                continue
+            if node not in widened.values() and all(self.gl.part.group_of.get(u) is g for u in node.users):
                 continue  # consumed only inside the kernel (graph outputs are users outside any group)
             buf, view = self.gl.new_output(node, kernel_index, len(results))
             results.append(buf)
@@ -349,6 +354,34 @@ class LoopGroupEmitter:
             b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
                                                "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
         self._finish(kernel_index, results)
+
+    def _widened_stores(self) -> dict[fx.Node, fx.Node]:
+        """fp32 ``_to_copy`` members of a bf16/fp16 member whose outside users are all elementwise
+        loads: those users read the narrow value instead (half the bytes stored and loaded; the
+        rounding to the narrow dtype happened in the kernel either way). Maps copy -> source."""
+        g, out = self.g, {}
+        for node in g.members:
+            src = node.args[0] if node.args else None
+            if node.target is not torch.ops.aten._to_copy.default or not isinstance(src, fx.Node) \
+                    or self.gl.part.group_of.get(src) is not g or src in self.gl.part.absorbed \
+                    or node in self.gl.part.absorbed or set(node.kwargs) - {"dtype", "layout", "device"} \
+                    or node_dtype(node) != torch.float32 or node_dtype(src) not in (torch.bfloat16, torch.float16) \
+                    or node_shape(node) != node_shape(src) or self.member_role(node) != self.member_role(src):
+                continue
+            outside = [u for u in node.users if self.gl.part.group_of.get(u) is not g]
+            if not outside:
+                continue
+            ok = True
+            for u in outside:
+                rule = lookup(u.target) if u.op == "call_function" else None
+                ug = self.gl.part.group_of.get(u)
+                if rule is None or rule.kind not in ("pointwise", "reduction") or ug is None \
+                        or ug.kind not in ("pointwise", "reduction", "matmul") or u in self.gl.part.absorbed:
+                    ok = False
+                    break
+            if ok:
+                out[node] = src
+        return out
 
     def _matmul(self, node: fx.Node) -> TileVal:
         a_node, b_node = node.args[0], node.args[1]

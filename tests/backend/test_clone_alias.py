@@ -67,3 +67,36 @@ def test_clone_of_a_non_contiguous_view_is_still_copied() -> None:
     got, names = _compile(f, x)
     torch.testing.assert_close(got, ((x + 1.0).t().contiguous().view(60)) * 3.0)
     assert len(names) >= 2, names
+
+
+def _residual_norm(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = x @ w + x
+    return y, F.layer_norm(y.float(), (y.shape[-1],)).to(y.dtype)
+
+
+def test_fp32_copy_of_a_bf16_result_is_read_back_from_the_bf16_buffer() -> None:
+    torch.manual_seed(2)
+    x, w = torch.randn(64, 96, dtype=torch.bfloat16), torch.randn(96, 96, dtype=torch.bfloat16) * 0.1
+    (y, z), _ = _compile(_residual_norm, x, w)
+    plan = backend.compiled_graphs()[-1]["plan"]
+    with torch.no_grad():
+        ey, ez = _residual_norm(x, w)
+    torch.testing.assert_close(y, ey, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(z, F.layer_norm(y.float(), (96,)).bfloat16(), rtol=2e-2, atol=2e-2)
+    call = plan.calls[0]
+    assert "mm" in plan.kernels[call.kernel].name, [k.name for k in plan.kernels]
+    assert [plan.buffers[r].dtype for r in call.results] == ["bfloat16"]  # no fp32 copy stored
+
+
+def test_fp32_copy_feeding_a_matmul_or_returned_is_still_stored() -> None:
+    torch.manual_seed(3)
+    x, w = torch.randn(32, 48, dtype=torch.bfloat16), torch.randn(48, 16)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = (x * 2.0).float()
+        return y @ w, (x + 1.0).float()
+
+    (a, c), names = _compile(f, x, w)
+    torch.testing.assert_close(a, (x * 2.0).float() @ w, rtol=1e-4, atol=1e-4)
+    assert c.dtype == torch.float32
+    torch.testing.assert_close(c, (x + 1.0).float())
