@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.codegen.render import Lines, LoopRenderer, _offset
 from neuron_compile.lowering.ir import LoopKernel, TileOp
 
@@ -470,19 +471,39 @@ class MatmulRenderer:
                 {mm.out} = {dst}
                 nisa.tensor_copy(dst={mm.out}, src={self.acc_src})
                 """)
+        engines = self.epilogue_engines(in_place)
         for op in self.rest:
+            view = self.loop.view(op)
+            view["engine"] = engines.get(op.out)
             if op.out in hoisted:
                 out.add(f"{op.out} = {op.out}_blk[0:P, j:j + F]")
             elif any(op is st for st in staged):
                 continue
             elif op.out in stage_of:
                 # the instruction writes its result (cast to the output dtype) into the staging row
-                text = str(self.loop.macros.render_op(self.loop.view(op), self.loop.kinds, config.target))
+                text = str(self.loop.macros.render_op(view, self.loop.kinds, config.target))
                 alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
                 assert alloc in text, f"staged value {op.out} has no tile allocation to redirect"
                 out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, j:j + F]"))
             else:
-                self.loop.render(out, op)
+                self.loop._emit(out, view)
+
+    def epilogue_engines(self, in_place: bool) -> dict[str, str]:
+        """Engines of epilogue ops that several engines can run (``loop_schedule.assign_engines``).
+
+        Ops reading the PSUM accumulator stay on VectorE (GpSimd has no PSUM access, REFERENCE 3.3) and
+        count as VectorE load, like the eviction copy; the rest (e.g. a residual add of two SBUF
+        tiles) balance against them, so GpSimd takes work VectorE would otherwise serialize.
+        """
+        target, free, kinds = config.target, self.nt, self.loop.kinds
+        load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+        body = [op for op in self.rest if op.opcode not in ("load", "store")]
+        psum = [op for op in body if in_place and self.mm.out in op.args]
+        for op in psum:
+            load["vector"] += ls.op_ns(op, "vector", free, target, kinds)
+        if not in_place:
+            load["vector"] += ls.op_ns(self.mm, "vector", free, target, kinds)
+        return ls.assign_engines([op for op in body if op not in psum], free, target, kinds, load)
 
 
 def _transpose_group(dtype: str) -> int:
