@@ -10,6 +10,7 @@ PSUM-bank N <= 512 limits (``simulator_limits``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.lowering.ir import GatherKernel, IndexAddKernel, ScanKernel
@@ -126,14 +127,7 @@ def scan_body(k: ScanKernel) -> str:
     if k.outputs[0].dtype == "int32" and k.op == "add":
         return _int_scan_body(k)
     out = Lines()
-    n_outer = k.n_outer
-    names = _outer_loops(out, list(k.space[:n_outer]))
-    np_, nf = k.space[n_outer], k.space[n_outer + 1]
-    s_terms = [(v, k.src.strides[i]) for i, v in enumerate(names)]
-    d_terms = [(v, k.dst.strides[i]) for i, v in enumerate(names)]
-    ssp, ssf = k.src.strides[n_outer], k.src.strides[n_outer + 1]
-    dsp, dsf = k.dst.strides[n_outer], k.dst.strides[n_outer + 1]
-    ft = min(k.free_tile, nf)
+    np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, ft = _scan_frame(out, k)
     init = {"add": 0.0, "multiply": 1.0}[k.op]
     op0 = {"add": "multiply", "multiply": "add"}[k.op]  # r_i = (1 * r) + x  or  (0 + r) * x
     unit = {"add": 1.0, "multiply": 0.0}[k.op]
@@ -155,10 +149,8 @@ for p0 in range(0, {np_}, {PMAX}):
     return out.text()
 
 
-def _int_scan_body(k: ScanKernel) -> str:
-    """Exact int32 cumsum: a Hillis-Steele scan per chunk (``a[i] += a[i - s]`` for s = 1, 2, 4, ...) with
-    GpSimd int32 ``tensor_tensor`` adds on shifted slices (ping-pong tiles), then the int32 carry added."""
-    out = Lines()
+def _scan_frame(out: Lines, k: ScanKernel) -> tuple[Any, ...]:
+    """Open a scan kernel's outer loops; its sizes, outer offset terms and (part, free) strides."""
     n_outer = k.n_outer
     names = _outer_loops(out, list(k.space[:n_outer]))
     np_, nf = k.space[n_outer], k.space[n_outer + 1]
@@ -166,7 +158,14 @@ def _int_scan_body(k: ScanKernel) -> str:
     d_terms = [(v, k.dst.strides[i]) for i, v in enumerate(names)]
     ssp, ssf = k.src.strides[n_outer], k.src.strides[n_outer + 1]
     dsp, dsf = k.dst.strides[n_outer], k.dst.strides[n_outer + 1]
-    ft = min(k.free_tile, nf)
+    return np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, min(k.free_tile, nf)
+
+
+def _int_scan_body(k: ScanKernel) -> str:
+    """Exact int32 cumsum: a Hillis-Steele scan per chunk (``a[i] += a[i - s]`` for s = 1, 2, 4, ...) with
+    GpSimd int32 ``tensor_tensor`` adds on shifted slices (ping-pong tiles), then the int32 carry added."""
+    out = Lines()
+    np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, ft = _scan_frame(out, k)
     out.add(f"""\
 for p0 in range(0, {np_}, {PMAX}):
     P = min({PMAX}, {np_} - p0)
