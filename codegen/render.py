@@ -318,8 +318,6 @@ class LoopRenderer:
         if op.opcode == "reduce":
             conds = [f"{v} == 0" for v in [f"r{j}" for j in range(len(self.red_outer))] + ["f0"]]
             d["first"] = " and ".join(conds) if not self.resident else "True"
-        if op.opcode == "matmul":
-            d["attrs"]["k"] = attrs["k"]
         return d
 
     def render(self, out: Lines, op: TileOp) -> None:

@@ -125,10 +125,10 @@ def write(t: NkiTensor, values: Any) -> None:
     else:
         conv = _dt.cast_for_store(np.asarray(values, dtype=np.float64 if info.is_int else F32), info)
         a[...] = values if conv is None else conv
-    _mark_written(t)
+    mark_written(t)
 
 
-def _mark_written(t: NkiTensor) -> None:
+def mark_written(t: NkiTensor) -> None:
     """The storage was written; in PSUM, the region is now "written by a non-matmul" (flag 2)."""
     st = t.storage
     st.written = True
@@ -144,7 +144,7 @@ def write_raw(t: NkiTensor, values: np.ndarray) -> None:
     """Bit-exact store of values already in the storage dtype."""
     a = t.arr
     a[...] = values if values.shape == a.shape else values.reshape(a.shape)
-    _mark_written(t)
+    mark_written(t)
 
 
 def scalar_or_vector(api: str, name: str, v: Any, p: int, ndim: int, fp32_only: bool = True) -> Any:

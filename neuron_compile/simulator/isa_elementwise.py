@@ -50,16 +50,6 @@ def _alu(api: str, param: str, op: Any) -> str:
     raise SimulatorConstraintError(api, param, n or op, "an ALU operator (nl.add, nl.multiply, nl.maximum, ...)")
 
 
-def _finish(dst: NkiTensor) -> None:
-    st = dst.storage
-    st.written = True
-    if st.mm is not None:
-        m = dst.mm_view()
-        if m is None:
-            st.mm[...] = 2
-        else:
-            m[...] = 2
-
 
 def _out_fast(dst: NkiTensor, shape: tuple[int, ...]) -> np.ndarray | None:
     """dst's array when results can be computed straight into it (fp32 dst with the same shape)."""
@@ -112,7 +102,7 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
         out = _out_fast(dst, a.shape) if uf is not None else None
         if out is not None:
             uf(a, b, out=out)  # type: ignore[misc]
-            _finish(dst)
+            C.mark_written(dst)
         else:
             C.write(dst, O.ARITH[n](a, b))
     if _trace.ACTIVE is not None:
@@ -189,7 +179,7 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
         out = _out_fast(dst, x.shape) if (n1 is None and uf is not None and not reverse0) else None
         if out is not None:
             uf(x, v0, out=out)  # type: ignore[misc]
-            _finish(dst)
+            C.mark_written(dst)
         else:
             y = _stage(api, x, n0, v0, reverse0, "operand0")
             if n1 is not None:
@@ -328,7 +318,7 @@ def _activation(api: str, instr: str, dst: NkiTensor, op: Any, data: NkiTensor, 
     out = _out_fast(dst, y.shape)
     if out is not None:
         out[...] = y
-        _finish(dst)
+        C.mark_written(dst)
     else:
         C.write(dst, y)
     if _trace.ACTIVE is not None:
