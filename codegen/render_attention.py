@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from neuron_compile.codegen.render import Lines, _offset
+from neuron_compile.lowering.attention import SBUF_BUDGET, sbuf_bytes
 from neuron_compile.lowering.ir import AttentionKernel
 
 from neuron_compile.config import config
@@ -44,38 +45,66 @@ FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite 
 # 0.55 balances the two under the cost model for both d=128 (issue 5 (c)) and d=64 (GPT-2) heads. The small
 # per-row combines (chunk maxima/sums, running max and sum) run on GpSimd, which is otherwise idle.
 SCALAR_EVICT_SHARE = 0.55
+# Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
+# head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
+GROUP_ROWS_BYTES = 64 * 1024
 
 
-def _load_rows(out: Lines, name: str, arg: int, off: str, s_row: int, s_col: int, rows: int, cols: int,
-               dtype: str) -> None:
-    """``name[128, tiles, cols]``: row r of the matrix on partition r % 128, tile r // 128."""
+def _group_pattern(s_head: int, group: int) -> str:
+    return f"[{s_head}, {group}], " if group > 1 else ""
+
+
+def _load_rows(out: Lines, name: str, arg: int, off: str, strides: tuple[int, ...], rows: int, cols: int,
+               group: int, dtype: str) -> None:
+    """``name[128, tiles, group, cols]``: row r of head ``hg + j`` on partition r % 128, tile r // 128, slot j.
+
+    One DMA moves the rows of all ``group`` heads (a ragged last row tile gets its own): with the heads
+    adjacent in memory (``[b, s, h, d]``) each partition reads ``group * cols`` contiguous elements per row.
+    """
+    s_head, s_row, s_col = strides[1], strides[2], strides[3]
     full, rem = divmod(rows, PMAX)
     tiles = full + (1 if rem else 0)
-    out.add(f"{name} = nl.ndarray(({PMAX}, {tiles}, {cols}), dtype=nl.{dtype}, buffer=nl.sbuf)")
+    heads = _group_pattern(s_head, group)
+    out.add(f"{name} = nl.ndarray(({PMAX}, {tiles}, {group}, {cols}), dtype=nl.{dtype}, buffer=nl.sbuf)")
     if full:
-        out.add(f"nisa.dma_copy(dst={name}[:, 0:{full}, :], src=in{arg}.ap(pattern=[[{s_row}, {PMAX}], "
-                f"[{s_row * PMAX}, {full}], [{s_col}, {cols}]], offset={off}))")
+        out.add(f"nisa.dma_copy(dst={name}[:, 0:{full}, :, :], src=in{arg}.ap(pattern=[[{s_row}, {PMAX}], "
+                f"[{s_row * PMAX}, {full}], {heads}[{s_col}, {cols}]], offset={off}))")
     if rem:
         tail = f"{off} + {full * PMAX * s_row}" if full * s_row else off
-        out.add(f"nisa.dma_copy(dst={name}[0:{rem}, {full}, :], src=in{arg}.ap(pattern=[[{s_row}, {rem}], "
-                f"[{s_col}, {cols}]], offset={tail}))")
+        out.add(f"nisa.dma_copy(dst={name}[0:{rem}, {full}, :, :], src=in{arg}.ap(pattern=[[{s_row}, {rem}], "
+                f"{heads}[{s_col}, {cols}]], offset={tail}))")
 
 
 def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str, scale: float = 1.0) -> None:
-    """``dst[cols, rows] = scale * src^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and eviction."""
+    """``dst[cols, hh, rows] = scale * src[:, :, hh, :]^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and
+    eviction (``dst`` is allocated by the caller for the whole head group)."""
     tiles = -(-rows // PMAX)
-    evict = (f"nisa.tensor_copy(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
-             f"nisa.tensor_scalar(dst={dst}[:, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
+    evict = (f"nisa.tensor_copy(dst={dst}[:, hh, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
+             f"nisa.tensor_scalar(dst={dst}[:, hh, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
              f"operand0={scale!r})")
     out.add(f"""\
-{dst} = nl.ndarray(({cols}, {rows}), dtype=nl.{dtype}, buffer=nl.sbuf)
 for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
     tp = nl.ndarray(({cols}, {TRANSPOSE_GROUP * PMAX}), dtype=nl.{dtype}, buffer=nl.psum)
     for t in range(g, min(g + {TRANSPOSE_GROUP}, {tiles})):
         r = min({PMAX}, {rows} - t * {PMAX})
-        nisa.nc_transpose(dst=tp[:, (t - g) * {PMAX}:(t - g) * {PMAX} + r], data={src}[0:r, t, :])
+        nisa.nc_transpose(dst=tp[:, (t - g) * {PMAX}:(t - g) * {PMAX} + r], data={src}[0:r, t, hh, :])
     w = min({rows}, (g + {TRANSPOSE_GROUP}) * {PMAX}) - g * {PMAX}
     {evict}""")
+
+
+def head_group(k: AttentionKernel) -> int:
+    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` whose rows fit
+    ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
+    csize, osize = (2 if k.compute_dtype in ("bfloat16", "float16") else 4), (2 if k.outputs[0].dtype in (
+        "bfloat16", "float16") else 4)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
+    other = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) - rows
+    best = 1
+    for g in range(2, k.heads + 1):
+        if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
+            best = g
+    return best
 
 
 def attention_body(k: AttentionKernel) -> str:
@@ -92,34 +121,45 @@ nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_t
 cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=cbias, value=0.0)
 nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+    group = head_group(k)
     out.add("n_evict = 0  # transposed-P evictions so far: a fixed share of them runs on ScalarE")
     out.add(f"for b in range({k.batch}):")
     out.depth += 1
-    out.add(f"for h in range({k.heads}):")
+    out.add(f"for hg in range(0, {k.heads}, {group}):")
     out.depth += 1
 
     def base(acc: tuple[int, int, tuple[int, ...]]) -> str:
-        return _offset(acc[1], [("b", acc[2][0]), ("h", acc[2][1])])
+        return _offset(acc[1], [("b", acc[2][0]), ("hg", acc[2][1])])
 
     qa, ka, va = k.q, k.k, k.v
-    _load_rows(out, "q_rows", qa[0], base(qa), qa[2][2], qa[2][3], k.sq, k.d, cdt)
-    _load_rows(out, "k_rows", ka[0], base(ka), ka[2][2], ka[2][3], k.sk, k.d, cdt)
-    _load_rows(out, "v_rows", va[0], base(va), va[2][2], va[2][3], k.sk, k.dv, cdt)
+    _load_rows(out, "q_rows", qa[0], base(qa), qa[2], k.sq, k.d, group, cdt)
+    _load_rows(out, "k_rows", ka[0], base(ka), ka[2], k.sk, k.d, group, cdt)
+    _load_rows(out, "v_rows", va[0], base(va), va[2], k.sk, k.dv, group, cdt)
+    out.add(f"""\
+qT = nl.ndarray(({k.d}, {group}, {k.sq}), dtype=nl.{cdt}, buffer=nl.sbuf)
+kT = nl.ndarray(({k.d}, {group}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
+for hh in range({group}):""")
+    out.depth += 1
     _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt, k.scale)  # scores come out of PSUM already scaled
     _transpose_rows(out, "k_rows", "kT", k.sk, k.d, cdt)
+    out.depth -= 1
     kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
+    # Query tiles outside, heads inside: the output rows of one query tile (all heads of the group) leave in one DMA
+    # while the next tile computes.
     out.add(f"""\
-o_rows = nl.ndarray(({PMAX}, {nq}, {k.dv}), dtype=nl.{odt}, buffer=nl.sbuf)
 for i in range({nq}):
     q0 = i * {PMAX}
     P = min({PMAX}, {k.sq} - q0)
     kend = {kend}
     nsteps = (kend + {k.key_step - 1}) // {k.key_step}
     wstep = ((kend + nsteps - 1) // nsteps + {PMAX - 1}) // {PMAX} * {PMAX}
-    for k0 in range(0, kend, wstep):
-        W = min({k.key_step}, wstep, kend - k0)
-        nch = (W + {BANK_KEYS - 1}) // {BANK_KEYS}""")
-    out.depth += 2
+    o_t = nl.ndarray(({PMAX}, {group}, {k.dv}), dtype=nl.{odt}, buffer=nl.sbuf)
+    for hh in range({group}):
+        h = hg + hh
+        for k0 in range(0, kend, wstep):
+            W = min({k.key_step}, wstep, kend - k0)
+            nch = (W + {BANK_KEYS - 1}) // {BANK_KEYS}""")
+    out.depth += 3
     _step(out, k, config.target != "trn1")
     out.depth -= 1
     recip_src = "l_run"
@@ -131,18 +171,12 @@ nisa.tensor_scalar(dst=l_c, data=l_run, op0=nl.maximum, operand0=1e-30)""")
     out.add(f"""\
 rl = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
 nisa.reciprocal(dst=rl, data={recip_src})
-nisa.activation(dst=o_rows[0:P, i, :], op=nl.copy, data=o_run, scale=rl)""")
+nisa.activation(dst=o_t[0:P, hh, :], op=nl.copy, data=o_run, scale=rl)""")
     out.depth -= 1
     ob, oh, os_, od = k.out_strides
-    o_off = _offset(0, [("b", ob), ("h", oh)])
-    full, rem = divmod(k.sq, PMAX)
-    if full:
-        out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, {PMAX}], [{os_ * PMAX}, {full}], [{od}, {k.dv}]], "
-                f"offset={o_off}), src=o_rows[:, 0:{full}, :])")
-    if rem:
-        tail = f"{o_off} + {full * PMAX * os_}" if full * os_ else o_off
-        out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, {rem}], [{od}, {k.dv}]], offset={tail}), "
-                f"src=o_rows[0:{rem}, {full}, :])")
+    o_off = _offset(0, [("b", ob), ("hg", oh), ("q0", os_)])
+    out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, group)}[{od}, {k.dv}]], "
+            f"offset={o_off}), src=o_t[0:P, 0:{group}, :])")
     return out.text()
 
 
@@ -157,7 +191,7 @@ for c in range(nch):
     kc = k0 + c * {BANK_KEYS}
     cw = min({BANK_KEYS}, W - c * {BANK_KEYS})
     s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, q0:q0 + P], moving=kT[0:{k.d}, kc:kc + cw])""")
+    nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, hh, q0:q0 + P], moving=kT[0:{k.d}, hh, kc:kc + cw])""")
     out.depth += 1
     if k.causal:
         out.add(f"""\
@@ -231,7 +265,7 @@ for c in range(nch):
         for j in range((kw + {PMAX - 1}) // {PMAX}):
             wj = min({PMAX}, kw - j * {PMAX})
             kt = (k0 + c0 * {BANK_KEYS}) // {PMAX} + j
-            nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, kt, 0:{dv}], accumulate=(c0 + j > 0))
+            nisa.nc_matmul(dst=o_ps, stationary=pt[0:wj, j, 0:P], moving=v_rows[0:wj, kt, hh, 0:{dv}], accumulate=(c0 + j > 0))
 rs = rparts[:, 0:1]
 for c in range(1, nch):
     rsn = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)

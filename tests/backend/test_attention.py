@@ -212,3 +212,39 @@ def test_bf16_transposed_p_pairs_share_a_bank() -> None:
     stats = _check(_sdpa(), q, k, v)
     (_, src), = stats["sources"]
     assert "c % 2 == 0" in src and check_kernel_rules(src) == [], src
+
+
+def test_head_group_moves_rows_of_several_heads_per_dma() -> None:
+    """[b, s, h, d] views: one DMA per (batch, head group) loads each of q, k, v (the heads are adjacent, so
+    each partition reads h * d contiguous elements per row) and one DMA per query tile stores every head's rows;
+    a ragged last query tile is loaded with its own DMA. Values equal eager."""
+    from neuron_compile.codegen.render_attention import head_group
+    from neuron_compile.instruction_stream import kernel_stream
+
+    qkv = torch.randn(2, 200, 3 * 96, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    stats = _check(_heads_sdpa(6), qkv)
+    kern = stats["plan"].kernels[0]
+    group = head_group(kern)
+    assert group == 6
+    loads = stores = 0
+    for rec, n in kernel_stream(kern).items():
+        if rec.engine == "dma":
+            if rec.buffers[0] in ("shared_hbm", "hbm"):
+                stores += n
+                assert rec.shapes[0][1:] == (group, 16)  # all heads' rows of one query tile
+            elif rec.buffers[1] in ("private_hbm", "shared_hbm", "hbm"):
+                loads += n
+    assert loads == 2 * 3 * 2  # (batch) x (q, k, v) x (full tiles + ragged tile)
+    assert stores == 2 * 2  # (batch) x (query tiles)
+
+
+def test_head_group_respects_the_sbuf_budget() -> None:
+    """Long sequences keep fewer heads resident: 16 heads of 2048 x 128 bf16 rows go 4 at a time."""
+    from neuron_compile.codegen.render_attention import GROUP_ROWS_BYTES, head_group
+    from neuron_compile.lowering.ir import ArgSpec
+
+    kern = AttentionKernel("k0_attention", "attention", (ArgSpec(1, "bfloat16"),) * 3, (ArgSpec(1, "bfloat16"),),
+                           4, 16, 2048, 2048, 128, 128, 0.1, True, (0, 0, (0, 0, 128, 1)), (1, 0, (0, 0, 128, 1)),
+                           (2, 0, (0, 0, 128, 1)), None, (0, 0, 128, 1), "bfloat16")
+    assert head_group(kern) == 4
+    assert head_group(kern) * 4 * (16 * 128 * 2) <= GROUP_ROWS_BYTES
