@@ -75,12 +75,14 @@ def _load_rows(out: Lines, name: str, arg: int, off: str, strides: tuple[int, ..
                 f"{heads}[{s_col}, {cols}]], offset={tail}))")
 
 
-def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str, scale: float = 1.0) -> None:
+def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype: str, scale: float = 1.0,
+                    on_scalar: bool = False) -> None:
     """``dst[cols, hh, rows] = scale * src[:, :, hh, :]^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and
-    eviction (``dst`` is allocated by the caller for the whole head group)."""
+    eviction (``dst`` is allocated by the caller for the whole head group; VectorE evicts unless ``on_scalar``)."""
     tiles = -(-rows // PMAX)
-    evict = (f"nisa.tensor_copy(dst={dst}[:, hh, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
-             f"nisa.tensor_scalar(dst={dst}[:, hh, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
+    evict = (f"nisa.activation(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], op=nl.copy, data=tp[:, 0:w], "
+             f"scale={scale!r})") if on_scalar else (f"nisa.tensor_copy(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
+             f"nisa.tensor_scalar(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
              f"operand0={scale!r})")
     out.add(f"""\
 for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
@@ -92,22 +94,27 @@ for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
     {evict}""")
 
 
-def head_group(k: AttentionKernel) -> int:
-    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` whose rows fit
-    ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
+def head_group(k: AttentionKernel, cap: int | None = None) -> int:
+    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` (at most ``cap``) whose
+    rows fit ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
     csize, osize = (2 if k.compute_dtype in ("bfloat16", "float16") else 4), (2 if k.outputs[0].dtype in (
         "bfloat16", "float16") else 4)
     nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
     rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
     other = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) - rows
     best = 1
-    for g in range(2, k.heads + 1):
+    for g in range(2, min(k.heads, cap or k.heads) + 1):
         if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
             best = g
     return best
 
 
 def attention_body(k: AttentionKernel) -> str:
+    from neuron_compile.codegen.render_attention_t import transposed_group, transposed_scores_body
+
+    group = transposed_group(k)
+    if group:
+        return transposed_scores_body(k, group)
     out = Lines()
     cdt = k.compute_dtype
     odt = k.outputs[0].dtype

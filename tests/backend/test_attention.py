@@ -84,7 +84,7 @@ def test_sdpa_one_kernel_matches_eager(dtype: torch.dtype, causal: bool, shape: 
 def test_several_online_softmax_steps(causal: bool) -> None:
     # fp32 steps are 1536 keys (three 512-key PSUM chunks): 1700 keys take two steps (running max/sum
     # rescaling); with a causal mask only the last query tiles need the second step. Ragged 128-tiles.
-    q, k, v = _qkv(1, 1, 1700 if causal else 200, 1700, 32, 48)
+    q, k, v = _qkv(1, 1, 1700 if causal else 200, 1700, 128, 48)  # d = 128: the standard kernel
     stats = _check(_sdpa(is_causal=causal), q, k, v)
     assert stats["plan"].kernels[0].key_step == 1536
 
@@ -153,11 +153,12 @@ def test_fusion_disabled_uses_decomposition() -> None:
         _check(_sdpa(is_causal=True), q, k, v, fused=False)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "mask"])
-def test_kernel_source_uses_only_public_nki_api(causal: bool) -> None:
+@pytest.mark.parametrize("kind", ["transposed", "causal", "mask"])
+def test_kernel_source_uses_only_public_nki_api(kind: str) -> None:
+    """The transposed-scores kernel (d = 32, no mask) and the standard one (d = 128 causal, or a mask)."""
     require_api()
-    q, k, v = _qkv(1, 2, 130, 130, 32, dtype=torch.bfloat16)
-    if causal:
+    q, k, v = _qkv(1, 2, 130, 130, 32 if kind != "causal" else 128, dtype=torch.bfloat16)
+    if kind != "mask":
         _, stats = _run(_sdpa(is_causal=True), q, k, v)
     else:
         m = torch.zeros(130, 130, dtype=torch.bfloat16)
@@ -165,8 +166,10 @@ def test_kernel_source_uses_only_public_nki_api(causal: bool) -> None:
     (name, src), = stats["sources"]
     assert check_source_against_api(src) == [], src
     assert check_kernel_rules(src) == [], src  # statically bounded tiles: <= 128 partitions, one PSUM bank
-    assert "nisa.nc_transpose" in src and "reduce_cmd=nisa.reduce_cmd.reset_reduce" in src
-    assert ("nisa.affine_select" in src) is causal and ("mask_t" in src) is not causal
+    assert "nisa.nc_transpose" in src
+    assert ("reduce_cmd=nisa.reduce_cmd.reset_reduce" in src) is (kind != "transposed")
+    assert ("onehot" in src) is (kind == "transposed")  # K^T augmentation rows
+    assert ("nisa.affine_select" in src) is (kind != "mask") and ("mask_t" in src) is (kind == "mask")
 
 
 def test_roofline_counts_attention_math() -> None:
@@ -208,7 +211,7 @@ def test_head_split_views_absorbed(dtype: torch.dtype) -> None:
 def test_bf16_transposed_p_pairs_share_a_bank() -> None:
     # bf16: two 512-key chunks' transposed P share one PSUM bank and eviction; 2300 keys = two 1152-key steps
     # of chunks 512 + 512 (one pair) + 128 (a ragged single), ragged 130 queries.
-    q, k, v = _qkv(1, 1, 130, 2300, 32, 40, dtype=torch.bfloat16)
+    q, k, v = _qkv(1, 1, 130, 2300, 128, 40, dtype=torch.bfloat16)  # d = 128: the standard kernel
     stats = _check(_sdpa(), q, k, v)
     (_, src), = stats["sources"]
     assert "c % 2 == 0" in src and check_kernel_rules(src) == [], src
@@ -248,3 +251,32 @@ def test_head_group_respects_the_sbuf_budget() -> None:
                            (2, 0, (0, 0, 128, 1)), None, (0, 0, 128, 1), "bfloat16")
     assert head_group(kern) == 4
     assert head_group(kern) * 4 * (16 * 128 * 2) <= GROUP_ROWS_BYTES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(2, 4, 700, 700, 64, 64), (1, 3, 130, 77, 32, 40), (1, 2, 77, 600, 96, 16)],
+                         ids=["blocks", "sq>sk", "sq<sk"])
+def test_transposed_scores_kernel_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[int, ...]) -> None:
+    """Heads of 32/64/96 without a mask: S^T - max comes out of TensorE (augmented contraction rows), P^T is the
+    exp's output and the row sums ride in a ones column of V: no transpose of P. Two 512-query blocks, ragged
+    tiles, more queries than keys and the reverse."""
+    from neuron_compile.codegen.render_attention_t import transposed_group
+    from neuron_compile.instruction_stream import kernel_stream
+
+    b, h, sq, sk, d, dv = shape
+    q, k, v = _qkv(b, h, sq, sk, d, dv, dtype=dtype)
+    stats = _check(_sdpa(is_causal=causal), q, k, v)
+    kern = stats["plan"].kernels[0]
+    group = transposed_group(kern)
+    assert group == h
+    transposes = sum(n for rec, n in kernel_stream(kern).items() if rec.instruction == "nc_transpose")
+    # only Q and K (4 row tiles per transpose bank) and one max tile per query tile: no 128-key tiles of P
+    q_tiles, k_tiles = -(-sq // 128), -(-sk // 128)
+    assert transposes == b * h * (q_tiles + k_tiles) + b * q_tiles
+
+
+def test_transposed_scores_are_stable_for_large_scores() -> None:
+    """Scores of +-3000 (far beyond exp's range): the exact row max shifts them, so nothing overflows."""
+    q, k, v = _qkv(1, 2, 200, 200, 64, dtype=torch.float32)
+    _check(_sdpa(is_causal=True), q * 60.0, k * 60.0, v)

@@ -1,0 +1,209 @@
+"""Attention with transposed scores: no transpose of the probabilities (heads of 32, 64 or 96, no additive mask).
+
+The standard flash-attention kernel (:mod:`render_attention`) computes ``S = Q K^T`` with queries on
+partitions, so the probabilities must be transposed on TensorE (and evicted from PSUM) before ``P V``,
+which contracts over keys. When the head dim ``d`` leaves partitions free, the score matrix can come
+out of TensorE already transposed *and* shifted by the row max: with ``G`` augmentation rows below
+the head's ``d`` contraction rows,
+
+* ``K^T`` of head ``j`` carries a one-hot row ``d + j`` (ones) and zeros in the other augmentation rows,
+* ``Q^T`` carries, in row ``d + j``, the negated row max of head ``j`` for every query,
+
+so ``nc_matmul(stationary=K^T_aug, moving=Q^T_aug)`` gives ``S^T - max`` (keys on partitions), ScalarE's
+exp turns it into ``P^T`` in SBUF, and ``P V`` follows with no transpose and no PSUM eviction of P. The
+row sums come from a ones column appended to V (``[P V | P 1]``), the exact row max (a first, q-major
+``Q K^T`` pass whose only consumer is VectorE's ``tensor_reduce``) is known before any exp, so no online
+rescaling is needed.
+
+Per (batch, head group), per block of up to 512 queries:
+
+1. phase 1: for each 128-query tile and head, ``S`` in 512-key PSUM chunks (causal diagonal: a -3e38
+   bias accumulated by TensorE), negated chunk maxima combined on GpSimd into one bf16 column per head of
+   ``mx``; ``mx`` is transposed (TensorE) so that head ``j``'s maxima land on partition ``d + j``, copied
+   to SBUF (ScalarE) and broadcast into every head's ``Q^T`` (GpSimd);
+2. phase 2: per head and 128-key tile, ``S^T - max`` for the block's queries that see the keys (one PSUM
+   bank), ``P^T = exp(.)`` (ScalarE), causal diagonal zeroed by ``affine_select`` (GpSimd),
+   ``[O | l] += P V_aug`` per query tile (TensorE, one PSUM bank per head and block);
+3. ``out = O / l`` (VectorE reciprocal, ScalarE scale), one store per query tile for the whole head group.
+
+The max is taken in fp32 and stored in the matmul dtype: the same rounded value shifts every score of a
+row, so it cancels in ``O / l`` (it is only a stabiliser). Hardware rules: augmentation rows start at
+partition ``d`` (a multiple of 32) and are at most 32 (start/count alignment); every PSUM tile fits one
+2 KiB bank; <= 128 partitions; NKI 0.6 names only.
+"""
+
+from __future__ import annotations
+
+from neuron_compile.codegen.render import Lines, _offset
+from neuron_compile.codegen.render_attention import (
+    BANK_KEYS, MASK_BIAS, _group_pattern, _load_rows, _transpose_rows, head_group)
+from neuron_compile.lowering.attention import SBUF_BUDGET
+from neuron_compile.lowering.ir import AttentionKernel
+from neuron_compile.simulator_limits import PMAX
+
+QUERY_BLOCK = 4 * PMAX  # queries per S^T matmul: 512 fp32 scores per partition = one PSUM bank
+MAX_AUG_ROWS = 32  # augmentation rows start at partition d: a count <= 32 may start at 0/32/64/96
+
+
+def _size(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
+    """Per-partition SBUF of the transposed-scores kernel with ``group`` heads resident."""
+    cs, os_ = _size(k.compute_dtype), _size(k.outputs[0].dtype)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    rows = (nq * k.d + nk * k.d + nk * k.dv + nk * (k.dv + 1)) * cs  # q, k, v rows and V | 1
+    transposed = (k.sq + k.sk) * cs  # Q^T and K^T
+    per_block = QUERY_BLOCK // PMAX * (k.dv * os_ + (k.d + group) * cs)  # output rows, mx
+    onehot = group * k.sk * cs
+    return group * (rows + transposed) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
+
+
+def transposed_group(k: AttentionKernel) -> int:
+    """Heads per group for the transposed-scores kernel, or 0 when the kernel doesn't apply."""
+    if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX:
+        return 0
+    group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d))
+    while group > 0 and (k.heads % group or sbuf_bytes_t(k, group) > SBUF_BUDGET):
+        group -= 1
+    return group
+
+
+def transposed_scores_body(k: AttentionKernel, group: int) -> str:
+    out = Lines()
+    cdt, odt, d, dv, G = k.compute_dtype, k.outputs[0].dtype, k.d, k.dv, group
+    ka = d + G  # contraction rows of the shifted S^T matmul
+    nk = -(-k.sk // PMAX)
+    nch_max = -(-k.sk // BANK_KEYS)
+    tiles_per_block = QUERY_BLOCK // PMAX
+    if k.causal:
+        out.add(f"""\
+ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=ident, value=1.0)
+nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
+cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=cbias, value=0.0)
+nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+    out.add(f"""\
+mx = nl.ndarray(({PMAX}, {tiles_per_block}, {ka}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=mx, value=0.0)
+# The augmentation rows of K^T: row d + j of head j is 1, built once on partitions 0..G-1 and copied to d.. of each
+# group's K^T (a move of <= 32 partitions may cross quadrants).
+onehot = nl.ndarray(({G}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=onehot, value=1.0, engine=nisa.engine.gpsimd)
+nisa.affine_select(dst=onehot, pattern=[[-1, {G}], [0, {k.sk}]], channel_multiplier=1, on_true_tile=onehot, on_false_value=0.0, cmp_op=nl.equal)
+for b in range({k.batch}):""")
+    out.depth += 1
+    out.add(f"for hg in range(0, {k.heads}, {G}):")
+    out.depth += 1
+
+    def base(acc: tuple[int, int, tuple[int, ...]]) -> str:
+        return _offset(acc[1], [("b", acc[2][0]), ("hg", acc[2][1])])
+
+    qa, kacc, va = k.q, k.k, k.v
+    _load_rows(out, "q_rows", qa[0], base(qa), qa[2], k.sq, d, G, cdt)
+    _load_rows(out, "k_rows", kacc[0], base(kacc), kacc[2], k.sk, d, G, cdt)
+    _load_rows(out, "v_rows", va[0], base(va), va[2], k.sk, dv, G, cdt)
+    out.add(f"""\
+v_aug = nl.ndarray(({PMAX}, {nk}, {G}, {dv + 1}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=v_aug[:, :, :, {dv}:{dv + 1}], value=1.0, engine=nisa.engine.gpsimd)
+nisa.tensor_copy(dst=v_aug[:, :, :, 0:{dv}], src=v_rows, engine=nisa.engine.gpsimd)
+qT = nl.ndarray(({ka}, {G}, {k.sq}), dtype=nl.{cdt}, buffer=nl.sbuf)
+kT = nl.ndarray(({ka}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.tensor_copy(dst=kT[{d}:{ka}, :, :], src=onehot, engine=nisa.engine.gpsimd)
+for hh in range({G}):""")
+    out.depth += 1
+    _transpose_rows(out, "q_rows", "qT", k.sq, d, cdt, k.scale)  # scores come out of PSUM already scaled
+    _transpose_rows(out, "k_rows", "kT", k.sk, d, cdt, on_scalar=True)  # VectorE carries the row max
+    out.depth -= 1
+    kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
+    out.add(f"""\
+for qb in range(0, {k.sq}, {QUERY_BLOCK}):
+    NB = min({QUERY_BLOCK}, {k.sq} - qb)
+    ntq = (NB + {PMAX - 1}) // {PMAX}
+    for it in range(ntq):
+        q0 = qb + it * {PMAX}
+        P = min({PMAX}, {k.sq} - q0)
+        kend = {kend}
+        nch = (kend + {BANK_KEYS - 1}) // {BANK_KEYS}
+        for hh in range({G}):
+            nparts = nl.ndarray((P, {nch_max}), dtype=nl.float32, buffer=nl.sbuf)
+            for c in range(nch):
+                kc = c * {BANK_KEYS}
+                cw = min({BANK_KEYS}, kend - kc)
+                s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=s_ps, stationary=qT[0:{d}, hh, q0:q0 + P], moving=kT[0:{d}, hh, kc:kc + cw])""")
+    out.depth += 4
+    if k.causal:
+        out.add(f"""\
+lo = max(q0, kc)
+hi = min(q0 + P, kc + cw)
+if lo < hi:
+    n = min({PMAX}, hi - lo)
+    c1 = lo - q0
+    c2 = lo - kc
+    nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
+    out.add("nisa.tensor_reduce(dst=nparts[:, c:c + 1], op=nl.maximum, data=s_ps, axis=1, negate=True)")
+    out.depth -= 1
+    # negated maxima combine with min; the last one is written (rounded) into head hh's column of mx
+    out.add(f"""\
+nmax = nparts[:, 0:1]
+for c in range(1, nch):
+    nm = mx[0:P, it, {d} + hh:{d} + hh + 1] if c == nch - 1 else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=nm, data1=nmax, data2=nparts[:, c:c + 1], op=nl.minimum, engine=nisa.engine.gpsimd)
+    nmax = nm
+if nch == 1:
+    nisa.tensor_copy(dst=mx[0:P, it, {d} + hh:{d} + hh + 1], src=nmax, engine=nisa.engine.gpsimd)""")
+    out.depth -= 2
+    out.add(f"""\
+# every head's negated maxima onto partitions d.. of its Q^T: transpose, copy, broadcast over the heads
+mt_ps = nl.ndarray(({ka}, {QUERY_BLOCK}), dtype=nl.{cdt}, buffer=nl.psum)
+for it in range(ntq):
+    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
+    nisa.nc_transpose(dst=mt_ps[:, it * {PMAX}:it * {PMAX} + P], data=mx[0:P, it, :])
+mrow = nl.ndarray(({ka}, {QUERY_BLOCK}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.activation(dst=mrow[{d}:{ka}, 0:NB], op=nl.copy, data=mt_ps[{d}:{ka}, 0:NB])
+for hh in range({G}):
+    nisa.tensor_copy(dst=qT[{d}:{ka}, hh, qb:qb + NB], src=mrow[{d}:{ka}, 0:NB], engine=nisa.engine.gpsimd)
+o_blk = nl.ndarray(({PMAX}, {tiles_per_block}, {G}, {dv}), dtype=nl.{odt}, buffer=nl.sbuf)
+jend = {f"min({k.sk}, qb + NB)" if k.causal else k.sk}
+for hh in range({G}):
+    o_ps = nl.ndarray(({PMAX}, {tiles_per_block}, {dv + 1}), dtype=nl.float32, buffer=nl.psum)
+    for j in range((jend + {PMAX - 1}) // {PMAX}):
+        k0 = j * {PMAX}
+        kw = min({PMAX}, {k.sk} - k0)
+        qs = {"max(qb, k0)" if k.causal else "qb"}
+        nw = min({QUERY_BLOCK}, qb + NB - qs)
+        st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=st_ps[0:kw, 0:nw], stationary=kT[0:{ka}, hh, k0:k0 + kw], moving=qT[0:{ka}, hh, qs:qs + nw])
+        pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{cdt}, buffer=nl.sbuf)
+        nisa.activation(dst=pt[0:kw, 0:nw], op=nl.exp, data=st_ps[0:kw, 0:nw])""")
+    out.depth += 2
+    if k.causal:  # the diagonal tile: keys after the query get probability 0 (select, so an inf exp is harmless)
+        out.add(f"""\
+if qs == k0:
+    w = min({PMAX}, nw)
+    nisa.affine_select(dst=pt[0:kw, 0:w], pattern=[[1, w]], channel_multiplier=-1, on_true_tile=pt[0:kw, 0:w], on_false_value=0.0, cmp_op=nl.greater_equal)""")
+    out.add(f"""\
+for it in range((qs - qb) // {PMAX}, ntq):
+    c0 = qb + it * {PMAX} - qs
+    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
+    nisa.nc_matmul(dst=o_ps[0:P, it, :], stationary=pt[0:kw, c0:c0 + P], moving=v_aug[0:kw, j, hh, 0:{dv + 1}], accumulate=(j > 0))""")
+    out.depth -= 1
+    out.add(f"""\
+# one reciprocal for the block's row sums (rows past a ragged last tile are never read)
+rl = nl.ndarray(({PMAX}, {tiles_per_block}), dtype=nl.float32, buffer=nl.sbuf)
+nisa.reciprocal(dst=rl[:, 0:ntq], data=o_ps[:, 0:ntq, {dv}])
+for it in range(ntq):
+    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
+    nisa.activation(dst=o_blk[0:P, it, hh, :], op=nl.copy, data=o_ps[0:P, it, 0:{dv}], scale=rl[0:P, it:it + 1])""")
+    out.depth -= 1
+    ob, oh, os_, od = k.out_strides
+    o_off = _offset(0, [("b", ob), ("hg", oh), ("q0", os_)])
+    out.add(f"""\
+for it in range(ntq):
+    q0 = qb + it * {PMAX}
+    P = min({PMAX}, {k.sq} - q0)
+    nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, G)}[{od}, {dv}]], offset={o_off}), src=o_blk[0:P, it, :, :])""")
+    return out.text()
