@@ -45,6 +45,7 @@ MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for Tensor
 PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+EPILOGUE_SBUF_MARGIN = 8 * 1024  # per partition, kept free beside the counted epilogue tiles
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,16 @@ class Tiles:
     resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
     split: bool = False  # K in KB-tile chunks, partial sums of the whole block kept in SBUF fp32
     direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
+    rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand / stores a result
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
         bm, bn, kb, ta, tb, res, *rest = attr
-        split, direct = (list(rest) + [False, False])[:2]
-        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct))
+        split, direct, rg = (list(rest) + [False, False, 1][len(rest):])[:3]
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg))
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class MatmulRenderer:
         self.nt = moving_tile(self.N)
         self.acc_src = "acc[t % len(acc)][0:P, 0:F]"  # where the epilogue reads the finished sum
         self.direct: set[str] = set()  # blocks ("a_blk"/"b_blk") filled by TensorE transposes
+        self.held = 0  # SBUF bytes per partition of the operand blocks, partial sums and staging rows
 
     # -- phase 1: transposes into HBM scratch ------------------------------------------------------
     def transpose_to_scratch(self, out: Lines, op: Operand, name: str) -> Operand:
@@ -211,6 +214,7 @@ class MatmulRenderer:
             if dst in self.direct:
                 out.add(f"{dst}_tr_rows = nl.ndarray(({PMAX}, {_transpose_group(op.dtype)}, {kw}), "
                         f"dtype=nl.{op.dtype}, buffer=nl.sbuf)")
+                self.held += _transpose_group(op.dtype) * kw * ITEMSIZE[op.dtype]
                 if op.dtype not in dtypes:
                     dtypes.append(op.dtype)
                     out.add(f"tr_tp_{op.dtype} = nl.ndarray(({PMAX}, 2, {_transpose_group(op.dtype) * PMAX}), "
@@ -255,6 +259,7 @@ class MatmulRenderer:
         tm, tn = bm // PMAX, bn // nt
         n_acc = tm * tn
         self.accumulators(out, n_acc)
+        self.held += kb * (bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype])
         out.add(f"""
             a_blk = nl.ndarray(({PMAX}, {kb}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
             b_blk = nl.ndarray(({PMAX}, {kb}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
@@ -289,6 +294,7 @@ class MatmulRenderer:
         kt_all = math.ceil(K / PMAX)
         n_acc = min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
         self.accumulators(out, n_acc)
+        self.held += kt_all * (bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype])
         out.add(f"""
             a_blk = nl.ndarray(({PMAX}, {kt_all}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
             b_blk = nl.ndarray(({PMAX}, {kt_all}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
@@ -331,6 +337,7 @@ class MatmulRenderer:
         n_chunks = math.ceil(K / kc)
         n_acc = min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
         self.accumulators(out, n_acc)
+        self.held += kb * (bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]) + bm // PMAX * bn * 4
         out.add(f"""
             a_blk = nl.ndarray(({PMAX}, {kb}, {bm}), dtype=nl.{a.dtype}, buffer=nl.sbuf)
             b_blk = nl.ndarray(({PMAX}, {kb}, {bn}), dtype=nl.{b.dtype}, buffer=nl.sbuf)
@@ -400,46 +407,98 @@ class MatmulRenderer:
             acc = self.loop.view(op)["access"]
             width = min(self.t.bn, _ceil_to(self.N, self.nt))
             out.add(f"""
-                {op.out}_blk = nl.ndarray(({PMAX}, {width}), dtype=nl.{op.dtype}, buffer=nl.sbuf)
+                {op.out}_blk = nl.ndarray(({PMAX}, {width}), dtype=nl.{_load_dtype(op)}, buffer=nl.sbuf)
                 f0 = n0
                 nisa.dma_copy(dst={op.out}_blk[0:{PMAX}, 0:BN], src=in{acc['arg']}.ap(pattern=[[0, {PMAX}], [{acc['sf']}, BN]], offset={acc['offset']}))
                 """)
             hoisted.add(op.out)
+            self.held += 2 * width * ITEMSIZE.get(_load_dtype(op), 4)  # allocated per N block: two live at the switch
         return hoisted
 
     def eviction_loops(self, out: Lines, hoisted: set[str], bn: int, tile_prologue: str) -> None:
         """Per output tile of the block: ``tile_prologue`` (matmuls or accumulator index), then the epilogue.
 
-        Values stored to an output are written by their instruction straight into a ``[128, BN]``
-        staging row in the output dtype and leave in one DMA per row of tiles (not one per tile).
+        Output tiles go in groups of ``RG`` row tiles (``Tiles.rg``, as many as SBUF holds). Per group,
+        each row-varying epilogue operand (a residual) arrives in one ``[128, RG, BN]`` DMA in its
+        storage dtype (engines convert on read), and each value stored to an output is written by its
+        instruction straight into a ``[128, RG, BN]`` staging tile in the output dtype that leaves in
+        one DMA (not one per tile or per row of tiles).
         """
         depth = out.depth
         staged = self.staged_stores()
+        grouped = self.row_loads(hoisted)
+        rg = self.row_group(bn, staged, grouped)
         out.add(f"""
-            for i in range(0, BM, {PMAX}):
-                P = min({PMAX}, BM - i)
-                p0 = m0 + i
+            for i0 in range(0, BM, {rg * PMAX}):
+                GR = min({rg * PMAX}, BM - i0)
+                RF = GR // {PMAX}
             """)
         out.depth += 1
+        for op in grouped:
+            out.add(f"{op.out}_grp = nl.ndarray(({PMAX}, {rg}, {bn}), dtype=nl.{_load_dtype(op)}, buffer=nl.sbuf)")
+            self.group_dma(out, op, f"{op.out}_grp", load=True)
         for op in staged:
-            out.add(f"{op.args[0]}_stage = nl.ndarray(({PMAX}, {bn}), dtype=nl.{op.attr('dst_dtype')}, "
+            out.add(f"{op.args[0]}_stage = nl.ndarray(({PMAX}, {rg}, {bn}), dtype=nl.{op.attr('dst_dtype')}, "
                     "buffer=nl.sbuf)")
         out.add(f"""
-            for j in range(0, BN, {self.nt}):
-                F = min({self.nt}, BN - j)
-                f0 = n0 + j
+            for i in range(i0, i0 + GR, {PMAX}):
+                P = min({PMAX}, BM - i)
+                p0 = m0 + i
+                for j in range(0, BN, {self.nt}):
+                    F = min({self.nt}, BN - j)
+                    f0 = n0 + j
             """)
-        out.depth += 1
+        out.depth += 2
         out.add(tile_prologue)
-        self.epilogue(out, hoisted, staged)
-        out.depth -= 1
-        if staged:
-            out.add("f0 = n0")
+        self.epilogue(out, hoisted, staged, {op.out for op in grouped})
+        out.depth -= 2
         for op in staged:
-            acc = self.loop.view(op)["access"]
-            out.add(f"nisa.dma_copy(dst=out{acc['arg']}.ap(pattern=[[{acc['sp']}, P], [{acc['sf']}, BN]], "
-                    f"offset={acc['offset']}), src={op.args[0]}_stage[0:P, 0:BN])")
+            self.group_dma(out, op, f"{op.args[0]}_stage", load=False)
         out.depth = depth
+
+    def group_dma(self, out: Lines, op: TileOp, tile: str, load: bool) -> None:
+        """One DMA between ``tile[0:128, 0:RF, 0:BN]`` and rows ``m0 + i0 ...`` of ``op``'s tensor (+ a ragged tile)."""
+        acc = self.loop.view(op)["access"]
+        sp, sf = acc["sp"], acc["sf"]
+        hbm = f"in{acc['arg']}" if load else f"out{acc['arg']}"
+        full = f"{hbm}.ap(pattern=[[{sp}, {PMAX}], [{PMAX * sp}, RF], [{sf}, BN]], offset={acc['offset']})"
+        rest = f"{hbm}.ap(pattern=[[{sp}, GR % {PMAX}], [{sf}, BN]], offset={acc['offset']})"
+        pair = (f"dst={tile}[0:{PMAX}, 0:RF, 0:BN], src={full}", f"dst={tile}[0:GR % {PMAX}, RF, 0:BN], src={rest}") \
+            if load else (f"dst={full}, src={tile}[0:{PMAX}, 0:RF, 0:BN]", f"dst={rest}, src={tile}[0:GR % {PMAX}, RF, 0:BN]")
+        out.add(f"""
+            f0 = n0
+            if RF > 0:
+                p0 = m0 + i0
+                nisa.dma_copy({pair[0]})
+            if GR % {PMAX}:
+                p0 = m0 + i0 + RF * {PMAX}
+                nisa.dma_copy({pair[1]})
+            """)
+
+    def row_loads(self, hoisted: set[str]) -> list[TileOp]:
+        """Full-tile loads of the epilogue that vary over rows (e.g. a residual): loaded per row group."""
+        return [op for op in self.rest if op.opcode == "load" and op.kind == "full" and op.out not in hoisted]
+
+    def row_group(self, bn: int, staged: list[TileOp], grouped: list[TileOp]) -> int:
+        """Row tiles per epilogue group: ``Tiles.rg``, at most the block's, within SBUF.
+
+        Group tiles are allocated per group (two live when one group follows another), next to the
+        operand blocks (``self.held``) and the per-tile epilogue temporaries (two of each live).
+        """
+        from neuron_compile.simulator.targets import LIMITS
+
+        tiles = math.ceil(min(self.t.bm, _ceil_to(self.M, PMAX)) / PMAX)
+        rg = max(1, min(self.t.rg, tiles))
+        per_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped) \
+            + sum(ITEMSIZE.get(op.attr("dst_dtype"), 4) for op in staged)
+        if not per_row:
+            return 1
+        temps = 2 * self.nt * sum(ITEMSIZE.get(op.dtype, 4) * (2 if op.opcode == "round" else 1)
+                                  for op in self.rest if op.opcode not in ("load", "store"))
+        free = LIMITS[config.target].sbuf_partition_bytes - self.held - temps - EPILOGUE_SBUF_MARGIN
+        while rg > 1 and 2 * rg * bn * per_row > free:
+            rg -= 1
+        return rg
 
     def staged_stores(self) -> list[TileOp]:
         """Full stores of values computed in the epilogue (one store per value; hoisted loads excluded)."""
@@ -457,7 +516,7 @@ class MatmulRenderer:
     def producer(self, name: str) -> TileOp:
         return next(op for op in self.rest if op.out == name)
 
-    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp]) -> None:
+    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp], grouped: set[str]) -> None:
         mm = self.mm
         stage_of = {op.args[0]: op for op in staged}
         users = [op for op in self.rest if mm.out in op.args]
@@ -465,7 +524,7 @@ class MatmulRenderer:
         if in_place:
             out.add(f"{mm.out} = {self.acc_src}")
         else:
-            dst = f"{mm.out}_stage[0:P, j:j + F]" if mm.out in stage_of else \
+            dst = f"{mm.out}_stage[0:P, (i - i0) // {PMAX}, j:j + F]" if mm.out in stage_of else \
                 "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)"
             out.add(f"""
                 {mm.out} = {dst}
@@ -477,6 +536,8 @@ class MatmulRenderer:
             view["engine"] = engines.get(op.out)
             if op.out in hoisted:
                 out.add(f"{op.out} = {op.out}_blk[0:P, j:j + F]")
+            elif op.out in grouped:
+                out.add(f"{op.out} = {op.out}_grp[0:P, (i - i0) // {PMAX}, j:j + F]")
             elif any(op is st for st in staged):
                 continue
             elif op.out in stage_of:
@@ -484,7 +545,7 @@ class MatmulRenderer:
                 text = str(self.loop.macros.render_op(view, self.loop.kinds, config.target))
                 alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
                 assert alloc in text, f"staged value {op.out} has no tile allocation to redirect"
-                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, j:j + F]"))
+                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - i0) // {PMAX}, j:j + F]"))
             else:
                 self.loop._emit(out, view)
 
@@ -504,6 +565,15 @@ class MatmulRenderer:
         if not in_place:
             load["vector"] += ls.op_ns(self.mm, "vector", free, target, kinds)
         return ls.assign_engines([op for op in body if op not in psum], free, target, kinds, load)
+
+
+def _load_dtype(op: TileOp) -> str:
+    """SBUF dtype of an epilogue load: its storage dtype when that widens exactly to the op's dtype
+    (bf16/fp16 -> fp32: the DMA moves 2 bytes per element and the engines convert on read)."""
+    src = op.attr("src_dtype")
+    if src in ITEMSIZE and op.dtype in ITEMSIZE and ITEMSIZE[src] <= ITEMSIZE[op.dtype]:
+        return str(src)
+    return op.dtype
 
 
 def _transpose_group(dtype: str) -> int:

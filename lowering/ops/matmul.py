@@ -51,6 +51,8 @@ MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for Ten
 SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't be large (K > 2048)
 SMALL_OPERAND = 128 * 512
 DIRECT_ROWS = 4  # row tiles staged per direct transpose group (bf16; fp32 stages 2)  # elements: below this a strided load may beat the transpose pass
+ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg) for the best block configurations
+ROW_GROUP_FINALISTS = 4
 _TUNED: dict[str, Any] = {}
 
 
@@ -127,15 +129,21 @@ def _with_tiles(kernel: LoopKernel, tiles: Tiles) -> LoopKernel:
     return replace(kernel, ops=ops)
 
 
+def _score(kernel: LoopKernel, tiles: Tiles, target: str) -> float:
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import kernel_stream
+
+    ns = estimate(kernel_stream(_with_tiles(kernel, tiles)), target).time_ns
+    log.debug("%s: tiles %s -> %.1f us", kernel.name, tiles, ns / 1e3)
+    return ns
+
+
 def tune(kernel: LoopKernel) -> LoopKernel:
     """The kernel with the candidate tile configuration the cost model estimates fastest.
 
     Cached in-process per kernel signature (the kernel IR without its name); the choice is written
     into the IR, so cached artifacts keep it.
     """
-    from neuron_compile.costmodel import estimate
-    from neuron_compile.instruction_stream import kernel_stream
-
     target = config.target
     sig = json.dumps({**kernel.to_json(), "name": "", "target": target}, sort_keys=True, default=str)
     cached = _TUNED.get(sig)
@@ -146,11 +154,22 @@ def tune(kernel: LoopKernel) -> LoopKernel:
         raise LoweringError(f"{kernel.name}: no matmul tile configuration fits SBUF on {target}")
     best, best_ns = cands[0], math.inf
     if len(cands) > 1:
+        scored = []
         for cand in cands:
-            ns = estimate(kernel_stream(_with_tiles(kernel, cand)), target).time_ns
-            log.debug("%s: tiles %s -> %.1f us", kernel.name, cand, ns / 1e3)
+            ns = _score(kernel, cand, target)
+            scored.append((ns, cand))
             if ns < best_ns:
                 best, best_ns = cand, ns
+        # epilogue row groups (fewer, larger epilogue DMAs vs fewer stores to pipeline behind) for the best blocks
+        scored.sort(key=lambda x: x[0])
+        for _, top in scored[:ROW_GROUP_FINALISTS]:
+            for rg in ROW_GROUPS:
+                if rg == top.rg or (rg - 1) * PMAX >= top.bm:
+                    continue
+                cand = replace(top, rg=rg)
+                ns = _score(kernel, cand, target)
+                if ns < best_ns:
+                    best, best_ns = cand, ns
     log.debug("%s: chose tiles %s of %d candidates", kernel.name, best, len(cands))
     _TUNED[sig] = best
     return _with_tiles(kernel, best)

@@ -91,20 +91,28 @@ def k0_mm_add_gelu(in0, in1, in2):
                             F = min(512, BN - j)
                             t = (i // 128) * 2 + j // 512
                             nisa.nc_matmul(dst=acc[t % 4][0:P, 0:F], stationary=a_blk[0:KK, kt // 128, i:i + P], moving=b_blk[0:KK, kt // 128, j:j + F], accumulate=(k0 + kt > 0))
-            for i in range(0, BM, 128):
-                P = min(128, BM - i)
-                p0 = m0 + i
-                v4_stage = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
-                for j in range(0, BN, 512):
-                    F = min(512, BN - j)
-                    f0 = n0 + j
-                    t = (i // 128) * 2 + j // 512
-                    v1 = acc[t % len(acc)][0:P, 0:F]
-                    v2 = v2_blk[0:P, j:j + F]
-                    v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.add)
-                    v4 = v4_stage[0:P, j:j + F]
-                    nisa.activation(dst=v4, op=nl.gelu, data=v3)
+            for i0 in range(0, BM, 128):
+                GR = min(128, BM - i0)
+                RF = GR // 128
+                v4_stage = nl.ndarray((128, 1, 1024), dtype=nl.float32, buffer=nl.sbuf)
+                for i in range(i0, i0 + GR, 128):
+                    P = min(128, BM - i)
+                    p0 = m0 + i
+                    for j in range(0, BN, 512):
+                        F = min(512, BN - j)
+                        f0 = n0 + j
+                        t = (i // 128) * 2 + j // 512
+                        v1 = acc[t % len(acc)][0:P, 0:F]
+                        v2 = v2_blk[0:P, j:j + F]
+                        v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.add)
+                        v4 = v4_stage[0:P, (i - i0) // 128, j:j + F]
+                        nisa.activation(dst=v4, op=nl.gelu, data=v3)
                 f0 = n0
-                nisa.dma_copy(dst=out0.ap(pattern=[[700, P], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:P, 0:BN])
+                if RF > 0:
+                    p0 = m0 + i0
+                    nisa.dma_copy(dst=out0.ap(pattern=[[700, 128], [89600, RF], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:128, 0:RF, 0:BN])
+                if GR % 128:
+                    p0 = m0 + i0 + RF * 128
+                    nisa.dma_copy(dst=out0.ap(pattern=[[700, GR % 128], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:GR % 128, RF, 0:BN])
     return out0

@@ -1,0 +1,136 @@
+"""Matmul epilogue DMAs (codegen/render_matmul.py ``eviction_loops``): row-varying epilogue operands
+(a bf16 residual) arrive in their storage dtype, one DMA per group of row tiles, and results leave
+in one store per group; values equal eager PyTorch (simulated on trn2)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from neuron_compile.codegen.render_matmul import Tiles
+from neuron_compile.costmodel import estimate
+from neuron_compile.instruction_stream import kernel_stream
+from neuron_compile.lowering.ops import matmul as mm_rules
+
+import neuron_compile.backend
+from neuron_compile.config import config
+
+HBM = ("shared_hbm", "private_hbm", "hbm")
+
+
+def _run_forced(tiles: Tiles, fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
+    orig = mm_rules.candidates
+    mm_rules._TUNED.clear()
+    mm_rules.candidates = lambda kernel, target: [tiles]  # type: ignore[assignment]
+    try:
+        with config.patch(target="trn2", cache=False), torch.no_grad():
+            torch._dynamo.reset()
+            out = torch.compile(fn, backend="neuron", dynamic=False)(*xs)
+    finally:
+        mm_rules.candidates = orig  # type: ignore[assignment]
+        mm_rules._TUNED.clear()
+    return out
+
+
+def _mm_kernel() -> Any:
+    plan = neuron_compile.backend.compiled_graphs()[-1]["plan"]
+    (k,) = [k for k in plan.kernels if k.family == "matmul"]
+    return k
+
+
+def _dmas(k: Any) -> list[tuple[Any, int]]:
+    with config.patch(target="trn2"):
+        return [(rec, n) for rec, n in kernel_stream(k).items() if rec.engine == "dma"]
+
+
+def _residual_linear(m: int, k: int, n: int, seed: int) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16)
+    r = torch.randn(m, n, generator=g).to(torch.bfloat16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return r + torch.nn.functional.linear(x, w, b)
+
+    return fn, (x, w, b, r)
+
+
+# (bm, bn, kb, ta, tb, resident, split, direct, rg): ragged row groups (600 rows = 4 tiles + 88 rows)
+GROUPED = [
+    Tiles(384, 512, 1, True, True, True, False, True, 2),
+    Tiles(768, 512, 2, True, True, False, False, True, 4),
+    Tiles(640, 512, 1, True, True, False, True, True, 3),
+    Tiles(256, 512, 1, False, True, False, False, False, 8),
+]
+
+
+@pytest.mark.parametrize("tiles", GROUPED, ids=lambda t: "-".join(map(str, t.to_attr())))
+def test_bf16_residual_loads_in_storage_dtype_and_one_store_per_row_group(tiles: Tiles) -> None:
+    fn, xs = _residual_linear(600, 200, 640, seed=0)
+    got = _run_forced(tiles, fn, *xs)
+    want = fn(*xs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2e-2)
+    k = _mm_kernel()
+    dmas = _dmas(k)
+    # no DMA converts bf16 <-> fp32 (the residual and the bias stay bf16; engines convert on read)
+    assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas), [rec for rec, _ in dmas if len(set(rec.dtypes)) > 1]
+    # one store per (row group, N block), the ragged 88-row tile of a group riding in its own DMA
+    bm, bn = min(tiles.bm, 640), min(tiles.bn, 1024)
+    groups = sum(math.ceil(min(bm, 600 - m0) / (128 * tiles.rg)) for m0 in range(0, 600, bm))
+    ragged = sum(1 for m0 in range(0, 600, bm) if min(bm, 600 - m0) % (128 * tiles.rg) % 128)
+    n_blocks = math.ceil(640 / bn)
+    stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
+    assert stores <= (groups + ragged) * n_blocks, stores
+    # the residual rows of a group arrive in one DMA, like the stores
+    residual = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf" and rec.shapes[0][-1] == bn
+                   and len(rec.shapes[0]) == 3 and rec.dtypes[0] == "bfloat16" and rec.partitions == 128)
+    assert residual >= 1
+
+
+def _capture_kernel(fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
+    """The tuned matmul kernel of ``fn`` (compiled for trn2, estimated only: nothing is simulated)."""
+    from neuron_compile.backend import build_artifacts
+    from neuron_compile.lowering.decompositions import decomposition_table
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[tuple[Any, list[Any]]] = []
+
+    def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        graphs.append((gm, list(example_inputs)))
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table(), keep_inference_input_mutations=False)
+    with torch.no_grad():
+        torch.compile(fn, backend=backend, dynamic=False)(*xs)
+    ((gm, ins),) = graphs
+    with config.patch(target="trn2", cache=False):
+        _, _, plan = build_artifacts(gm, ins)
+    (k,) = [k for k in plan.kernels if k.family == "matmul"]
+    return k
+
+
+def test_autotuned_gpt2_attention_projection_groups_epilogue_dmas() -> None:
+    """GPT-2 attention projection + residual (4096 x 768 x 768, bf16): the tuner groups row tiles, no DMA
+    converts, at most one store per row tile, and grouping beats per-tile epilogue DMAs for the same blocks."""
+    from neuron_compile.lowering.ops.matmul import _with_tiles
+
+    fn, xs = _residual_linear(4096, 768, 768, seed=1)
+    k = _capture_kernel(fn, *xs)
+    t = Tiles.from_attr(next(op.attr("tiles") for op in k.ops if op.opcode == "matmul"))
+    with config.patch(target="trn2"):
+        ns = estimate(kernel_stream(k), "trn2").time_ns
+        ns1 = estimate(kernel_stream(_with_tiles(k, replace(t, rg=1))), "trn2").time_ns
+        dmas = [(rec, n) for rec, n in kernel_stream(k).items() if rec.engine == "dma"]
+    assert t.rg > 1 and ns < ns1, (t, ns, ns1)
+    assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas)
+    stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
+    assert stores <= 4096 // 128 // t.rg * math.ceil(768 / t.bn), stores
