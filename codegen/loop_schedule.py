@@ -32,6 +32,8 @@ _INPLACE = {"tensor_tensor": (0, 1), "tensor_scalar": (0,), "activation": (0,), 
             "round": (0,), "select": (2,)}
 # ScalarE tensor_scalar on trn2 supports only these (op0, op1) pairs (REFERENCE 3.3).
 _SCALAR_TS = {("multiply", "add"), ("multiply", None), ("add", None)}
+# Tile dtypes of float compute ops (fp32 compute inside; bf16/fp16 tiles hold storage-dtype values).
+_FLOAT_TILES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Buffers:
     writes: list[str]  # per emission: the buffer it writes (its own name when it allocates)
     inplace: list[bool]  # per emission: writes into a dying operand's tile (no allocation)
     peak: int  # most full tiles live at once (pinned tiles excluded)
+    peak_bytes: int = 0  # bytes per free element of the live full tiles at that point (dtype-aware)
 
 
 def _full_args(op: TileOp, kinds: dict[str, str]) -> list[str]:
@@ -62,7 +65,8 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
     buf_of: dict[str, str] = {}
     writes: list[str] = []
     inplace: list[bool] = []
-    peak = 0
+    peak = peak_bytes = 0
+    buf_dtype: dict[str, str] = {}
     for i, op in enumerate(flat):
         target = None
         if op.kind == "full" and op.opcode in _INPLACE:
@@ -77,19 +81,21 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
             inplace.append(False)
         else:
             buf_of[op.out] = target or op.out
+            buf_dtype.setdefault(buf_of[op.out], dtypes.get(op.out, op.dtype))
             writes.append(buf_of[op.out])
             inplace.append(target is not None)
         held = {buf_of[x] for x in live_before[i] if x in buf_of and x not in pinned}
         if op.kind == "full" and op.opcode not in ("store", "reduce"):
             held.add(buf_of[op.out])
         peak = max(peak, len(held))
-    return Buffers(writes, inplace, peak)
+        peak_bytes = max(peak_bytes, sum(costmodel.itemsize(buf_dtype.get(b, "float32")) for b in held))
+    return Buffers(writes, inplace, peak, peak_bytes)
 
 
 def engine_options(op: TileOp, target: str) -> tuple[str, ...]:
     """Engines that may execute ``op`` (fp32 compute ops only; everything else keeps the default)."""
     attrs = dict(op.attrs)
-    if op.dtype != "float32" or op.kind != "full":
+    if op.dtype not in _FLOAT_TILES or op.kind != "full":
         return ()
     if op.opcode == "tensor_tensor":
         return ("vector", "gpsimd")
@@ -109,19 +115,29 @@ def _fixed_engine(op: TileOp) -> str | None:
             "round": "vector"}.get(op.opcode)
 
 
-def op_ns(op: TileOp, engine: str, free: int, target: str, kinds: dict[str, str]) -> float:
-    """Cost-model time of one instance of ``op`` on ``engine`` over a [128, free] tile."""
+def op_ns(op: TileOp, engine: str, free: int, target: str, kinds: dict[str, str],
+          dtypes: dict[str, str] | None = None) -> float:
+    """Cost-model time of one instance of ``op`` on ``engine`` over a [128, free] tile.
+
+    With ``dtypes`` (tile dtype per value), VectorE perf modes count as in the cost model: every tile
+    of the instruction bf16/fp16 -> tensor_scalar / tensor_copy 4x, tensor_tensor 2x (REFERENCE 4.3).
+    """
     hw = costmodel.hardware(target)
     ghz = {"vector": hw.vector_ghz, "scalar": hw.scalar_ghz, "gpsimd": hw.gpsimd_ghz}[engine]
     inputs = 2 if op.opcode in ("tensor_tensor", "select") else 1
     work = float(free * inputs)
     if op.opcode == "reciprocal":
         work = free * costmodel.VECTOR_RECIPROCAL_CYCLES
+    elif engine == "vector" and dtypes is not None and hw.nc_version >= 3:
+        tiles = [op.dtype] + [dtypes.get(a, "float32") for a in op.args if isinstance(a, str) and a in kinds]
+        if all(d in costmodel.LOW_PRECISION for d in tiles):
+            work /= {"tensor_scalar": costmodel.VECTOR_PERF_MODE_MAX, "cast": costmodel.VECTOR_PERF_MODE_MAX,
+                     "tensor_tensor": 2}.get(op.opcode, 1)
     return (costmodel.INSTRUCTION_OVERHEAD + work) / ghz
 
 
 def assign_engines(body: Sequence[TileOp], free: int, target: str, kinds: dict[str, str],
-                   load: dict[str, float] | None = None) -> dict[str, str]:
+                   load: dict[str, float] | None = None, dtypes: dict[str, str] | None = None) -> dict[str, str]:
     """``{op.out: engine}`` for ops with a choice; ``load`` (per-engine ns) carries over between bodies."""
     load = load if load is not None else {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
     fused = set(fuse_act_reduce(body))
@@ -130,9 +146,10 @@ def assign_engines(body: Sequence[TileOp], free: int, target: str, kinds: dict[s
         if op.opcode == "reduce" and op.out in fused:
             load["scalar"] += costmodel.ACT_READ_ACCUMULATOR / costmodel.hardware(target).scalar_ghz
         elif fixed is not None and (op.kind == "full" or op.opcode == "reduce"):
-            load[fixed] += op_ns(op, fixed, free, target, kinds)
+            load[fixed] += op_ns(op, fixed, free, target, kinds, dtypes)
     flexible = [op for op in body if engine_options(op, target)]
-    cost = {op.out: {e: op_ns(op, e, free, target, kinds) for e in engine_options(op, target)} for op in flexible}
+    cost = {op.out: {e: op_ns(op, e, free, target, kinds, dtypes) for e in engine_options(op, target)}
+            for op in flexible}
     choice: dict[str, str] = {}
     for op in sorted(flexible, key=lambda o: -min(cost[o.out].values())):
         best = min(cost[op.out], key=lambda e: (load[e] + cost[op.out][e], e != "vector"))

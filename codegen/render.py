@@ -28,6 +28,7 @@ from neuron_compile.lowering.ir import (
     TileOp,
 )
 
+from neuron_compile import costmodel
 from neuron_compile.config import config
 from neuron_compile.errors import TemplateRenderError
 from neuron_compile.simulator_limits import PMAX
@@ -176,7 +177,7 @@ class LoopRenderer:
             hoist = self._hoistable()
             flat = self._flat(resident=True, hoisted={op.out for op in hoist})
             bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, {op.out for op in hoist})
-            if (bufs.peak + len(hoist)) * nf * 4 <= budget:
+            if (bufs.peak_bytes + self._bytes(op.out for op in hoist)) * nf <= budget:
                 self.free_tile, self.resident, self.hoisted = nf, True, hoist
                 return
         flat = self._flat(resident=False, hoisted=set())
@@ -244,11 +245,17 @@ class LoopRenderer:
         out = []
         rows = 2
         while ext % (PMAX * rows) == 0 and rows <= 16:
-            if (bufs.peak + len(self.hoisted) + len(wide) * (rows - 1)) * nf * 4 > config.row_resident_bytes:
+            extra = sum(costmodel.itemsize(dt) for dt in wide.values()) * (rows - 1)
+            if (bufs.peak_bytes + self._bytes(op.out for op in self.hoisted) + extra) * nf \
+                    > config.row_resident_bytes:
                 break
             out.append(rows)
             rows *= 2
         return out
+
+    def _bytes(self, names: Any) -> int:
+        """Bytes per free element of the full tiles ``names`` (their tile dtypes)."""
+        return sum(costmodel.itemsize(self.dtypes[n]) for n in names)
 
     def _hoistable(self) -> list[TileOp]:
         """Full loads independent of the outer and partition loops (whole-row chunks only)."""
@@ -371,7 +378,7 @@ class LoopRenderer:
         done_full = set(hoisted)
         rename: dict[str, str] = {}
         pos = 0
-        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds)
+        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds, dtypes=self.dtypes)
         for phase in range(k.n_phases):
             for op in k.ops:
                 if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase \
@@ -429,7 +436,7 @@ class LoopRenderer:
         bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
         wide = self._wide_buffers(bodies, bufs.writes)
         assert wide is not None, "row groups requested for an unsupported kernel"
-        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds)
+        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds, dtypes=self.dtypes)
         row_tiles = {op.out: op.dtype for op in k.ops if op.kind == "row" and op.opcode not in ("load", "store")}
         out.add(f"P = {PMAX}")
         out.add(f"F = {k.space[self.free_dim]}")

@@ -442,7 +442,10 @@ class LoopGroupEmitter:
             return arg, off, sp.canonical_strides(canon, strides)
 
         ops = []
-        program = self.b.ops if g.kind == "matmul" else tileopt.optimize(self.b.ops, set())
+        # Matmul epilogues keep the builder's fp32 tiles (render_matmul sizes its own buffers); loop kernels
+        # hold tiles in the storage dtype where no value changes. Every kernel drops ops no store reads.
+        program = self.b.ops if g.kind == "matmul" else tileopt.narrow_tiles(tileopt.optimize(self.b.ops, set()))
+        program = tileopt.eliminate_dead(program)
         for op in program:
             attrs = dict(op.attrs)
             for key in ("access", "a", "b"):

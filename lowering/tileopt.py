@@ -160,3 +160,67 @@ def _rewrite(op: TileOp, single: Any, kinds: dict[str, str], dead: set[str], out
         dead.add(p.out)
         return _with(op, args=(p.args[0], scale, bias))
     return None
+
+
+# ------------------------------------------------------------------------------------ storage dtypes
+_LOW = ("bfloat16", "float16")
+# Compute ops whose tile may take a narrow dtype: the engine computes in fp32 and rounds (RNE) once on the
+# write, which is what a converting store (or a round through the narrow dtype) did to the fp32 tile.
+_NARROW_WRITERS = {"tensor_tensor", "tensor_scalar", "activation", "reciprocal"}
+
+
+def narrow_tiles(ops: Sequence[TileOp], keep: set[str] | frozenset[str] = frozenset()) -> list[TileOp]:
+    """Tiles in the storage dtype where that changes no value (loop kernels' SBUF tiles; REFERENCE 4.3 DMA).
+
+    - a full load of a bf16/fp16 argument keeps that dtype (no converting DMA; every engine reads any
+      dtype and widens exactly to fp32);
+    - a full fp32 compute value whose only readers are stores to dtype D and ``round``\\ s through D is
+      written straight into a D tile (the engine rounds once, RNE, as the converting store did);
+    - ``round(x, via=D)`` of a D tile is ``x`` itself (its users read the D tile); of an fp32 tile it is
+      one ``cast`` into a D tile (the D value widens exactly, so readers see fp32(D(x)) as before).
+    """
+    users: dict[str, list[TileOp]] = {}
+    for op in ops:
+        for a in op.args:
+            if isinstance(a, str):
+                users.setdefault(a, []).append(op)
+    # tensor_copy_predicated copies its source bit for bit: it must have the select's (fp32) dtype.
+    fp32_only = {op.args[1] for op in ops if op.opcode == "select" and isinstance(op.args[1], str)}
+    dtype: dict[str, str] = {}
+    for op in ops:
+        if op.out in fp32_only:
+            continue
+        if op.opcode == "load" and op.kind == "full" and op.dtype == _F32 and op.attr("src_dtype") in _LOW:
+            dtype[op.out] = op.attr("src_dtype")
+        elif op.opcode in _NARROW_WRITERS and op.kind == "full" and op.dtype == _F32 and op.out not in keep:
+            readers = users.get(op.out, [])
+            wants = {r.attr("dst_dtype") if r.opcode == "store" else r.attr("via") if r.opcode == "round" else None
+                     for r in readers}
+            if readers and len(wants) == 1 and next(iter(wants)) in _LOW:
+                dtype[op.out] = next(iter(wants))
+    alias: dict[str, str] = {}
+    out: list[TileOp] = []
+    for op in ops:
+        args = tuple(alias.get(a, a) if isinstance(a, str) else a for a in op.args)
+        if op.opcode == "round" and op.kind == "full" and op.attr("via") in _LOW and op.out not in keep \
+                and op.out not in fp32_only:
+            src = args[0]
+            if dtype.get(src) == op.attr("via"):
+                alias[op.out] = src
+                continue
+            out.append(_with(op, opcode="cast", dtype=op.attr("via"), args=args, attrs={}))
+            continue
+        out.append(_with(op, dtype=dtype.get(op.out, op.dtype), args=args))
+    return out
+
+
+def eliminate_dead(ops: Sequence[TileOp]) -> list[TileOp]:
+    """Drop ops whose results no store reads, directly or through other ops (stores are the only effects)."""
+    live: set[str] = set()
+    keep: list[TileOp] = []
+    for op in reversed(ops):
+        if op.opcode != "store" and op.out not in live:
+            continue
+        keep.append(op)
+        live.update(a for a in op.args if isinstance(a, str))
+    return keep[::-1]
