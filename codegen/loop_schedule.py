@@ -158,6 +158,34 @@ def assign_engines(body: Sequence[TileOp], free: int, target: str, kinds: dict[s
     return choice
 
 
+def assign_engines_rows(body: Sequence[TileOp], free: int, target: str, kinds: dict[str, str], rows: int,
+                        dtypes: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Row groups: ``{op.out: (engine of row 0, ..., engine of row rows-1)}`` for ops with a choice.
+
+    Each of the ``rows`` instances of an op (one per row of the group, same instruction) is placed on
+    its own, longest first, on the engine that finishes it earliest: with R rows an op's work splits
+    across engines in steps of 1/R, so two GpSimd/VectorE tensor_tensors no longer leave one engine idle.
+    """
+    load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+    fused = set(fuse_act_reduce(body))
+    for op in body:
+        fixed = _fixed_engine(op)
+        if op.opcode == "reduce" and op.out in fused:
+            load["scalar"] += rows * costmodel.ACT_READ_ACCUMULATOR / costmodel.hardware(target).scalar_ghz
+        elif fixed is not None and (op.kind == "full" or op.opcode == "reduce"):
+            load[fixed] += rows * op_ns(op, fixed, free, target, kinds, dtypes)
+    flexible = [op for op in body if engine_options(op, target)]
+    cost = {op.out: {e: op_ns(op, e, free, target, kinds, dtypes) for e in engine_options(op, target)}
+            for op in flexible}
+    choice: dict[str, list[str]] = {op.out: [] for op in flexible}
+    for op in sorted(flexible, key=lambda o: -min(cost[o.out].values())):
+        for _ in range(rows):
+            best = min(cost[op.out], key=lambda e: (load[e] + cost[op.out][e], e != "vector"))
+            load[best] += cost[op.out][best]
+            choice[op.out].append(best)
+    return {name: tuple(sorted(engines, key=lambda e: e != "vector")) for name, engines in choice.items()}
+
+
 def fuse_act_reduce(body: Sequence[TileOp]) -> dict[str, str]:
     """``{reduce.out: activation.out}`` for fp32 add-reductions of an activation emitted earlier in ``body``."""
     acts = {}

@@ -113,10 +113,11 @@ def _loop_body(k: LoopKernel) -> str:
 
     args = [(a.numel, a.dtype) for a in k.inputs]
     best: tuple[float, int, str] | None = None
-    for rows in (1, *options):
-        body = base.body() if rows == 1 else LoopRenderer(k, rows=rows).body()
+    for rows, split in [(1, False)] + [(r, s) for r in options for s in (False, True)]:
+        body = base.body() if rows == 1 else LoopRenderer(k, rows=rows, split_rows=split).body()
         ns = estimate(source_stream(_wrap(k, body), k.name, args), config.target).time_ns
-        log.debug("kernel %s: %d rows per partition -> %.1f us", k.name, rows, ns / 1e3)
+        log.debug("kernel %s: %d rows per partition%s -> %.1f us", k.name, rows, " (split engines)" * split,
+                  ns / 1e3)
         if best is None or ns < best[0]:
             best = (ns, rows, body)
     assert best is not None
@@ -154,9 +155,10 @@ class LoopRenderer:
     are hoisted out of all loops when the row is a single chunk.
     """
 
-    def __init__(self, k: LoopKernel, rows: int = 1) -> None:
+    def __init__(self, k: LoopKernel, rows: int = 1, split_rows: bool = False) -> None:
         self.k = k
         self.rows = rows
+        self.split_rows = split_rows  # row groups: an op's rows may run on different engines
         self.macros = _macros()
         n = len(k.space)
         self.outer_vars = [f"o{i}" for i in range(k.n_outer)]
@@ -436,7 +438,11 @@ class LoopRenderer:
         bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
         wide = self._wide_buffers(bodies, bufs.writes)
         assert wide is not None, "row groups requested for an unsupported kernel"
-        engines = ls.assign_engines(flat, self.free_tile, config.target, self.kinds, dtypes=self.dtypes)
+        if self.split_rows:
+            engines = ls.assign_engines_rows(flat, self.free_tile, config.target, self.kinds, rows, dtypes=self.dtypes)
+        else:
+            engines = {name: (e,) for name, e in
+                       ls.assign_engines(flat, self.free_tile, config.target, self.kinds, dtypes=self.dtypes).items()}
         row_tiles = {op.out: op.dtype for op in k.ops if op.kind == "row" and op.opcode not in ("load", "store")}
         out.add(f"P = {PMAX}")
         out.add(f"F = {k.space[self.free_dim]}")
@@ -504,7 +510,11 @@ class LoopRenderer:
                         view["inplace"] = True
                         view["out"] = bufs.writes[pos]
                     rename[op.out] = view["out"]
-                    view["engine"] = engines.get(op.out)
+                    per_row = engines.get(op.out)
+                    if per_row and len(set(per_row)) == 1:
+                        view["engine"] = per_row[0]
+                    elif per_row:  # rows of the group split between engines
+                        view["engine_expr"] = "(" + ", ".join(f"nisa.engine.{e}" for e in per_row) + ")[q]"
                     if op.out in act_res:
                         view["reduce_res"] = act_res[op.out]
                     if op.out in fused:

@@ -144,3 +144,23 @@ def test_dead_ops_are_eliminated_in_every_kernel() -> None:
     with torch.no_grad():
         want = model(idx)
     torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+
+
+def test_row_group_engines_split_per_row_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2 LayerNorm rows: an op's R rows may run on different engines (chosen by the cost model)."""
+    from neuron_compile.codegen import render
+
+    fn = _layernorm(768)
+    torch.manual_seed(1)
+    x = torch.randn(4096, 768).to(torch.bfloat16)
+    got, kernels = _run(fn, [x])
+    (k,) = kernels
+    src = render_kernel(k)
+    assert ")[q])" in src and "engine=(nisa.engine." in src, src
+    assert check_source_against_api(src) == []
+    monkeypatch.setattr(render.LoopRenderer, "__init__",
+                        lambda self, k, rows=1, split_rows=False, _init=render.LoopRenderer.__init__:
+                        _init(self, k, rows, False))
+    same, kernels1 = _run(fn, [x])
+    assert ")[q])" not in render_kernel(kernels1[0])
+    assert torch.equal(got, same)
