@@ -109,7 +109,7 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
             if tm * tn <= MAX_ACCUMULATORS:
                 for kb in (4, 16):
                     add(tm, tn, kb, False)
-    for tm in (1, 2, 4, 8, 12, 16):
+    for tm in (1, 2, 4, 8, 12, 16, 32):
         for tn in (1, 2, 4):
             add(tm, tn, 16, True)
     if kt > SPLIT_MIN_K_TILES:

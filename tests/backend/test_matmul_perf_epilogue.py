@@ -134,3 +134,22 @@ def test_autotuned_gpt2_attention_projection_groups_epilogue_dmas() -> None:
     assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas)
     stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
     assert stores <= 4096 // 128 // t.rg * math.ceil(768 / t.bn), stores
+
+
+def test_gpt2_qkv_projection_transposes_its_weight_once() -> None:
+    """QKV projection (4096 x 768 -> 2304, bf16, bias): one resident block covers all 4096 rows, so the
+    weight's PE transposes run once (not once per 2048-row block): 32 + 18 row tiles x 6 K tiles."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4096, 768, generator=g).to(torch.bfloat16)
+    lin = torch.nn.Linear(768, 2304).to(torch.bfloat16)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return lin(x)
+
+    k = _capture_kernel(fn, x)
+    t = Tiles.from_attr(next(op.attr("tiles") for op in k.ops if op.opcode == "matmul"))
+    with config.patch(target="trn2"):
+        stream = kernel_stream(k)
+    transposes = sum(n for rec, n in stream.items() if rec.instruction == "nc_transpose")
+    assert t.bm == 4096 and t.resident and t.direct, t
+    assert transposes == (4096 // 128 + 2304 // 128) * 6, transposes
