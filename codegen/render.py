@@ -485,7 +485,14 @@ class LoopRenderer:
                     view["inplace"] = True  # writes its (P, 1) view of the (P, R) tile
                     views.append(view)
                     done_row.add(op.out)
-            if views:
+            if views and all(_row_batchable(v, row_tiles) for v in views):
+                # Element-wise on row values with only literal operands: one instruction over the whole
+                # (P, R) tile instead of R over (P, 1) views (same values; R - 1 fewer fixed costs).
+                for view in views:
+                    view["out"] = f"{view['out']}_rows"
+                    view["args"] = [f"{a}_rows" if isinstance(a, str) and a in row_tiles else a for a in view["args"]]
+                    self._emit(out, view)
+            elif views:
                 out.add(f"for q in range({rows}):")
                 out.depth += 1
                 aliases(views)
@@ -564,6 +571,18 @@ class LoopRenderer:
                 self.render(out, op)
             out.depth = depth0
         return out.text()
+
+
+def _row_batchable(view: dict[str, Any], row_tiles: dict[str, str]) -> bool:
+    """A row op that may run once over a ``(P, R)`` row tile: element-wise, its only tiles row values
+    (the first operand, or both of a tensor_tensor), every other operand a literal."""
+    args = view["args"]
+    if view["opcode"] == "tensor_tensor":
+        return all(isinstance(a, str) and a in row_tiles for a in args)
+    if view["opcode"] not in ("tensor_scalar", "activation", "reciprocal") or view.get("bias_tile"):
+        return False
+    return bool(args) and isinstance(args[0], str) and args[0] in row_tiles \
+        and not any(isinstance(a, str) for a in args[1:])
 
 
 def _literal(a: Any) -> Any:

@@ -164,3 +164,13 @@ def test_row_group_engines_split_per_row_same_values(monkeypatch: pytest.MonkeyP
     same, kernels1 = _run(fn, [x])
     assert ")[q])" not in render_kernel(kernels1[0])
     assert torch.equal(got, same)
+
+
+def test_row_group_row_ops_run_once_per_group() -> None:
+    """Row values of a group (mean, rstd) are computed by one instruction over the (P, R) tile."""
+    _, kernels = _run(_layernorm(768), [torch.randn(4096, 768).to(torch.bfloat16)])
+    src = render_kernel(kernels[0])
+    recips = [line.strip() for line in src.splitlines() if "nisa.reciprocal(" in line]
+    assert len(recips) == 1 and recips[0].startswith("nisa.reciprocal(dst=r") and "_rows, data=r" in recips[0], src
+    sqrt = [line for line in src.splitlines() if "op=nl.sqrt" in line]
+    assert len(sqrt) == 1 and "_rows, op=nl.sqrt, data=r" in sqrt[0]
