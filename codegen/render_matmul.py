@@ -45,6 +45,7 @@ MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for Tensor
 PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
 EPILOGUE_SBUF_MARGIN = 8 * 1024  # per partition, kept free beside the counted epilogue tiles
 
 
@@ -126,6 +127,8 @@ class MatmulRenderer:
         self.nt = moving_tile(self.N)
         self.acc_src = "acc[t % len(acc)][0:P, 0:F]"  # where the epilogue reads the finished sum
         self.direct: set[str] = set()  # blocks ("a_blk"/"b_blk") filled by TensorE transposes
+        self.kb = 1  # K tiles per operand block chunk (clamped to K)
+        self.block_rows = {"a_blk": PMAX, "b_blk": PMAX}  # rows of each operand block (clamped to M / N)
         self.held = 0  # SBUF bytes per partition of the operand blocks, partial sums and staging rows
 
     # -- phase 1: transposes into HBM scratch ------------------------------------------------------
@@ -180,30 +183,33 @@ class MatmulRenderer:
     def load_block_transposed(self, out: Lines, op: Operand, dst: str, r0: str, width: str, kt0: str) -> None:
         """``op[r0:r0+width, k0:k0+KW]`` (K contiguous) into ``dst[k, kt0 + kt, r]`` by TensorE transposes.
 
-        Rows arrive ``G`` row tiles at a time in one DMA of K-contiguous runs; each 128x128 transpose
-        lands in one half of a one-bank PSUM tile and the ``G`` of a half leave together, alternately on
-        VectorE and ScalarE, so no element goes through an HBM scratch.
+        Rows arrive ``L`` row tiles at a time in one DMA of K-contiguous runs (``transpose_rows``);
+        each 128x128 transpose lands in one half of a one-bank PSUM tile and the ``G`` of a half leave
+        together, alternately on VectorE and ScalarE, so no element goes through an HBM scratch.
         """
         g = _transpose_group(op.dtype)
+        lg = transpose_rows(op.dtype, min(self.kb * PMAX, self.K), self.block_rows[dst])
         rows, tp = f"{dst}_tr_rows", f"tr_tp_{op.dtype}"
         out.add(f"""
-            for g4 in range(0, {width}, {g * PMAX}):
-                W4 = min({g * PMAX}, {width} - g4)
-                GF = W4 // {PMAX}
+            for g8 in range(0, {width}, {lg * PMAX}):
+                W8 = min({lg * PMAX}, {width} - g8)
+                GF = W8 // {PMAX}
                 if GF > 0:
-                    nisa.dma_copy(dst={rows}[0:{PMAX}, 0:GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, {PMAX}], [{PMAX * op.rs}, GF], [1, KW]], offset={op.offset} + ({r0} + g4) * {op.rs} + k0))
-                if W4 % {PMAX}:
-                    nisa.dma_copy(dst={rows}[0:W4 % {PMAX}, GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, W4 % {PMAX}], [1, KW]], offset={op.offset} + ({r0} + g4 + GF * {PMAX}) * {op.rs} + k0))
-                for kt in range(0, KW, {PMAX}):
-                    KK = min({PMAX}, KW - kt)
-                    h = (kt // {PMAX}) % 2
-                    for g in range(0, W4, {PMAX}):
-                        R = min({PMAX}, W4 - g)
-                        nisa.nc_transpose(dst={tp}[0:KK, h, g:g + R], data={rows}[0:R, g // {PMAX}, kt:kt + KK])
-                    if h == 0:
-                        nisa.tensor_copy(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], src={tp}[0:KK, 0, 0:W4])
-                    else:
-                        nisa.activation(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], op=nl.copy, data={tp}[0:KK, 1, 0:W4])
+                    nisa.dma_copy(dst={rows}[0:{PMAX}, 0:GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, {PMAX}], [{PMAX * op.rs}, GF], [1, KW]], offset={op.offset} + ({r0} + g8) * {op.rs} + k0))
+                if W8 % {PMAX}:
+                    nisa.dma_copy(dst={rows}[0:W8 % {PMAX}, GF, 0:KW], src={op.arg}.ap(pattern=[[{op.rs}, W8 % {PMAX}], [1, KW]], offset={op.offset} + ({r0} + g8 + GF * {PMAX}) * {op.rs} + k0))
+                for g4 in range(g8, g8 + W8, {g * PMAX}):
+                    W4 = min({g * PMAX}, g8 + W8 - g4)
+                    for kt in range(0, KW, {PMAX}):
+                        KK = min({PMAX}, KW - kt)
+                        h = (kt // {PMAX}) % 2
+                        for g in range(0, W4, {PMAX}):
+                            R = min({PMAX}, W4 - g)
+                            nisa.nc_transpose(dst={tp}[0:KK, h, g:g + R], data={rows}[0:R, (g4 - g8 + g) // {PMAX}, kt:kt + KK])
+                        if h == 0:
+                            nisa.tensor_copy(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], src={tp}[0:KK, 0, 0:W4])
+                        else:
+                            nisa.activation(dst={dst}[0:KK, {kt0} + kt // {PMAX}, g4:g4 + W4], op=nl.copy, data={tp}[0:KK, 1, 0:W4])
             """)
 
     def transpose_buffers(self, out: Lines, kb: int) -> None:
@@ -212,9 +218,9 @@ class MatmulRenderer:
         dtypes: list[str] = []
         for op, dst in ((self.a, "a_blk"), (self.b, "b_blk")):
             if dst in self.direct:
-                out.add(f"{dst}_tr_rows = nl.ndarray(({PMAX}, {_transpose_group(op.dtype)}, {kw}), "
-                        f"dtype=nl.{op.dtype}, buffer=nl.sbuf)")
-                self.held += _transpose_group(op.dtype) * kw * ITEMSIZE[op.dtype]
+                lg = transpose_rows(op.dtype, kw, self.block_rows[dst])
+                out.add(f"{dst}_tr_rows = nl.ndarray(({PMAX}, {lg}, {kw}), dtype=nl.{op.dtype}, buffer=nl.sbuf)")
+                self.held += lg * kw * ITEMSIZE[op.dtype]
                 if op.dtype not in dtypes:
                     dtypes.append(op.dtype)
                     out.add(f"tr_tp_{op.dtype} = nl.ndarray(({PMAX}, 2, {_transpose_group(op.dtype) * PMAX}), "
@@ -226,6 +232,8 @@ class MatmulRenderer:
         M, N, K = self.M, self.N, self.K
         bm, bn = min(t.bm, _ceil_to(M, PMAX)), min(t.bn, _ceil_to(N, self.nt))
         kb = max(1, min(t.kb, math.ceil(K / PMAX)))
+        self.kb = kb
+        self.block_rows = {"a_blk": bm, "b_blk": bn}
         a, b = self.a, self.b
         for name, op, flag in (("a_t", a, t.ta), ("b_t", b, t.tb)):
             if flag and op.transposable() and not t.direct:
@@ -565,6 +573,14 @@ class MatmulRenderer:
         if not in_place:
             load["vector"] += ls.op_ns(self.mm, "vector", free, target, kinds)
         return ls.assign_engines([op for op in body if op not in psum], free, target, kinds, load)
+
+
+def transpose_rows(dtype: str, kw: int, rows: int) -> int:
+    """Row tiles per direct-transpose row DMA: whole transpose groups, up to ``TRANSPOSE_ROWS_BYTES`` per partition
+    (at least one group) and no more than a block's ``rows`` need, so a DMA of short K rows still moves
+    enough to amortise its fixed cost."""
+    g = _transpose_group(dtype)
+    return g * max(1, min(TRANSPOSE_ROWS_BYTES // (g * kw * ITEMSIZE[dtype]), math.ceil(rows / (g * PMAX))))
 
 
 def _load_dtype(op: TileOp) -> str:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from neuron_compile.codegen.render_matmul import ITEMSIZE, Tiles, geometry, moving_tile, operands
+from neuron_compile.codegen.render_matmul import ITEMSIZE, Tiles, geometry, moving_tile, operands, transpose_rows
 from neuron_compile.lowering.ir import LoopKernel
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -49,8 +49,7 @@ def lower_mm(ctx, node):
 SBUF_BUDGET_FRACTION = 0.7  # of the target's SBUF per partition: the rest holds epilogue tiles
 MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
 SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't be large (K > 2048)
-SMALL_OPERAND = 128 * 512
-DIRECT_ROWS = 4  # row tiles staged per direct transpose group (bf16; fp32 stages 2)  # elements: below this a strided load may beat the transpose pass
+SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
 ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg) for the best block configurations
 ROW_GROUP_FINALISTS = 4
 _TUNED: dict[str, Any] = {}
@@ -96,8 +95,9 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
             for tb in flags(b):
                 t = Tiles(bm, bn, kb, ta, tb, resident, split)
                 out.setdefault(t.to_attr(), t)
-                staging = min(kb * PMAX, k) * ((ta and a.transposable()) * DIRECT_ROWS * isa
-                                               + (tb and b.transposable()) * DIRECT_ROWS * isb)
+                kw = min(kb * PMAX, k)
+                staging = kw * ((ta and a.transposable()) * transpose_rows(a.dtype, kw, bm) * isa
+                                + (tb and b.transposable()) * transpose_rows(b.dtype, kw, bn) * isb)
                 # fp32 GEMMs are TensorE-bound (4x matmul cost): the scratch pass is never their bottleneck
                 if (resident or split) and staging and max(isa, isb) == 2 \
                         and held * (bm * isa + bn * isb) + partials + staging <= budget:

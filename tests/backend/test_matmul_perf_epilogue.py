@@ -153,3 +153,7 @@ def test_gpt2_qkv_projection_transposes_its_weight_once() -> None:
     transposes = sum(n for rec, n in stream.items() if rec.instruction == "nc_transpose")
     assert t.bm == 4096 and t.resident and t.direct, t
     assert transposes == (4096 // 128 + 2304 // 128) * 6, transposes
+    # rows to transpose arrive 8 row tiles (12 KiB per partition) per DMA: 4 for x, 3 for the weight
+    row_loads = [(rec.shapes[0], n) for rec, n in stream.items() if rec.engine == "dma" and rec.buffers[0] == "sbuf"
+                 and len(rec.shapes[0]) == 3 and rec.shapes[0][-1] == 768]
+    assert sum(n for _, n in row_loads) == 7, row_loads
