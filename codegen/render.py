@@ -239,7 +239,8 @@ class LoopRenderer:
         hoisted = {op.out for op in self.hoisted}
         bodies = self._bodies(hoisted)
         flat = [op for body in bodies for op in body]
-        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
+        invariant = self._outer_invariant(hoisted)
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted | invariant)
         wide = self._wide_buffers(bodies, bufs.writes)
         if wide is None:
             return []
@@ -247,12 +248,26 @@ class LoopRenderer:
         out = []
         rows = 2
         while ext % (PMAX * rows) == 0 and rows <= 16:
-            extra = sum(costmodel.itemsize(dt) for dt in wide.values()) * (rows - 1)
+            extra = sum(costmodel.itemsize(dt) for dt in wide.values()) * (rows - 1) + self._bytes(invariant)
             if (bufs.peak_bytes + self._bytes(op.out for op in self.hoisted) + extra) * nf \
                     > config.row_resident_bytes:
                 break
             out.append(rows)
             rows *= 2
+        return out
+
+    def _outer_invariant(self, hoisted: set[str]) -> set[str]:
+        """Row groups: full loads that do not depend on the outer loops. The partition loop then runs
+        outside the outer loops and loads them once per partition tile (e.g. a position embedding added to
+        every batch), and no op writes into their tiles."""
+        if not self.k.n_outer:
+            return set()
+        out = set()
+        for op in self.k.ops:
+            if op.opcode == "load" and op.kind == "full" and op.out not in hoisted:
+                _, _, strides = op.attr("access")
+                if all(strides[d] == 0 for d in range(self.part_dim)):
+                    out.add(op.out)
         return out
 
     def _bytes(self, names: Any) -> int:
@@ -435,7 +450,8 @@ class LoopRenderer:
         hoisted = {op.out for op in self.hoisted}
         bodies = self._bodies(hoisted)
         flat = [op for body in bodies for op in body]
-        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
+        invariant = self._outer_invariant(hoisted)
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted | invariant)
         wide = self._wide_buffers(bodies, bufs.writes)
         assert wide is not None, "row groups requested for an unsupported kernel"
         if self.split_rows:
@@ -448,15 +464,31 @@ class LoopRenderer:
         out.add(f"F = {k.space[self.free_dim]}")
         for op in self.hoisted:
             self._emit(out, self.view(op, hoisted=True))
-        for i, v in enumerate(self.outer_vars):
-            out.add(str(self.macros.index_loop(v, k.space[i])))
-            out.depth += 1
+
+        def pattern(op: TileOp) -> str:
+            _, base, strides = op.attr("access")
+            sp, sf = strides[self.part_dim], strides[self.free_dim]
+            offset = _offset(base, self.var_terms(strides, with_free=False, with_red=False))
+            return f"pattern=[[{sp * rows}, P], [{sp}, {rows}], [{sf}, F]], offset={offset}"
+
+        def outer_loops() -> None:
+            for i, v in enumerate(self.outer_vars):
+                out.add(str(self.macros.index_loop(v, k.space[i])))
+                out.depth += 1
+
+        if not invariant:
+            outer_loops()
         out.add(f"for p0 in range(0, {k.space[self.part_dim]}, {PMAX * rows}):")
         out.depth += 1
         for name, dt in row_tiles.items():
             out.add(f"{name}_rows = nl.ndarray((P, {rows}), dtype=nl.{dt}, buffer=nl.sbuf)")
         for name, dt in wide.items():
             out.add(f"{name}_rows = nl.ndarray((P, {rows}, F), dtype=nl.{dt}, buffer=nl.sbuf)")
+        if invariant:
+            for op in k.ops:
+                if op.out in invariant:
+                    out.add(f"nisa.dma_copy(dst={op.out}_rows, src=in{op.attr('access')[0]}.ap({pattern(op)}))")
+            outer_loops()
 
         def aliases(views: list[dict[str, Any]]) -> None:
             used = dict.fromkeys(n for v in views for n in [v["out"], v.get("reduce_res"), *v["args"]]
@@ -466,12 +498,6 @@ class LoopRenderer:
                     out.add(f"{n} = {n}_rows[:, q, :]")
                 elif n in row_tiles:
                     out.add(f"{n} = {n}_rows[:, q:q + 1]")
-
-        def pattern(op: TileOp) -> str:
-            _, base, strides = op.attr("access")
-            sp, sf = strides[self.part_dim], strides[self.free_dim]
-            offset = _offset(base, self.var_terms(strides, with_free=False, with_red=False))
-            return f"pattern=[[{sp * rows}, P], [{sp}, {rows}], [{sf}, F]], offset={offset}"
 
         done_row: set[str] = set()
         rename: dict[str, str] = {}
@@ -505,7 +531,9 @@ class LoopRenderer:
             act_res = {a: r for r, a in fused.items()}
             views, stores = [], []
             for op in body:
-                if op.opcode == "load":
+                if op.opcode == "load" and op.out in invariant:
+                    rename[op.out] = bufs.writes[pos]
+                elif op.opcode == "load":
                     rename[op.out] = bufs.writes[pos]
                     out.add(f"nisa.dma_copy(dst={bufs.writes[pos]}_rows, src=in{op.attr('access')[0]}.ap("
                             f"{pattern(op)}))")

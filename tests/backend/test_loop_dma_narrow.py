@@ -174,3 +174,31 @@ def test_row_group_row_ops_run_once_per_group() -> None:
     assert len(recips) == 1 and recips[0].startswith("nisa.reciprocal(dst=r") and "_rows, data=r" in recips[0], src
     sqrt = [line for line in src.splitlines() if "op=nl.sqrt" in line]
     assert len(sqrt) == 1 and "_rows, op=nl.sqrt, data=r" in sqrt[0]
+
+
+def test_row_group_load_invariant_in_outer_loops_is_loaded_once_per_partition_tile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """x[b] + pos, then LayerNorm: the partition loop runs outside the batch loop and pos is loaded once."""
+    fn = _add_layernorm(768)
+    torch.manual_seed(2)
+    x, pos = torch.randn(4, 512, 768).to(torch.bfloat16), torch.randn(512, 768).to(torch.bfloat16)
+    got, kernels = _run(fn, [x, pos])
+    (k,) = [k for k in kernels if isinstance(k, LoopKernel)]
+    src = render_kernel(k)
+    lines = [line.strip() for line in src.splitlines()]
+    assert any(line.startswith("for p0 in range(") for line in lines), src
+    p0 = next(i for i, line in enumerate(lines) if line.startswith("for p0 in range("))
+    o0 = next(i for i, line in enumerate(lines) if line.startswith("for o0 in range("))
+    pos_loads = [i for i, line in enumerate(lines) if line.startswith("nisa.dma_copy(") and "src=in1." in line]
+    assert p0 < o0 and len(pos_loads) == 1 and p0 < pos_loads[0] < o0, src
+    with torch.no_grad():
+        want = fn(x, pos)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1.6e-2, atol=1e-2)
+    from neuron_compile.codegen.render import LoopRenderer
+
+    monkeypatch.setattr(LoopRenderer, "row_group_options", lambda self: [])
+    single, kernels1 = _run(fn, [x, pos])
+    assert "for q in range(" not in render_kernel([k for k in kernels1 if isinstance(k, LoopKernel)][0])
+    for g, w in zip(got, single, strict=True):
+        assert torch.equal(g, w)
