@@ -61,16 +61,18 @@ class Tiles:
     resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
     split: bool = False  # K in KB-tile chunks, partial sums of the whole block kept in SBUF fp32
     direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
-    rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand / stores a result
+    rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand (a residual)
+    sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
         bm, bn, kb, ta, tb, res, *rest = attr
-        split, direct, rg = (list(rest) + [False, False, 1][len(rest):])[:3]
-        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg))
+        split, direct, rg, sg = (list(rest) + [False, False, 1, 0][len(rest):])[:4]
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg),
+                   int(sg))
 
 
 @dataclass(frozen=True)
@@ -428,14 +430,15 @@ class MatmulRenderer:
 
         Output tiles go in groups of ``RG`` row tiles (``Tiles.rg``, as many as SBUF holds). Per group,
         each row-varying epilogue operand (a residual) arrives in one ``[128, RG, BN]`` DMA in its
-        storage dtype (engines convert on read), and each value stored to an output is written by its
-        instruction straight into a ``[128, RG, BN]`` staging tile in the output dtype that leaves in
-        one DMA (not one per tile or per row of tiles).
+        storage dtype (engines convert on read). Each value stored to an output is written by its
+        instruction straight into a ``[128, SG, BN]`` staging tile in the output dtype that leaves in
+        one DMA per ``SG`` row tiles (``Tiles.sg`` <= RG: stores may stay more frequent than loads,
+        so the work behind the last store stays short).
         """
         depth = out.depth
         staged = self.staged_stores()
         grouped = self.row_loads(hoisted)
-        rg = self.row_group(bn, staged, grouped)
+        rg, sg = self.row_group(bn, staged, grouped)
         out.add(f"""
             for i0 in range(0, BM, {rg * PMAX}):
                 GR = min({rg * PMAX}, BM - i0)
@@ -444,12 +447,22 @@ class MatmulRenderer:
         out.depth += 1
         for op in grouped:
             out.add(f"{op.out}_grp = nl.ndarray(({PMAX}, {rg}, {bn}), dtype=nl.{_load_dtype(op)}, buffer=nl.sbuf)")
-            self.group_dma(out, op, f"{op.out}_grp", load=True)
+            self.group_dma(out, op, f"{op.out}_grp", "i0", "GR", "RF", load=True)
+        if sg < rg:
+            out.add(f"""
+                for s0 in range(i0, i0 + GR, {sg * PMAX}):
+                    SR = min({sg * PMAX}, i0 + GR - s0)
+                    SF = SR // {PMAX}
+                """)
+            out.depth += 1
+            s0, sr, sf = "s0", "SR", "SF"
+        else:
+            s0, sr, sf = "i0", "GR", "RF"
         for op in staged:
-            out.add(f"{op.args[0]}_stage = nl.ndarray(({PMAX}, {rg}, {bn}), dtype=nl.{op.attr('dst_dtype')}, "
+            out.add(f"{op.args[0]}_stage = nl.ndarray(({PMAX}, {sg}, {bn}), dtype=nl.{op.attr('dst_dtype')}, "
                     "buffer=nl.sbuf)")
         out.add(f"""
-            for i in range(i0, i0 + GR, {PMAX}):
+            for i in range({s0}, {s0} + {sr}, {PMAX}):
                 P = min({PMAX}, BM - i)
                 p0 = m0 + i
                 for j in range(0, BN, {self.nt}):
@@ -458,28 +471,30 @@ class MatmulRenderer:
             """)
         out.depth += 2
         out.add(tile_prologue)
-        self.epilogue(out, hoisted, staged, {op.out for op in grouped})
+        self.epilogue(out, hoisted, staged, {op.out for op in grouped}, s0)
         out.depth -= 2
         for op in staged:
-            self.group_dma(out, op, f"{op.args[0]}_stage", load=False)
+            self.group_dma(out, op, f"{op.args[0]}_stage", s0, sr, sf, load=False)
         out.depth = depth
 
-    def group_dma(self, out: Lines, op: TileOp, tile: str, load: bool) -> None:
-        """One DMA between ``tile[0:128, 0:RF, 0:BN]`` and rows ``m0 + i0 ...`` of ``op``'s tensor (+ a ragged tile)."""
+    def group_dma(self, out: Lines, op: TileOp, tile: str, start: str, rows: str, full_tiles: str, load: bool) -> None:
+        """One DMA between ``tile[0:128, 0:full_tiles, 0:BN]`` and rows ``m0 + start ...`` of ``op``'s tensor
+        (+ one for a ragged last tile of ``rows % 128`` rows)."""
         acc = self.loop.view(op)["access"]
         sp, sf = acc["sp"], acc["sf"]
         hbm = f"in{acc['arg']}" if load else f"out{acc['arg']}"
-        full = f"{hbm}.ap(pattern=[[{sp}, {PMAX}], [{PMAX * sp}, RF], [{sf}, BN]], offset={acc['offset']})"
-        rest = f"{hbm}.ap(pattern=[[{sp}, GR % {PMAX}], [{sf}, BN]], offset={acc['offset']})"
-        pair = (f"dst={tile}[0:{PMAX}, 0:RF, 0:BN], src={full}", f"dst={tile}[0:GR % {PMAX}, RF, 0:BN], src={rest}") \
-            if load else (f"dst={full}, src={tile}[0:{PMAX}, 0:RF, 0:BN]", f"dst={rest}, src={tile}[0:GR % {PMAX}, RF, 0:BN]")
+        full = f"{hbm}.ap(pattern=[[{sp}, {PMAX}], [{PMAX * sp}, {full_tiles}], [{sf}, BN]], offset={acc['offset']})"
+        rest = f"{hbm}.ap(pattern=[[{sp}, {rows} % {PMAX}], [{sf}, BN]], offset={acc['offset']})"
+        sb_full, sb_rest = f"{tile}[0:{PMAX}, 0:{full_tiles}, 0:BN]", f"{tile}[0:{rows} % {PMAX}, {full_tiles}, 0:BN]"
+        pair = (f"dst={sb_full}, src={full}", f"dst={sb_rest}, src={rest}") if load else \
+            (f"dst={full}, src={sb_full}", f"dst={rest}, src={sb_rest}")
         out.add(f"""
             f0 = n0
-            if RF > 0:
-                p0 = m0 + i0
+            if {full_tiles} > 0:
+                p0 = m0 + {start}
                 nisa.dma_copy({pair[0]})
-            if GR % {PMAX}:
-                p0 = m0 + i0 + RF * {PMAX}
+            if {rows} % {PMAX}:
+                p0 = m0 + {start} + {full_tiles} * {PMAX}
                 nisa.dma_copy({pair[1]})
             """)
 
@@ -487,8 +502,9 @@ class MatmulRenderer:
         """Full-tile loads of the epilogue that vary over rows (e.g. a residual): loaded per row group."""
         return [op for op in self.rest if op.opcode == "load" and op.kind == "full" and op.out not in hoisted]
 
-    def row_group(self, bn: int, staged: list[TileOp], grouped: list[TileOp]) -> int:
-        """Row tiles per epilogue group: ``Tiles.rg``, at most the block's, within SBUF.
+    def row_group(self, bn: int, staged: list[TileOp], grouped: list[TileOp]) -> tuple[int, int]:
+        """Row tiles per epilogue load group and per store: ``Tiles.rg`` / ``Tiles.sg``, at most the block's,
+        within SBUF (``sg <= rg``; the last store of a group may be shorter).
 
         Group tiles are allocated per group (two live when one group follows another), next to the
         operand blocks (``self.held``) and the per-tile epilogue temporaries (two of each live).
@@ -497,16 +513,19 @@ class MatmulRenderer:
 
         tiles = math.ceil(min(self.t.bm, _ceil_to(self.M, PMAX)) / PMAX)
         rg = max(1, min(self.t.rg, tiles))
-        per_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped) \
-            + sum(ITEMSIZE.get(op.attr("dst_dtype"), 4) for op in staged)
-        if not per_row:
-            return 1
+        load_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped)
+        store_row = sum(ITEMSIZE.get(op.attr("dst_dtype"), 4) for op in staged)
+        if not grouped:
+            rg = min(rg, self.t.sg or rg)  # stores only: the store group is the group
+        sg = min(self.t.sg or rg, rg)
+        if not load_row + store_row:
+            return 1, 1
         temps = 2 * self.nt * sum(ITEMSIZE.get(op.dtype, 4) * (2 if op.opcode == "round" else 1)
                                   for op in self.rest if op.opcode not in ("load", "store"))
         free = LIMITS[config.target].sbuf_partition_bytes - self.held - temps - EPILOGUE_SBUF_MARGIN
-        while rg > 1 and 2 * rg * bn * per_row > free:
+        while rg > 1 and 2 * bn * (rg * load_row + min(sg, rg) * store_row) > free:
             rg -= 1
-        return rg
+        return rg, min(sg, rg)
 
     def staged_stores(self) -> list[TileOp]:
         """Full stores of values computed in the epilogue (one store per value; hoisted loads excluded)."""
@@ -524,7 +543,7 @@ class MatmulRenderer:
     def producer(self, name: str) -> TileOp:
         return next(op for op in self.rest if op.out == name)
 
-    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp], grouped: set[str]) -> None:
+    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp], grouped: set[str], s0: str) -> None:
         mm = self.mm
         stage_of = {op.args[0]: op for op in staged}
         users = [op for op in self.rest if mm.out in op.args]
@@ -532,7 +551,7 @@ class MatmulRenderer:
         if in_place:
             out.add(f"{mm.out} = {self.acc_src}")
         else:
-            dst = f"{mm.out}_stage[0:P, (i - i0) // {PMAX}, j:j + F]" if mm.out in stage_of else \
+            dst = f"{mm.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]" if mm.out in stage_of else \
                 "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)"
             out.add(f"""
                 {mm.out} = {dst}
@@ -553,7 +572,7 @@ class MatmulRenderer:
                 text = str(self.loop.macros.render_op(view, self.loop.kinds, config.target))
                 alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
                 assert alloc in text, f"staged value {op.out} has no tile allocation to redirect"
-                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - i0) // {PMAX}, j:j + F]"))
+                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]"))
             else:
                 self.loop._emit(out, view)
 

@@ -50,7 +50,7 @@ SBUF_BUDGET_FRACTION = 0.7  # of the target's SBUF per partition: the rest holds
 MAX_ACCUMULATORS = 7  # PSUM tiles of [128, 512] fp32 (8 banks, one kept for TensorE transposes)
 SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't be large (K > 2048)
 SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
-ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg) for the best block configurations
+ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg, then Tiles.sg) for the best block configurations
 ROW_GROUP_FINALISTS = 4
 _TUNED: dict[str, Any] = {}
 
@@ -167,6 +167,16 @@ def tune(kernel: LoopKernel) -> LoopKernel:
                 if rg == top.rg or (rg - 1) * PMAX >= top.bm:
                     continue
                 cand = replace(top, rg=rg)
+                ns = _score(kernel, cand, target)
+                if ns < best_ns:
+                    best, best_ns = cand, ns
+        # stores more frequent than residual loads (less work behind the last store): (rg, sg) for the best blocks
+        base = best
+        for rg in (1, *ROW_GROUPS):
+            for sg in (1, *ROW_GROUPS):
+                if sg >= rg or (rg - 1) * PMAX >= base.bm:
+                    continue
+                cand = replace(base, rg=rg, sg=sg)
                 ns = _score(kernel, cand, target)
                 if ns < best_ns:
                     best, best_ns = cand, ns

@@ -66,6 +66,8 @@ GROUPED = [
     Tiles(768, 512, 2, True, True, False, False, True, 4),
     Tiles(640, 512, 1, True, True, False, True, True, 3),
     Tiles(256, 512, 1, False, True, False, False, False, 8),
+    Tiles(640, 512, 1, True, True, True, False, True, 4, 2),  # stores per 2 row tiles, residual per 4
+    Tiles(640, 1024, 1, True, True, False, True, True, 5, 2),  # split, 5-tile loads, ragged store groups
 ]
 
 
@@ -82,13 +84,14 @@ def test_bf16_residual_loads_in_storage_dtype_and_one_store_per_row_group(tiles:
     assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas), [rec for rec, _ in dmas if len(set(rec.dtypes)) > 1]
     # one store per (row group, N block), the ragged 88-row tile of a group riding in its own DMA
     bm, bn = min(tiles.bm, 640), min(tiles.bn, 1024)
-    groups = sum(math.ceil(min(bm, 600 - m0) / (128 * tiles.rg)) for m0 in range(0, 600, bm))
-    ragged = sum(1 for m0 in range(0, 600, bm) if min(bm, 600 - m0) % (128 * tiles.rg) % 128)
+    sg = tiles.sg or tiles.rg
+    groups = sum(math.ceil(min(bm, 600 - m0) / (128 * sg)) for m0 in range(0, 600, bm))
+    ragged = sum(1 for m0 in range(0, 600, bm) if min(bm, 600 - m0) % 128)
     n_blocks = math.ceil(640 / bn)
     stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
     assert stores <= (groups + ragged) * n_blocks, stores
     # the residual rows of a group arrive in one DMA, like the stores
-    residual = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf" and rec.shapes[0][-1] == bn
+    residual = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf" and rec.shapes[0][-1] == min(bn, 640)
                    and len(rec.shapes[0]) == 3 and rec.dtypes[0] == "bfloat16" and rec.partitions == 128)
     assert residual >= 1
 
@@ -133,7 +136,9 @@ def test_autotuned_gpt2_attention_projection_groups_epilogue_dmas() -> None:
     assert t.rg > 1 and ns < ns1, (t, ns, ns1)
     assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas)
     stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
-    assert stores <= 4096 // 128 // t.rg * math.ceil(768 / t.bn), stores
+    assert stores <= 4096 // 128 // (t.sg or t.rg) * math.ceil(768 / t.bn), stores
+    loads = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf")
+    assert loads <= 4096 // 128 // t.rg + 4096 // 1024 + 2 + 1, loads  # residual groups, x rows, weight rows, bias
 
 
 def test_gpt2_qkv_projection_transposes_its_weight_once() -> None:
