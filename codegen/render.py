@@ -112,16 +112,27 @@ def _loop_body(k: LoopKernel) -> str:
     from neuron_compile.instruction_stream import source_stream
 
     args = [(a.numel, a.dtype) for a in k.inputs]
-    best: tuple[float, int, str] | None = None
-    for rows, split in [(1, False)] + [(r, s) for r in options for s in (False, True)]:
-        body = base.body() if rows == 1 else LoopRenderer(k, rows=rows, split_rows=split).body()
+
+    def cost(rows: int, split: bool = False, store_rows: int = 0) -> tuple[float, str]:
+        body = base.body() if rows == 1 else LoopRenderer(k, rows, split, store_rows).body()
         ns = estimate(source_stream(_wrap(k, body), k.name, args), config.target).time_ns
-        log.debug("kernel %s: %d rows per partition%s -> %.1f us", k.name, rows, " (split engines)" * split,
-                  ns / 1e3)
-        if best is None or ns < best[0]:
-            best = (ns, rows, body)
-    assert best is not None
-    return best[2]
+        log.debug("kernel %s: %d rows per partition%s, %d per store -> %.1f us", k.name, rows,
+                  " (split engines)" * split, store_rows or rows, ns / 1e3)
+        return ns, body
+
+    best = cost(1)
+    for rows in options:
+        ns, body, split = min((*cost(rows, s), s) for s in (False, True))
+        # then fewer rows per store DMA (loads keep R rows): stores start before the whole group is done
+        sub = rows // 2
+        while sub >= 1:
+            sub_ns, sub_body = cost(rows, split, sub)
+            if sub_ns >= ns:
+                break
+            ns, body, sub = sub_ns, sub_body, sub // 2
+        if ns < best[0]:
+            best = (ns, body)
+    return best[1]
 
 
 class Lines:
@@ -155,9 +166,10 @@ class LoopRenderer:
     are hoisted out of all loops when the row is a single chunk.
     """
 
-    def __init__(self, k: LoopKernel, rows: int = 1, split_rows: bool = False) -> None:
+    def __init__(self, k: LoopKernel, rows: int = 1, split_rows: bool = False, store_rows: int = 0) -> None:
         self.k = k
         self.rows = rows
+        self.store_rows = store_rows or rows  # row groups: rows per store DMA (divides rows)
         self.split_rows = split_rows  # row groups: an op's rows may run on different engines
         self.macros = _macros()
         n = len(k.space)
@@ -558,15 +570,30 @@ class LoopRenderer:
                         view["first"] = "True"
                     views.append(view)
                 pos += 1
-            out.add(f"for q in range({rows}):")
+            sub = self.store_rows if stores and self.store_rows < rows else rows
+            if sub < rows:
+                # Stores of `sub` rows each, issued as soon as their rows are done (finer pipeline drain).
+                out.add(f"for q0 in range(0, {rows}, {sub}):")
+                out.depth += 1
+                out.add(f"for q in range(q0, q0 + {sub}):")
+            else:
+                out.add(f"for q in range({rows}):")
             out.depth += 1
             aliases(views)
             for view in views:
                 self._emit(out, view)
             out.depth -= 1
             for op in stores:
-                out.add(f"nisa.dma_copy(dst=out{op.attr('access')[0]}.ap({pattern(op)}), "
-                        f"src={rename.get(op.args[0], op.args[0])}_rows)")
+                src = f"{rename.get(op.args[0], op.args[0])}_rows"
+                if sub < rows:
+                    sp = op.attr("access")[2][self.part_dim]
+                    dst_ap = pattern(op).replace(f"[{sp}, {rows}]", f"[{sp}, {sub}]", 1) + f" + q0 * {sp}"
+                    src += f"[:, q0:q0 + {sub}, :]"
+                else:
+                    dst_ap = pattern(op)
+                out.add(f"nisa.dma_copy(dst=out{op.attr('access')[0]}.ap({dst_ap}), src={src})")
+            if sub < rows:
+                out.depth -= 1
             done_row.update(op.out for op in body if op.opcode == "reduce")
         return out.text()
 

@@ -158,9 +158,12 @@ def test_row_group_engines_split_per_row_same_values(monkeypatch: pytest.MonkeyP
     src = render_kernel(k)
     assert ")[q])" in src and "engine=(nisa.engine." in src, src
     assert check_source_against_api(src) == []
-    monkeypatch.setattr(render.LoopRenderer, "__init__",
-                        lambda self, k, rows=1, split_rows=False, _init=render.LoopRenderer.__init__:
-                        _init(self, k, rows, False))
+    init = render.LoopRenderer.__init__
+
+    def no_split(self, k, rows=1, split_rows=False, store_rows=0):
+        init(self, k, rows, False, store_rows)
+
+    monkeypatch.setattr(render.LoopRenderer, "__init__", no_split)
     same, kernels1 = _run(fn, [x])
     assert ")[q])" not in render_kernel(kernels1[0])
     assert torch.equal(got, same)
@@ -202,3 +205,27 @@ def test_row_group_load_invariant_in_outer_loops_is_loaded_once_per_partition_ti
     assert "for q in range(" not in render_kernel([k for k in kernels1 if isinstance(k, LoopKernel)][0])
     for g, w in zip(got, single, strict=True):
         assert torch.equal(g, w)
+
+
+def test_row_group_stores_fewer_rows_than_loads_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2 LayerNorm: R rows per load, stores of R/2^k rows issued as soon as those rows are done."""
+    from neuron_compile.codegen import render
+
+    fn = _layernorm(768)
+    torch.manual_seed(3)
+    x = torch.randn(4096, 768).to(torch.bfloat16)
+    got, kernels = _run(fn, [x])
+    src = render_kernel(kernels[0])
+    assert "for q0 in range(0, " in src and "for q in range(q0, q0 + " in src, src
+    store = [line.strip() for line in src.splitlines() if "nisa.dma_copy(dst=out0" in line]
+    assert len(store) == 1 and "q0 * 768" in store[0] and "_rows[:, q0:q0 + " in store[0], store
+    assert check_source_against_api(src) == []
+    init = render.LoopRenderer.__init__
+
+    def whole_groups(self, k, rows=1, split_rows=False, store_rows=0):
+        init(self, k, rows, split_rows, 0)
+
+    monkeypatch.setattr(render.LoopRenderer, "__init__", whole_groups)
+    same, kernels1 = _run(fn, [x])
+    assert "for q0 in range(" not in render_kernel(kernels1[0])
+    assert torch.equal(got, same)
