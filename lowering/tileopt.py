@@ -15,6 +15,10 @@ simulator and the hardware follow (each stage rounds to fp32 exactly as the unfu
   ``tensor_scalar`` on trn2 has no subtract (REFERENCE 3.3).
 
 Only fp32 values that are used exactly once are folded away; integer tiles are never touched.
+
+After these rewrites, :func:`narrow_tiles` (loop kernels) gives tiles their storage dtype where no value
+changes (bf16 loads, bf16 results written straight into the stored tile, rounds as one cast or none), and
+:func:`eliminate_dead` (every kernel) drops ops whose results no store reads.
 """
 
 from __future__ import annotations
