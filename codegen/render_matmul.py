@@ -63,16 +63,18 @@ class Tiles:
     direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
     rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand (a residual)
     sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
+    sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block)
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int]:
-        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg)
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg,
+                self.sb)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
         bm, bn, kb, ta, tb, res, *rest = attr
-        split, direct, rg, sg = (list(rest) + [False, False, 1, 0][len(rest):])[:4]
+        split, direct, rg, sg, sb = (list(rest) + [False, False, 1, 0, False][len(rest):])[:5]
         return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg),
-                   int(sg))
+                   int(sg), bool(sb))
 
 
 @dataclass(frozen=True)
@@ -237,15 +239,17 @@ class MatmulRenderer:
         self.kb = kb
         self.block_rows = {"a_blk": bm, "b_blk": bn}
         a, b = self.a, self.b
-        for name, op, flag in (("a_t", a, t.ta), ("b_t", b, t.tb)):
-            if flag and op.transposable() and not t.direct:
+        scratch_a = t.ta and a.transposable() and not t.direct
+        scratch_b = t.tb and b.transposable() and (not t.direct or t.sb)
+        for name, op, flag in (("a_t", a, scratch_a), ("b_t", b, scratch_b)):
+            if flag:
                 out.add(f"{name} = nl.ndarray(({K * op.rows},), dtype=nl.{op.dtype}, buffer=nl.private_hbm)")
         for i in range(k.n_outer):
             out.add(f"for o{i} in range({k.space[i]}):")
             out.depth += 1
-        if t.ta and a.transposable() and not t.direct:
+        if scratch_a:
             a = self.transpose_to_scratch(out, a, "a_t")
-        if t.tb and b.transposable() and not t.direct:
+        if scratch_b:
             b = self.transpose_to_scratch(out, b, "b_t")
         self.direct = {dst for dst, op, flag in (("a_blk", a, t.ta), ("b_blk", b, t.tb))
                        if flag and t.direct and op.transposable()}

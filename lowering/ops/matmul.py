@@ -64,7 +64,8 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
     Split (large K only): up to 2048x2048 blocks whose K chunks add into SBUF fp32 partial sums, so
     neither operand is re-read more than N/BN or M/BM times however long K is. Resident and split
     blocks may also take their transposed operands straight from PE transposes (``direct``): no HBM
-    scratch round trip, at the price of transposing B again for every M block.
+    scratch round trip, at the price of transposing B again for every M block (unless ``sb``: B
+    alone still goes through the scratch, transposed once).
     An operand small enough is also tried without the TensorE transpose pass (strided load instead).
     """
     from neuron_compile.simulator.targets import LIMITS
@@ -103,6 +104,10 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
                         and held * (bm * isa + bn * isb) + partials + staging <= budget:
                     t = replace(t, direct=True)
                     out.setdefault(t.to_attr(), t)
+                    if ta and a.transposable() and tb and b.transposable() and m > bm:
+                        # B transposed once into the HBM scratch, A straight into SBUF per M block
+                        t = replace(t, sb=True)
+                        out.setdefault(t.to_attr(), t)
 
     for tm in (1, 2, 4, 7):
         for tn in (1, 2, 4, 7):

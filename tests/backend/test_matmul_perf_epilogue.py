@@ -19,7 +19,6 @@ from neuron_compile.lowering.ops import matmul as mm_rules
 import neuron_compile.backend
 from neuron_compile.config import config
 
-HBM = ("shared_hbm", "private_hbm", "hbm")
 
 
 def _run_forced(tiles: Tiles, fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
@@ -68,6 +67,8 @@ GROUPED = [
     Tiles(256, 512, 1, False, True, False, False, False, 8),
     Tiles(640, 512, 1, True, True, True, False, True, 4, 2),  # stores per 2 row tiles, residual per 4
     Tiles(640, 1024, 1, True, True, False, True, True, 5, 2),  # split, 5-tile loads, ragged store groups
+    Tiles(256, 512, 1, True, True, False, True, True, 2, 1, True),  # split, A direct, B via the HBM scratch
+    Tiles(256, 1024, 2, True, True, True, False, True, 2, 0, True),  # resident, A direct, B via the HBM scratch
 ]
 
 
@@ -88,7 +89,7 @@ def test_bf16_residual_loads_in_storage_dtype_and_one_store_per_row_group(tiles:
     groups = sum(math.ceil(min(bm, 600 - m0) / (128 * sg)) for m0 in range(0, 600, bm))
     ragged = sum(1 for m0 in range(0, 600, bm) if min(bm, 600 - m0) % 128)
     n_blocks = math.ceil(640 / bn)
-    stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
+    stores = sum(n for rec, n in dmas if rec.buffers[0] == "shared_hbm")  # results (not the B^T scratch)
     assert stores <= (groups + ragged) * n_blocks, stores
     # the residual rows of a group arrive in one DMA, like the stores
     residual = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf" and rec.shapes[0][-1] == min(bn, 640)
@@ -135,7 +136,7 @@ def test_autotuned_gpt2_attention_projection_groups_epilogue_dmas() -> None:
         dmas = [(rec, n) for rec, n in kernel_stream(k).items() if rec.engine == "dma"]
     assert t.rg > 1 and ns < ns1, (t, ns, ns1)
     assert all(len(set(rec.dtypes)) == 1 for rec, _ in dmas)
-    stores = sum(n for rec, n in dmas if rec.buffers[0] in HBM)
+    stores = sum(n for rec, n in dmas if rec.buffers[0] == "shared_hbm")  # results (not the B^T scratch)
     assert stores <= 4096 // 128 // (t.sg or t.rg) * math.ceil(768 / t.bn), stores
     loads = sum(n for rec, n in dmas if rec.buffers[0] == "sbuf")
     assert loads <= 4096 // 128 // t.rg + 4096 // 1024 + 2 + 1, loads  # residual groups, x rows, weight rows, bias
@@ -162,3 +163,16 @@ def test_gpt2_qkv_projection_transposes_its_weight_once() -> None:
     row_loads = [(rec.shapes[0], n) for rec, n in stream.items() if rec.engine == "dma" and rec.buffers[0] == "sbuf"
                  and len(rec.shapes[0]) == 3 and rec.shapes[0][-1] == 768]
     assert sum(n for _, n in row_loads) == 7, row_loads
+
+
+def test_gpt2_mlp_down_projection_transposes_its_weight_once() -> None:
+    """MLP down-projection + residual (4096 x 3072 -> 768, bf16): K-split blocks of 2048 rows take x^T straight
+    from PE transposes but the weight through the HBM scratch, so it is transposed once, not per row block."""
+    fn, xs = _residual_linear(4096, 3072, 768, seed=3)
+    k = _capture_kernel(fn, *xs)
+    t = Tiles.from_attr(next(op.attr("tiles") for op in k.ops if op.opcode == "matmul"))
+    with config.patch(target="trn2"):
+        stream = kernel_stream(k)
+    transposes = sum(n for rec, n in stream.items() if rec.instruction == "nc_transpose")
+    assert t.direct and t.sb and t.bm < 4096, t
+    assert transposes == (4096 // 128 + 768 // 128) * (3072 // 128), transposes
