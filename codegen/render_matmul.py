@@ -21,7 +21,9 @@ Structure, per outer (batch) index:
 3. *Eviction with the epilogue*: the PSUM tile is read in place by the first epilogue instruction
    (bias add, activation, scaling), so eviction and epilogue are one pass; a result stored as-is is
    evicted by one ``tensor_copy`` in the output dtype. Loads of the epilogue that are constant over
-   rows (a Linear bias) are hoisted to one partition-broadcast DMA per N block.
+   rows (a Linear bias) are hoisted to one partition-broadcast DMA per N block; row-varying ones (a
+   residual) arrive in one ``[128, RG, BN]`` DMA per group of ``RG`` row tiles, and results leave in
+   one store per ``SG`` row tiles, all in their storage dtype (engines convert on read and write).
 """
 
 from __future__ import annotations
