@@ -33,49 +33,80 @@ def _outer_loops(out: Lines, sizes: list[int]) -> list[str]:
 
 
 def gather_body(k: GatherKernel, table_dtype: str) -> str:
-    """Indices on partitions (128 per tile), one indirect DMA per row chunk, rows stored densely."""
+    """Indices on partitions (128 per tile), one indirect DMA per row chunk, rows stored densely.
+
+    Full 128-row tiles go in groups: one DMA brings the indices of the whole group (``[128, T]``: row
+    ``t * 128 + p`` on partition p), the index arithmetic runs once over the group, each tile's rows arrive
+    by their own indirect DMA into a ``[128, T, F]`` staging tile that leaves in one store. A ragged last
+    tile (fewer than 128 rows) is handled alone.
+    """
     out = Lines()
     names = _outer_loops(out, [s for s, _, _ in k.outer])
     t_terms = [(v, ts) for v, (_, ts, _) in zip(names, k.outer, strict=True)]
     o_terms = [(v, os) for v, (_, _, os) in zip(names, k.outer, strict=True)]
+    ft = min(GATHER_FREE_TILE, k.row_size)
+    full, rem = divmod(k.rows, PMAX)
+    group = max(1, min(full, GATHER_GROUP_BYTES // (ft * _itemsize(table_dtype)), GATHER_GROUP_TILES))
+    if full:
+        out.add(f"for g0 in range(0, {full}, {group}):")
+        out.depth += 1
+        out.add(f"T = min({group}, {full} - g0)")
+        _gather_tiles(out, k, table_dtype, t_terms, o_terms, ft, group, "g0 * 128", "T")
+        out.depth -= 1
+    if rem:
+        _gather_tiles(out, k, table_dtype, t_terms, o_terms, ft, 1, str(full * PMAX), None, rows=rem)
+    return out.text()
+
+
+GATHER_GROUP_TILES = 32  # index tiles per group (one index DMA, one store per row chunk)
+GATHER_GROUP_BYTES = 64 * 1024  # per-partition SBUF of a group's staged rows
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "bool": 1, "uint8": 1, "int8": 1}.get(dtype, 4)
+
+
+def _gather_tiles(out: Lines, k: GatherKernel, table_dtype: str, t_terms: list[tuple[str, int]],
+                  o_terms: list[tuple[str, int]], ft: int, group: int, p0: str, tiles: str | None,
+                  rows: int = PMAX) -> None:
+    """Rows ``p0 .. p0 + tiles * 128`` (or one ragged tile of ``rows``): indices, index math, gathers, stores."""
     si = k.index.strides[0]
+    P = PMAX if tiles else rows
+    T = tiles or "1"
     out.add(f"""\
-for p0 in range(0, {k.rows}, {PMAX}):
-    P = min({PMAX}, {k.rows} - p0)
-    idx = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=in1.ap(pattern=[[{si}, P], [1, 1]], offset={_offset(k.index.offset, [("p0", si)])}))""")
-    out.depth += 1
+p0 = {p0}
+idx = nl.ndarray(({P}, {group}), dtype=nl.int32, buffer=nl.sbuf)
+nisa.dma_copy(dst=idx[:, 0:{T}], src=in1.ap(pattern=[[{si}, {P}], [{si * PMAX}, {T}]], offset={_offset(k.index.offset, [("p0", si)])}))""")
     idx = "idx"
     if k.wrap_negative:
         # x[idx] wraps negative indices: idx + rows * (idx < 0), exact in fp32 for any realistic row count.
         out.add(f"""\
-idx_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-nisa.tensor_copy(dst=idx_f, src=idx)
-neg = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-nisa.tensor_scalar(dst=neg, data=idx_f, op0=nl.less, operand0=0.0, op1=nl.multiply, operand1={float(k.num_rows_table)})
-nisa.tensor_tensor(dst=idx_f, data1=idx_f, data2=neg, op=nl.add)
-idx_w = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-nisa.tensor_copy(dst=idx_w, src=idx_f)""")
+idx_f = nl.ndarray(({P}, {group}), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_copy(dst=idx_f[:, 0:{T}], src=idx[:, 0:{T}])
+neg = nl.ndarray(({P}, {group}), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_scalar(dst=neg[:, 0:{T}], data=idx_f[:, 0:{T}], op0=nl.less, operand0=0.0, op1=nl.multiply, operand1={float(k.num_rows_table)})
+nisa.tensor_tensor(dst=idx_f[:, 0:{T}], data1=idx_f[:, 0:{T}], data2=neg[:, 0:{T}], op=nl.add)
+idx_w = nl.ndarray(({P}, {group}), dtype=nl.int32, buffer=nl.sbuf)
+nisa.tensor_copy(dst=idx_w[:, 0:{T}], src=idx_f[:, 0:{T}])""")
         idx = "idx_w"
     if k.row_stride != 1:
         # The HBM arguments are flat 1-D buffers, so one indirect "row" is one element: scale the
         # indices by the row stride in exact int32 arithmetic (GpSimd) rather than in fp32.
         out.add(f"""\
-row_stride = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-nisa.memset(dst=row_stride, value={k.row_stride})
-idx_scaled = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-nisa.tensor_tensor(dst=idx_scaled, data1={idx}, data2=row_stride, op=nl.multiply)""")
+row_stride = nl.ndarray(({P}, {group}), dtype=nl.int32, buffer=nl.sbuf)
+nisa.memset(dst=row_stride[:, 0:{T}], value={k.row_stride})
+idx_scaled = nl.ndarray(({P}, {group}), dtype=nl.int32, buffer=nl.sbuf)
+nisa.tensor_tensor(dst=idx_scaled[:, 0:{T}], data1={idx}[:, 0:{T}], data2=row_stride[:, 0:{T}], op=nl.multiply)""")
         idx = "idx_scaled"
-    ft = min(GATHER_FREE_TILE, k.row_size)
     t_off = _offset(k.table_offset, t_terms + [("f0", k.elem_stride)])
     o_off = _offset(0, o_terms + [("p0", k.row_size), ("f0", 1)])
     out.add(f"""\
 for f0 in range(0, {k.row_size}, {ft}):
     F = min({ft}, {k.row_size} - f0)
-    rows = nl.ndarray((P, F), dtype=nl.{table_dtype}, buffer=nl.sbuf)
-    nisa.dma_copy(dst=rows, src=in0.ap(pattern=[[{max(k.row_stride, 1)}, P], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}, indirect_dim=0))
-    nisa.dma_copy(dst=out0.ap(pattern=[[{k.row_size}, P], [1, F]], offset={o_off}), src=rows)""")
-    return out.text()
+    rows = nl.ndarray(({P}, {group}, F), dtype=nl.{table_dtype}, buffer=nl.sbuf)
+    for t in range({T}):
+        nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[{max(k.row_stride, 1)}, {P}], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}[:, t:t + 1], indirect_dim=0))
+    nisa.dma_copy(dst=out0.ap(pattern=[[{k.row_size}, {P}], [{k.row_size * PMAX}, {T}], [1, F]], offset={o_off}), src=rows[:, 0:{T}, :])""")
 
 
 def index_add_body(k: IndexAddKernel) -> str:

@@ -95,6 +95,25 @@ def test_embedding_duplicates_ragged_large_vocab_wide_rows(dtype):
     assert {"gather", "index_put"} <= _families()
 
 
+def test_embedding_groups_index_loads_and_stores():
+    """4096 + 40 rows: the indices of 32 row tiles arrive in one DMA and their rows leave in one store per
+    row chunk; the ragged 40-row tail gets its own; values equal eager (a forward-only graph)."""
+    from neuron_compile.instruction_stream import kernel_stream
+
+    weight = torch.randn(1000, 96, generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(0, 1000, (4136,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = torch.compile(lambda w, i: F.embedding(i, w), backend="neuron", dynamic=False)(weight, idx)
+    torch.testing.assert_close(out, F.embedding(idx, weight), rtol=0, atol=0)
+    (kern,) = B.compiled_graphs()[-1]["plan"].kernels
+    counts = {"index": 0, "gather": 0, "store": 0}
+    for rec, n in kernel_stream(kern).items():
+        if rec.engine == "dma":
+            kind = "store" if rec.buffers[0] == "shared_hbm" else "index" if rec.dtypes[0] == "int32" else "gather"
+            counts[kind] += n
+    assert counts == {"index": 2, "gather": 33, "store": 2}
+
+
 def test_embedding_padding_idx_gets_no_gradient():
     weight = _leaf(50, 16)
     idx = torch.tensor([[0, 3, 3, 0, 49]])

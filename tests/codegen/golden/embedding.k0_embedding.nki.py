@@ -7,17 +7,32 @@ import nki.language as nl
 def k0_embedding(in0, in1):
     """gather kernel: aten.embedding.default"""
     out0 = nl.ndarray((156000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 520, 128):
-        P = min(128, 520 - p0)
-        idx = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=idx, src=in1.ap(pattern=[[1, P], [1, 1]], offset=p0))
-        row_stride = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.memset(dst=row_stride, value=300)
-        idx_scaled = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=idx_scaled, data1=idx, data2=row_stride, op=nl.multiply)
+    for g0 in range(0, 4, 4):
+        T = min(4, 4 - g0)
+        p0 = g0 * 128
+        idx = nl.ndarray((128, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx[:, 0:T], src=in1.ap(pattern=[[1, 128], [128, T]], offset=p0))
+        row_stride = nl.ndarray((128, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=row_stride[:, 0:T], value=300)
+        idx_scaled = nl.ndarray((128, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=idx_scaled[:, 0:T], data1=idx[:, 0:T], data2=row_stride[:, 0:T], op=nl.multiply)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            rows = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=rows, src=in0.ap(pattern=[[300, P], [1, F]], offset=f0, vector_offset=idx_scaled, indirect_dim=0))
-            nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=rows)
+            rows = nl.ndarray((128, 4, F), dtype=nl.float32, buffer=nl.sbuf)
+            for t in range(T):
+                nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[300, 128], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0))
+            nisa.dma_copy(dst=out0.ap(pattern=[[300, 128], [38400, T], [1, F]], offset=p0 * 300 + f0), src=rows[:, 0:T, :])
+    p0 = 512
+    idx = nl.ndarray((8, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx[:, 0:1], src=in1.ap(pattern=[[1, 8], [128, 1]], offset=p0))
+    row_stride = nl.ndarray((8, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=row_stride[:, 0:1], value=300)
+    idx_scaled = nl.ndarray((8, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=idx_scaled[:, 0:1], data1=idx[:, 0:1], data2=row_stride[:, 0:1], op=nl.multiply)
+    for f0 in range(0, 300, 300):
+        F = min(300, 300 - f0)
+        rows = nl.ndarray((8, 1, F), dtype=nl.float32, buffer=nl.sbuf)
+        for t in range(1):
+            nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[300, 8], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0))
+        nisa.dma_copy(dst=out0.ap(pattern=[[300, 8], [38400, 1], [1, F]], offset=p0 * 300 + f0), src=rows[:, 0:1, :])
     return out0
