@@ -1,22 +1,26 @@
 """Kernel body of the fused attention family (``attention.nki.j2``) from an :class:`AttentionKernel`.
 
-Per (batch, head), unrolled:
+Heads of 32, 64 or 96 without an additive mask use the transposed-scores kernel
+(:mod:`render_attention_t`: no transpose of P at all). Everything else (d = 128, masks) uses the
+standard flash-attention kernel below. Per batch element and head group (the heads whose rows fit
+``GROUP_ROWS_BYTES``), unrolled:
 
-1. Q, K, V rows are loaded with one DMA each (rows on partitions, ``[128, tiles, D]``; a ragged last
-   tile gets its own DMA), and Q, K are transposed on TensorE, four 128-row tiles per PSUM bank and
-   one eviction, into ``Q^T``/``K^T`` with D on partitions (the matmul contraction dim).
-2. Per 128-query tile, the needed keys (all, or up to the diagonal when causal: fully masked key
-   tiles are never computed) are split into equal steps of <= ``key_step`` (512) keys. Per step:
-   ``S = Q K^T`` into one PSUM bank; the causal diagonal block gets a 0 / -3e38 bias
-   accumulated onto PSUM by TensorE (identity x bias tile, both built once with ``affine_select``);
-   an additive mask is applied at the PSUM read (``S * scale + mask``). The negated row max
-   (``tensor_reduce(negate=True)``), the running bias ``b = -scale * m`` (min with the previous one),
-   ``alpha = exp(b_new - b_old)`` and ``P = exp(scale * S + b)`` with the row sum from the ScalarE
-   accumulators (``reduce_cmd.reset_reduce``) give the online softmax; P is transposed on TensorE and
-   ``P V`` accumulates over the step's key tiles in PSUM; the output accumulator is rescaled by alpha
-   (``scalar_tensor_tensor``) only when there is more than one step.
+1. Q, K, V rows of all the group's heads are loaded with one DMA each (rows on partitions,
+   ``[128, tiles, heads, D]``; a ragged last tile gets its own DMA), and each head's Q, K are
+   transposed on TensorE, four 128-row tiles per PSUM bank and one eviction, into ``Q^T``/``K^T``
+   with D on partitions (the matmul contraction dim).
+2. Per 128-query tile and head, the needed keys (all, or up to the diagonal when causal: fully
+   masked key tiles are never computed) are split into equal steps of <= ``key_step`` keys. Per
+   step: ``S = Q K^T`` into one PSUM bank per 512 keys; the causal diagonal block gets a 0 / -3e38
+   bias accumulated onto PSUM by TensorE (identity x bias tile, both built once with
+   ``affine_select``); an additive mask is applied at the PSUM read (``S * scale + mask``). The
+   negated row max (``tensor_reduce(negate=True)``), the running bias ``b = -scale * m`` (min with
+   the previous one), ``alpha = exp(b_new - b_old)`` and ``P = exp(scale * S + b)`` with the row
+   sum accumulated across the step's chunks in ScalarE's registers give the online softmax; P is
+   transposed on TensorE and ``P V`` accumulates over the step's key tiles in PSUM; the output
+   accumulator is rescaled by alpha (``scalar_tensor_tensor``) only when there is more than one step.
 3. ``out = O / max(l, tiny)`` (a fully masked row has ``l = 0`` and ``O = 0``: SDPA returns 0 there),
-   cast to the output dtype, stored with one DMA per (b, h).
+   cast to the output dtype; the rows of one query tile of every head in the group leave in one DMA.
 
 Hardware limits respected: <= 128 partitions, matmul K/M <= 128 and N <= 512, every PSUM tile within
 one 2 KiB bank (scores, transposed P, output, staging), only NKI 0.6 names; tile extents are
