@@ -136,6 +136,20 @@ class MatmulRenderer:
         self.kb = 1  # K tiles per operand block chunk (clamped to K)
         self.block_rows = {"a_blk": PMAX, "b_blk": PMAX}  # rows of each operand block (clamped to M / N)
         self.held = 0  # SBUF bytes per partition of the operand blocks, partial sums and staging rows
+        # Row ops (a LayerNorm after the residual add): the first row reduction and everything after it run
+        # once per 128-row tile over the whole output row ([P, BN], BN = N), after the tile's chunks.
+        red = any(op.opcode == "reduce" for op in self.rest)
+        self.post: list[TileOp] = []
+        done: set[str] = set()
+        for op in self.rest if red else ():  # and every op reading one of theirs
+            if op.opcode != "load" and (op.opcode == "reduce" or op.phase >= 1 or op.kind == "row"
+                                        or any(a in done for a in op.args if isinstance(a, str))):
+                self.post.append(op)
+                done.add(op.out)
+        post_ids = {id(op) for op in self.post}
+        self.chunk_ops = [op for op in self.rest if id(op) not in post_ids]
+        if self.post:
+            assert self.t.bn >= self.N, f"{k.name}: row ops need one N block (BN {self.t.bn} < N {self.N})"
 
     # -- phase 1: transposes into HBM scratch ------------------------------------------------------
     def transpose_to_scratch(self, out: Lines, op: Operand, name: str) -> Operand:
@@ -444,6 +458,11 @@ class MatmulRenderer:
         depth = out.depth
         staged = self.staged_stores()
         grouped = self.row_loads(hoisted)
+        if self.post:  # fp32 rows of the row ops (chunk values they read, their own live tiles)
+            resident = self.resident_values(staged, hoisted, {op.out for op in grouped})
+            body = [op for op in self.post if not any(op is st for st in staged)]
+            peak = ls.assign_buffers(body, self.loop.kinds, self.loop.dtypes, set(resident)).peak
+            self.held += (sum(v is None for v in resident.values()) + peak) * self.N * 4
         rg, sg = self.row_group(bn, staged, grouped)
         out.add(f"""
             for i0 in range(0, BM, {rg * PMAX}):
@@ -471,14 +490,25 @@ class MatmulRenderer:
             for i in range({s0}, {s0} + {sr}, {PMAX}):
                 P = min({PMAX}, BM - i)
                 p0 = m0 + i
-                for j in range(0, BN, {self.nt}):
-                    F = min({self.nt}, BN - j)
-                    f0 = n0 + j
             """)
-        out.depth += 2
+        out.depth += 1
+        resident = self.resident_values(staged, hoisted, {op.out for op in grouped})
+        for name, where in resident.items():
+            if where is None:
+                out.add(f"{name}_row = nl.ndarray(({PMAX}, {bn}), dtype=nl.{self.loop.dtypes.get(name, 'float32')}, "
+                        "buffer=nl.sbuf)")
+        out.add(f"""
+            for j in range(0, BN, {self.nt}):
+                F = min({self.nt}, BN - j)
+                f0 = n0 + j
+            """)
+        out.depth += 1
         out.add(tile_prologue)
-        self.epilogue(out, hoisted, staged, {op.out for op in grouped}, s0)
-        out.depth -= 2
+        self.epilogue(out, hoisted, staged, {op.out for op in grouped}, s0, resident)
+        out.depth -= 1
+        if self.post:
+            self.row_ops(out, staged, s0, resident)
+        out.depth -= 1
         for op in staged:
             self.group_dma(out, op, f"{op.args[0]}_stage", s0, sr, sf, load=False)
         out.depth = depth
@@ -527,7 +557,7 @@ class MatmulRenderer:
         if not load_row + store_row:
             return 1, 1
         temps = 2 * self.nt * sum(ITEMSIZE.get(op.dtype, 4) * (2 if op.opcode == "round" else 1)
-                                  for op in self.rest if op.opcode not in ("load", "store"))
+                                  for op in self.chunk_ops if op.opcode not in ("load", "store"))
         free = LIMITS[config.target].sbuf_partition_bytes - self.held - temps - EPILOGUE_SBUF_MARGIN
         while rg > 1 and 2 * bn * (rg * load_row + min(sg, rg) * store_row) > free:
             rg -= 1
@@ -549,22 +579,30 @@ class MatmulRenderer:
     def producer(self, name: str) -> TileOp:
         return next(op for op in self.rest if op.out == name)
 
-    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp], grouped: set[str], s0: str) -> None:
+    def epilogue(self, out: Lines, hoisted: set[str], staged: list[TileOp], grouped: set[str], s0: str,
+                 resident: dict[str, str | None] | None = None) -> None:
         mm = self.mm
+        resident = resident or {}
         stage_of = {op.args[0]: op for op in staged}
         users = [op for op in self.rest if mm.out in op.args]
-        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
+        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users) \
+            and mm.out not in resident
+        row_dst = {name: f"{name}_row[0:P, j:j + F]" for name, where in resident.items() if where is None}
         if in_place:
             out.add(f"{mm.out} = {self.acc_src}")
         else:
-            dst = f"{mm.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]" if mm.out in stage_of else \
-                "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)"
+            dst = row_dst.get(mm.out) or (f"{mm.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]"
+                                          if mm.out in stage_of else
+                                          "nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)")
             out.add(f"""
                 {mm.out} = {dst}
                 nisa.tensor_copy(dst={mm.out}, src={self.acc_src})
                 """)
+            if mm.out in stage_of and mm.out in row_dst:
+                out.add(f"nisa.tensor_copy(dst={mm.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F], src={mm.out})")
         engines = self.epilogue_engines(in_place)
-        for op in self.rest:
+        chunk_users = {a for op in self.chunk_ops for a in op.args if isinstance(a, str)}
+        for op in self.chunk_ops:
             view = self.loop.view(op)
             view["engine"] = engines.get(op.out)
             if op.out in hoisted:
@@ -573,14 +611,107 @@ class MatmulRenderer:
                 out.add(f"{op.out} = {op.out}_grp[0:P, (i - i0) // {PMAX}, j:j + F]")
             elif any(op is st for st in staged):
                 continue
-            elif op.out in stage_of:
-                # the instruction writes its result (cast to the output dtype) into the staging row
+            elif resident.get(op.out) is not None and op.out not in chunk_users and op.out not in stage_of:
+                continue  # only row ops read it, from where it already is (a staged row)
+            elif op.out in stage_of or op.out in row_dst:
+                # the instruction writes its result (cast to the output dtype) into the staging row, or into
+                # the fp32 row the row ops read after the tile's chunks
                 text = str(self.loop.macros.render_op(view, self.loop.kinds, config.target))
                 alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
                 assert alloc in text, f"staged value {op.out} has no tile allocation to redirect"
-                out.add(text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]"))
+                dst = row_dst.get(op.out) or f"{op.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F]"
+                out.add(text.replace(alloc, f"{op.out} = {dst}"))
+                if op.out in stage_of and op.out in row_dst:
+                    out.add(f"nisa.tensor_copy(dst={op.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F], "
+                            f"src={op.out})")
             else:
                 self.loop._emit(out, view)
+
+    def resident_values(self, staged: list[TileOp], hoisted: set[str], grouped: set[str]) -> dict[str, str | None]:
+        """Chunk values the row ops read, mapped to the ``[P, BN]`` view holding the tile's whole row (None: a
+        row tile ``{name}_row`` of the value's dtype that the chunk op writes into). A value stored in fp32 is read from its staging
+        row; a bf16/fp16 rounding of a value stored in that dtype is read from the staged (rounded) row, exactly
+        the value a separate kernel would load back."""
+        if not self.post:
+            return {}
+        stage_of = {op.args[0]: op for op in staged}
+        chunk = {op.out: op for op in self.chunk_ops}
+        chunk[self.mm.out] = self.mm
+        out: dict[str, str | None] = {}
+        stage = f"[0:P, (i - {{s0}}) // {PMAX}, 0:BN]"
+        for op in self.post:
+            for a in op.args:
+                if not isinstance(a, str) or a not in chunk or a in out or chunk[a].kind == "row":
+                    continue  # (a row value, e.g. a row load: its (P, 1) tile is there as it is)
+                src = chunk[a]
+                if a in hoisted:
+                    out[a] = f"{a}_blk[0:P, 0:BN]"
+                elif a in grouped:
+                    out[a] = f"{a}_grp[0:P, (i - i0) // {PMAX}, 0:BN]"
+                elif a in stage_of and stage_of[a].attr("dst_dtype") == "float32":
+                    out[a] = f"{a}_stage" + stage
+                elif src.opcode == "round" and src.args[0] in stage_of \
+                        and stage_of[src.args[0]].attr("dst_dtype") == src.attr("via"):
+                    out[a] = f"{src.args[0]}_stage" + stage
+                else:
+                    out[a] = None
+        return out
+
+    def row_ops(self, out: Lines, staged: list[TileOp], s0: str, resident: dict[str, str | None]) -> None:
+        """The row ops of one 128-row tile after its chunks: reductions into ``[P, 1]`` values, then the full
+        ops over ``[P, BN]`` views of the whole row; stored values go into their staging rows."""
+        stage_of = {op.args[0]: op for op in staged}
+        out.add("F = BN\nf0 = n0")
+        for name, where in resident.items():
+            out.add(f"{name} = " + (where.replace("{s0}", s0) if where is not None else f"{name}_row[0:P, 0:BN]"))
+        body = [op for op in self.post if not any(op is st for st in staged)]
+        kinds, dtypes = self.loop.kinds, self.loop.dtypes
+        fused = ls.fuse_act_reduce(body)
+        act_res = {a: r for r, a in fused.items()}
+        for op in body:
+            if op.opcode == "reduce":
+                out.add(f"{op.out} = nl.ndarray((P, 1), dtype=nl.{op.dtype}, buffer=nl.sbuf)")
+        computed = [op for op in body if op.opcode != "store"]
+        engines = ls.assign_engines(computed, self.N, config.target, kinds, self.chunk_load(), dtypes)
+        stored = {op.out for op in body if op.out in stage_of}
+        bufs = ls.assign_buffers(body, kinds, dtypes, set(resident) | stored)
+        rename: dict[str, str] = {}
+        for pos, op in enumerate(body):
+            view = self.loop.view(op)
+            view["args"] = [rename.get(a, a) if isinstance(a, str) else a for a in view["args"]]
+            view["engine"] = engines.get(op.out)
+            if op.opcode == "reduce":
+                view["first"] = "True"
+                view["fused"] = op.out in fused
+            elif op.out in act_res:
+                view["reduce_res"] = act_res[op.out]
+            if op.opcode not in ("store", "reduce") and bufs.inplace[pos] and op.out not in stage_of:
+                view["inplace"] = True
+                view["out"] = bufs.writes[pos]
+                rename[op.out] = view["out"]
+            text = str(self.loop.macros.render_op(view, kinds, config.target))
+            if op.out in stage_of:
+                alloc = f"{op.out} = nl.ndarray((P, F), dtype=nl.{op.dtype}, buffer=nl.sbuf)"
+                assert alloc in text, f"staged row value {op.out} has no tile allocation to redirect"
+                text = text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - {s0}) // {PMAX}, 0:BN]")
+            out.add("\n".join(line for line in text.splitlines() if line.strip()))
+
+    def chunk_load(self) -> dict[str, float]:
+        """Engine time (ns) of one row tile's chunk epilogues, which the row ops balance against."""
+        target, free, kinds = config.target, self.nt, self.loop.kinds
+        chunks = math.ceil(self.N / self.nt)
+        load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+        users = [op for op in self.rest if self.mm.out in op.args]
+        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
+        engines = self.epilogue_engines(in_place)
+        for op in self.chunk_ops:
+            if op.opcode in ("load", "store"):
+                continue
+            e = engines.get(op.out) or ls._fixed_engine(op) or "vector"
+            load[e] += chunks * ls.op_ns(op, e, free, target, kinds)
+        if not in_place:
+            load["vector"] += chunks * ls.op_ns(self.mm, "vector", free, target, kinds)
+        return load
 
     def epilogue_engines(self, in_place: bool) -> dict[str, str]:
         """Engines of epilogue ops that several engines can run (``loop_schedule.assign_engines``).
@@ -591,7 +722,7 @@ class MatmulRenderer:
         """
         target, free, kinds = config.target, self.nt, self.loop.kinds
         load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
-        body = [op for op in self.rest if op.opcode not in ("load", "store")]
+        body = [op for op in self.chunk_ops if op.opcode not in ("load", "store")]
         psum = [op for op in body if in_place and self.mm.out in op.args]
         for op in psum:
             load["vector"] += ls.op_ns(op, "vector", free, target, kinds)

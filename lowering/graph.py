@@ -233,7 +233,7 @@ class LoopGroupEmitter:
         self.accesses: list[tuple[int, ...]] = []  # every stride vector over the space (for canonicalization)
 
     def member_role(self, node: fx.Node) -> str:
-        if self.g.kind != "reduction":
+        if self.g.kind != "reduction" and not self.g.red:
             return "full"
         return classify(node_shape(node), self.g) or "full"
 
@@ -444,7 +444,12 @@ class LoopGroupEmitter:
         ops = []
         # Matmul epilogues keep the builder's fp32 tiles (render_matmul sizes its own buffers); loop kernels
         # hold tiles in the storage dtype where no value changes. Every kernel drops ops no store reads.
-        program = self.b.ops if g.kind == "matmul" else tileopt.narrow_tiles(tileopt.optimize(self.b.ops, set()))
+        # A matmul kernel with a row reduction (a LayerNorm in its epilogue) gets the loop kernels' peephole
+        # rewrites (x - row -> x + (-row), sum of squares -> activation accumulator); others keep their ops.
+        if g.kind == "matmul":
+            program = tileopt.store_rounds_as_is(tileopt.optimize(self.b.ops, set())) if g.red else self.b.ops
+        else:
+            program = tileopt.narrow_tiles(tileopt.optimize(self.b.ops, set()))
         program = tileopt.eliminate_dead(program)
         for op in program:
             attrs = dict(op.attrs)

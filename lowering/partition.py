@@ -183,7 +183,7 @@ class Partitioner:
 
     def _fits(self, node: fx.Node, shape: tuple[int, ...], g: Group) -> bool:
         """Can a pointwise node of ``shape`` live in ``g`` with its in-group inputs broadcasting right?"""
-        if g.kind == "reduction":
+        if g.kind == "reduction" or g.red:
             role = classify(shape, g)
             if role is None:
                 return False
@@ -224,7 +224,17 @@ class Partitioner:
         if self.fuse and isinstance(x, fx.Node):
             g = self.group_of.get(x)
             if g is not None and self._can_join(node, g):
+                if g.kind in ("reduction", "matmul") and g.red and g.space == xshape and g.red == red \
+                        and classify(xshape, g) == "full":
+                    g.members.append(node)
+                    self.group_of[node] = g
+                    return
                 if g.kind == "reduction" and g.space == xshape and g.red == red and classify(xshape, g) == "full":
+                    g.members.append(node)
+                    self.group_of[node] = g
+                    return
+                if g.kind == "matmul" and not g.red and self._row_of_matmul(node, g, xshape, red):
+                    g.red = red
                     g.members.append(node)
                     self.group_of[node] = g
                     return
@@ -236,6 +246,20 @@ class Partitioner:
                     self.group_of[node] = g
                     return
         self._new(node, "reduction", xshape, red, reason=self._why_not(node, xshape, reduction=True))
+
+    def _row_of_matmul(self, node: fx.Node, g: Group, xshape: tuple[int, ...], red: tuple[int, ...]) -> bool:
+        """A reduction over the whole output row of a matmul group (its N dim, N <= MATMUL_ROW_MAX) may join it:
+        the epilogue holds complete rows (the tuner gives such kernels one N block), so row statistics and
+        the ops after them (a LayerNorm after a residual add) run there instead of in a kernel that reads
+        the stored row back. Every in-group value so far must be full over the space."""
+        from neuron_compile.config import config
+
+        if not config.fuse_matmul_norm or not xshape or g.space != xshape or red != (len(xshape) - 1,):
+            return False
+        n = node_shape(g.members[0])[-1]
+        if xshape[-1] != n or n > MATMUL_ROW_MAX:
+            return False
+        return all(math.prod(node_shape(m)) == math.prod(g.space) for m in g.members)
 
     def _why_not(self, node: fx.Node, shape: tuple[int, ...], reduction: bool = False) -> str:
         """One line on why ``node`` could not join an existing kernel (only called when it didn't)."""
@@ -265,7 +289,7 @@ class Partitioner:
         if rule is None or rule.family != "movement" or node.target not in _LAYOUT_VIEWS:
             return
         shape, ishape = node_shape(node), node_shape(inp)
-        if g.kind == "reduction":
+        if g.kind == "reduction" or g.red:
             role, irole = classify(shape, g), classify(ishape, g)
             ok = role is not None and role == irole and [d for d in shape if d != 1] == [d for d in ishape if d != 1]
         else:
@@ -284,6 +308,7 @@ class Partitioner:
 
 _aten = torch.ops.aten
 _FILL_CONSTANTS = {_aten.full.default, _aten.scalar_tensor.default, _aten.full_like.default}
+MATMUL_ROW_MAX = 2048  # widest matmul output row a reduction may join (one N block, held in SBUF)
 _LAYOUT_VIEWS: set[object] = set()  # filled by lowering.ops.movement: reshape-like views (view, unsqueeze, ...)
 
 

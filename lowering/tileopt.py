@@ -228,3 +228,16 @@ def eliminate_dead(ops: Sequence[TileOp]) -> list[TileOp]:
         keep.append(op)
         live.update(a for a in op.args if isinstance(a, str))
     return keep[::-1]
+
+
+def store_rounds_as_is(ops: Sequence[TileOp]) -> list[TileOp]:
+    """``store(round(x, via=D), dst_dtype=D)`` -> ``store(x)``: the store's conversion to D rounds (RNE) exactly
+    as the round did (used by matmul epilogues, whose staged stores write the D tile directly)."""
+    rounds = {op.out: op for op in ops if op.opcode == "round" and op.kind == "full"}
+    out = []
+    for op in ops:
+        src = rounds.get(op.args[0]) if op.opcode == "store" and op.args and isinstance(op.args[0], str) else None
+        if src is not None and src.attr("via") == op.attr("dst_dtype"):
+            op = _with(op, args=(src.args[0], *op.args[1:]))
+        out.append(op)
+    return out

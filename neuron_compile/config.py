@@ -53,6 +53,8 @@ _knob("free_tile", int, 2048, "Free-dim elements per tile in elementwise/row ker
 _knob("row_resident_bytes", int, 96 * 1024,
       "SBUF bytes per partition a row kernel may keep resident before it is split.", codegen=True)
 _knob("fuse", bool, True, "Fuse elementwise prologues/epilogues into neighbouring kernels.", codegen=True)
+_knob("fuse_matmul_norm", bool, True, "Let a reduction over a matmul's whole output row (N <= 2048, e.g. a "
+      "LayerNorm after a residual add) join the matmul kernel's epilogue.", codegen=True)
 # Running.
 _knob("executor", str, "auto", "Who runs kernels: auto, simulator, nki-simulate or nki-jit.", choices=EXECUTORS)
 _knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with a warning, 'error' refuses.",

@@ -83,10 +83,13 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
         return (True, False) if op.rows * k <= SMALL_OPERAND else (True,)
 
     out: dict[tuple[Any, ...], Tiles] = {}
+    whole_rows = any(op.opcode == "reduce" for op in kernel.ops)  # row ops in the epilogue: one N block
 
     def add(tm: int, tn: int, kb: int, resident: bool, split: bool = False) -> None:
         bm = min(tm * PMAX, _ceil_to(m, PMAX))
         bn = min(tn * nt, _ceil_to(n, nt))
+        if whole_rows and bn < n:
+            return
         kb = min(kb, kt)
         held = kt if resident else kb
         partials = bm // PMAX * bn * 4 if split else 0  # the SBUF fp32 partial sums of a block

@@ -1,0 +1,99 @@
+"""A LayerNorm over a matmul's whole output row runs in the matmul kernel's epilogue (lowering/partition.py
+``_row_of_matmul``, codegen/render_matmul.py ``row_ops``): eager values, the same values as the separate
+LayerNorm kernel (``config.fuse_matmul_norm=False``), and one kernel fewer."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuron_compile import backend
+from neuron_compile.config import config
+
+
+class Block(torch.nn.Module):
+    """x + Linear(h), then LayerNorm of the sum (GPT-2's attention projection + residual + ln_2)."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(k, n)
+        self.ln = torch.nn.LayerNorm(n)
+        with torch.no_grad():
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.proj(h)
+        return x, self.ln(x)
+
+
+def _run(model: torch.nn.Module, *inputs: torch.Tensor, fuse: bool) -> tuple[tuple[torch.Tensor, ...], dict]:
+    torch._dynamo.reset()
+    backend.reset()
+    with config.patch(cache=False, target="trn2", fuse_matmul_norm=fuse), torch.no_grad():
+        got = torch.compile(model, backend="neuron", dynamic=False)(*inputs)
+    return got, backend.compiled_graphs()[-1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("rows", "k", "n"), [(300, 96, 768), (200, 64, 96)])
+def test_layer_norm_after_residual_add_fuses_into_the_matmul(dtype: torch.dtype, rows: int, k: int, n: int) -> None:
+    torch.manual_seed(0)
+    model = Block(k, n).to(dtype).eval()
+    h, x = torch.randn(2, rows // 2, k, dtype=dtype), torch.randn(2, rows // 2, n, dtype=dtype)
+    fused, g = _run(model, h, x, fuse=True)
+    unfused, g0 = _run(model, h, x, fuse=False)
+    with torch.no_grad():
+        want = model(h, x)
+    tol = {"rtol": 2e-2, "atol": 3e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    for a, b in zip(fused, want, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    # the same instructions on the same values as the separate LayerNorm kernel
+    for a, b in zip(fused, unfused, strict=True):
+        assert torch.equal(a, b), (a - b).abs().max()
+    names = [name for name, _ in g["sources"]]
+    assert len(names) == len([name for name, _ in g0["sources"]]) - 1, names
+    (src,) = [s for name, s in g["sources"] if "mm" in name]
+    assert "tensor_reduce" in src or "reduce_res" in src
+    assert not any(s for name, s in g["sources"] if "mm" not in name and "mean" in name), names
+
+
+def test_wide_rows_and_other_reductions_keep_their_own_kernel() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(64, 4096)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x @ w
+        return y - y.mean(-1, keepdim=True)  # N = 4096 > MATMUL_ROW_MAX: the row is never whole in SBUF
+
+    x = torch.randn(128, 64)
+    got, g = _run(f, x, fuse=True)
+    torch.testing.assert_close(got, f(x), rtol=1e-4, atol=1e-3)
+    assert len(g["sources"]) == 2, [name for name, _ in g["sources"]]
+
+
+def test_gpt2_layer_has_no_separate_layer_norm_after_the_residual_matmuls() -> None:
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "examples"))
+    try:
+        from models import GPT, GPTConfig
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab=64, seq=128, d_model=96, n_heads=2, n_layers=1)
+    model = GPT(cfg).to(torch.bfloat16).eval()
+    idx = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    got, g = _run(model, idx, fuse=True)
+    with torch.no_grad():
+        want = model(idx)
+    torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=1e-1)
+    names = [name for name, _ in g["sources"]]
+    mm = [i for i, name in enumerate(names) if re.search(r"_mm_add_(to_copy|clone)", name)]
+    assert len(mm) == 2, names
+    for i in mm:  # the kernel after a residual matmul is a matmul (the LayerNorm went into its epilogue)
+        assert "mean" not in names[i + 1], names
+    assert sum("mean" in name for name in names) == 1, names  # only ln_1 of the first layer (after the embedding)
