@@ -139,6 +139,7 @@ class MatmulRenderer:
         # Row ops (a LayerNorm after the residual add): the first row reduction and everything after it run
         # once per 128-row tile over the whole output row ([P, BN], BN = N), after the tile's chunks.
         red = any(op.opcode == "reduce" for op in self.rest)
+        self.row_dtype: dict[str, str] = {}  # row tiles of values held in a narrow dtype (resident_values)
         self.post: list[TileOp] = []
         done: set[str] = set()
         for op in self.rest if red else ():  # and every op reading one of theirs
@@ -495,8 +496,8 @@ class MatmulRenderer:
         resident = self.resident_values(staged, hoisted, {op.out for op in grouped})
         for name, where in resident.items():
             if where is None:
-                out.add(f"{name}_row = nl.ndarray(({PMAX}, {bn}), dtype=nl.{self.loop.dtypes.get(name, 'float32')}, "
-                        "buffer=nl.sbuf)")
+                dt = self.row_dtype.get(name) or self.loop.dtypes.get(name, "float32")
+                out.add(f"{name}_row = nl.ndarray(({PMAX}, {bn}), dtype=nl.{dt}, buffer=nl.sbuf)")
         out.add(f"""
             for j in range(0, BN, {self.nt}):
                 F = min({self.nt}, BN - j)
@@ -653,9 +654,23 @@ class MatmulRenderer:
                 elif src.opcode == "round" and src.args[0] in stage_of \
                         and stage_of[src.args[0]].attr("dst_dtype") == src.attr("via"):
                     out[a] = f"{src.args[0]}_stage" + stage
+                elif src.opcode == "round" and self.rounded_only(src):
+                    # its source, read by nothing else, is written rounded into a row of the narrow dtype
+                    out[src.args[0]] = None
+                    self.row_dtype[src.args[0]] = src.attr("via")
+                    out[a] = f"{src.args[0]}_row[0:P, 0:BN]"
                 else:
                     out[a] = None
         return out
+
+    def rounded_only(self, rnd: TileOp) -> bool:
+        """Is ``rnd``'s source a chunk value read only by ``rnd`` (and stores in its narrow dtype)?"""
+        x = rnd.args[0]
+        src = next((op for op in self.chunk_ops if op.out == x), None)
+        if src is None or src.opcode not in ("tensor_tensor", "tensor_scalar", "activation") or src.kind != "full":
+            return False
+        return all(op is rnd or (op.opcode == "store" and op.attr("dst_dtype") == rnd.attr("via"))
+                   for op in self.rest if x in op.args)
 
     def row_ops(self, out: Lines, staged: list[TileOp], s0: str, resident: dict[str, str | None]) -> None:
         """The row ops of one 128-row tile after its chunks: reductions into ``[P, 1]`` values, then the full

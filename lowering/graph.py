@@ -447,7 +447,8 @@ class LoopGroupEmitter:
         # A matmul kernel with a row reduction (a LayerNorm in its epilogue) gets the loop kernels' peephole
         # rewrites (x - row -> x + (-row), sum of squares -> activation accumulator); others keep their ops.
         if g.kind == "matmul":
-            program = tileopt.store_rounds_as_is(tileopt.optimize(self.b.ops, set())) if g.red else self.b.ops
+            program = tileopt.fold_centering(tileopt.store_rounds_as_is(tileopt.optimize(self.b.ops, set()))) \
+                if g.red else self.b.ops
         else:
             program = tileopt.narrow_tiles(tileopt.optimize(self.b.ops, set()))
         program = tileopt.eliminate_dead(program)

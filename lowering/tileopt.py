@@ -241,3 +241,54 @@ def store_rounds_as_is(ops: Sequence[TileOp]) -> list[TileOp]:
             op = _with(op, args=(src.args[0], *op.args[1:]))
         out.append(op)
     return out
+
+
+def fold_centering(ops: Sequence[TileOp]) -> list[TileOp]:
+    """``t = x + row`` read only by ``activation(f, t)`` and single-stage ``tensor_scalar(t, s, op)``s ->
+    ``activation(f, x, bias=row)`` and ``tensor_scalar(x, row, s, add, op)``: ``t`` is never written (one pass
+    over the row fewer: a LayerNorm's centering feeds its sum of squares and its normalization). Bit-exact:
+    ``x * 1.0 + row`` and each tensor_scalar stage round to fp32 exactly as the separate add did."""
+    kinds = {op.out: op.kind for op in ops}
+    users: dict[str, list[TileOp]] = {}
+    for op in ops:
+        for a in op.args:
+            if isinstance(a, str):
+                users.setdefault(a, []).append(op)
+    fold: dict[str, TileOp] = {}
+    for op in ops:
+        a = _attrs(op)
+        if op.opcode != "tensor_scalar" or op.kind != "full" or op.dtype != _F32 or a.get("op0") != "add" \
+                or a.get("op1") or a.get("reverse0") or len(op.args) != 2 or not isinstance(op.args[0], str) \
+                or kinds.get(op.args[1]) != "row":
+            continue
+        us = users.get(op.out, [])
+        if len(us) < 2 or not all(_centering_user(u, op.out) for u in us):
+            continue
+        fold[op.out] = op
+    if not fold:
+        return list(ops)
+    out = []
+    for op in ops:
+        if op.out in fold:
+            continue
+        t = op.args[0] if op.args and isinstance(op.args[0], str) else None
+        if t in fold:
+            x, row = fold[t].args
+            if op.opcode == "activation":
+                op = _with(op, args=(x, 1.0, row))
+            else:
+                a = _attrs(op)
+                op = _with(op, args=(x, row, op.args[1]), attrs={"op0": "add", "reverse0": False,
+                                                                  "op1": a["op0"], "reverse1": False})
+        out.append(op)
+    return out
+
+
+def _centering_user(u: TileOp, t: str) -> bool:
+    a = _attrs(u)
+    if u.args[0] != t or t in u.args[1:] or u.dtype != _F32 or u.kind != "full":
+        return False
+    if u.opcode == "activation":
+        return len(u.args) == 3 and u.args[1] == 1.0 and u.args[2] == 0.0
+    return u.opcode == "tensor_scalar" and len(u.args) == 2 and not a.get("op1") and not a.get("reverse0") \
+        and a.get("op0") in _SCALAR_STAGE
