@@ -97,3 +97,39 @@ def test_gpt2_layer_has_no_separate_layer_norm_after_the_residual_matmuls() -> N
     for i in mm:  # the kernel after a residual matmul is a matmul (the LayerNorm went into its epilogue)
         assert "mean" not in names[i + 1], names
     assert sum("mean" in name for name in names) == 1, names  # only ln_1 of the first layer (after the embedding)
+
+
+def test_batched_softmax_rows_fuse_into_the_bmm() -> None:
+    torch.manual_seed(1)
+    a, b = torch.randn(3, 130, 40), torch.randn(3, 40, 200)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(a @ b, -1)
+
+    got, g = _run(f, a, b, fuse=True)
+    ref, g0 = _run(f, a, b, fuse=False)
+    torch.testing.assert_close(got, f(a, b), rtol=1e-4, atol=1e-5)
+    assert torch.equal(got, ref)
+    assert len(g["sources"]) == len(g0["sources"]) - 1 == 1, [name for name, _ in g["sources"]]
+
+
+def test_split_k_blocks_keep_the_unfused_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K chunks summed in SBUF partials (Tiles.split): the row ops read the finished sums."""
+    import neuron_compile.lowering.ops.matmul as mm
+
+    every = mm.candidates
+    monkeypatch.setattr(mm, "candidates", lambda k, t: [c for c in every(k, t) if c.split] or every(k, t))
+    monkeypatch.setattr(mm, "_TUNED", {})
+    torch.manual_seed(2)
+    model = Block(2304, 96).to(torch.bfloat16).eval()
+    h, x = torch.randn(1, 200, 2304, dtype=torch.bfloat16), torch.randn(1, 200, 96, dtype=torch.bfloat16)
+    fused, g = _run(model, h, x, fuse=True)
+    unfused, _ = _run(model, h, x, fuse=False)
+    tiles = [op.attr("tiles") for k in g["plan"].kernels for op in k.ops if op.opcode == "matmul"]
+    assert tiles and all(t[6] for t in tiles), tiles  # split blocks
+    for a, b in zip(fused, unfused, strict=True):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        want = model(h, x)
+    for a, b in zip(fused, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=6e-2)
