@@ -602,7 +602,7 @@ class MatmulRenderer:
             if mm.out in stage_of and mm.out in row_dst:
                 out.add(f"nisa.tensor_copy(dst={mm.out}_stage[0:P, (i - {s0}) // {PMAX}, j:j + F], src={mm.out})")
         engines = self.epilogue_engines(in_place)
-        chunk_users = {a for op in self.chunk_ops for a in op.args if isinstance(a, str)}
+        skipped = self.skipped(resident, staged)
         for op in self.chunk_ops:
             view = self.loop.view(op)
             view["engine"] = engines.get(op.out)
@@ -612,7 +612,7 @@ class MatmulRenderer:
                 out.add(f"{op.out} = {op.out}_grp[0:P, (i - i0) // {PMAX}, j:j + F]")
             elif any(op is st for st in staged):
                 continue
-            elif resident.get(op.out) is not None and op.out not in chunk_users and op.out not in stage_of:
+            elif op.out in skipped:
                 continue  # only row ops read it, from where it already is (a staged row)
             elif op.out in stage_of or op.out in row_dst:
                 # the instruction writes its result (cast to the output dtype) into the staging row, or into
@@ -687,7 +687,8 @@ class MatmulRenderer:
             if op.opcode == "reduce":
                 out.add(f"{op.out} = nl.ndarray((P, 1), dtype=nl.{op.dtype}, buffer=nl.sbuf)")
         computed = [op for op in body if op.opcode != "store"]
-        engines = ls.assign_engines(computed, self.N, config.target, kinds, self.chunk_load(), dtypes)
+        base = self.chunk_load(self.skipped(resident, staged))
+        engines = ls.assign_engines(computed, self.N, config.target, kinds, base, dtypes)
         stored = {op.out for op in body if op.out in stage_of}
         bufs = ls.assign_buffers(body, kinds, dtypes, set(resident) | stored)
         rename: dict[str, str] = {}
@@ -711,7 +712,14 @@ class MatmulRenderer:
                 text = text.replace(alloc, f"{op.out} = {op.out}_stage[0:P, (i - {s0}) // {PMAX}, 0:BN]")
             out.add("\n".join(line for line in text.splitlines() if line.strip()))
 
-    def chunk_load(self) -> dict[str, float]:
+    def skipped(self, resident: dict[str, str | None], staged: list[TileOp]) -> set[str]:
+        """Chunk values not computed per chunk: read only by row ops, from a row that already holds them."""
+        chunk_users = {a for op in self.chunk_ops for a in op.args if isinstance(a, str)}
+        stored = {op.args[0] for op in staged}
+        return {name for name, where in resident.items()
+                if where is not None and name not in chunk_users and name not in stored}
+
+    def chunk_load(self, skipped: set[str]) -> dict[str, float]:
         """Engine time (ns) of one row tile's chunk epilogues, which the row ops balance against."""
         target, free, kinds = config.target, self.nt, self.loop.kinds
         chunks = math.ceil(self.N / self.nt)
@@ -720,7 +728,7 @@ class MatmulRenderer:
         in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
         engines = self.epilogue_engines(in_place)
         for op in self.chunk_ops:
-            if op.opcode in ("load", "store"):
+            if op.opcode in ("load", "store") or op.out in skipped:
                 continue
             e = engines.get(op.out) or ls._fixed_engine(op) or "vector"
             load[e] += chunks * ls.op_ns(op, e, free, target, kinds)
