@@ -40,16 +40,17 @@ from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
 
-TRANSPOSE_GROUP = 4  # 128-row tiles transposed into one PSUM bank before a single eviction
+# 128-row tiles transposed into one 2 KiB PSUM bank before a single eviction: 8 of 2-byte, 4 of fp32 values
+TRANSPOSE_GROUP = {2: 8, 4: 4}
 MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
 BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
 # whole kernel: VectorE carries the row max (1 cycle per fp32 PSUM score), ScalarE the exp (1 cycle per score);
-# 0.6 balances the two under the cost model for d=128 heads (issue 5 (c): 0.55 / 0.6 / 0.65 -> 2090 / 2047 / 2086 us;
+# 0.58 balances the two under the cost model for d=128 heads (issue 5 (c): 0.55 / 0.58 / 0.6 / 0.65 -> 2090 / 2038 / 2043 / 2086 us;
 # heads of 32/64/96 without a mask use the transposed-scores kernel, which has no P evictions). The small per-row
 # combines (chunk maxima, running max and sum) run on GpSimd, which is otherwise idle.
-SCALAR_EVICT_SHARE = 0.6
+SCALAR_EVICT_SHARE = 0.58
 # Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
 # head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
 GROUP_ROWS_BYTES = 64 * 1024
@@ -85,17 +86,18 @@ def _transpose_rows(out: Lines, src: str, dst: str, rows: int, cols: int, dtype:
     """``dst[cols, hh, rows] = scale * src[:, :, hh, :]^T`` through TensorE, TRANSPOSE_GROUP tiles per PSUM bank and
     eviction (``dst`` is allocated by the caller for the whole head group; VectorE evicts unless ``on_scalar``)."""
     tiles = -(-rows // PMAX)
+    tg = TRANSPOSE_GROUP[2 if dtype in ("bfloat16", "float16") else 4]
     evict = (f"nisa.activation(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], op=nl.copy, data=tp[:, 0:w], "
              f"scale={scale!r})") if on_scalar else (f"nisa.tensor_copy(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], src=tp[:, 0:w])" if scale == 1.0 else
              f"nisa.tensor_scalar(dst={dst}[0:{cols}, hh, g * {PMAX}:g * {PMAX} + w], data=tp[:, 0:w], op0=nl.multiply, "
              f"operand0={scale!r})")
     out.add(f"""\
-for g in range(0, {tiles}, {TRANSPOSE_GROUP}):
-    tp = nl.ndarray(({cols}, {TRANSPOSE_GROUP * PMAX}), dtype=nl.{dtype}, buffer=nl.psum)
-    for t in range(g, min(g + {TRANSPOSE_GROUP}, {tiles})):
+for g in range(0, {tiles}, {tg}):
+    tp = nl.ndarray(({cols}, {tg * PMAX}), dtype=nl.{dtype}, buffer=nl.psum)
+    for t in range(g, min(g + {tg}, {tiles})):
         r = min({PMAX}, {rows} - t * {PMAX})
         nisa.nc_transpose(dst=tp[:, (t - g) * {PMAX}:(t - g) * {PMAX} + r], data={src}[0:r, t, hh, :])
-    w = min({rows}, (g + {TRANSPOSE_GROUP}) * {PMAX}) - g * {PMAX}
+    w = min({rows}, (g + {tg}) * {PMAX}) - g * {PMAX}
     {evict}""")
 
 
