@@ -29,39 +29,6 @@ LINEAR_SLACK = 1.25
 log = logging.getLogger(__name__)
 
 
-def capture(fn: Any, *inputs: Any) -> list[tuple[Any, list[Any]]]:
-    """Dynamo + AOTAutograd (our decompositions) graphs of ``fn(*inputs)``, without executing them.
-
-    The forward compiler records each graph and returns a function producing ``torch.empty_strided``
-    outputs with the traced (fake-tensor) shapes, strides and dtypes: a compile benchmark must not time a
-    real-tensor run of the model (at 24 layers that eager run was about half of the old capture time).
-    """
-    import torch
-    from neuron_compile.lowering.decompositions import decomposition_table
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[tuple[Any, list[Any]]] = []
-
-    def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append((gm, list(example_inputs)))
-        (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in out_node.args[0]]
-
-        def run(args: list[Any]) -> list[Any]:
-            args.clear()
-            return [torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype)
-                    if isinstance(v, torch.Tensor) else v for v in vals]
-
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table(), keep_inference_input_mutations=False)
-    with torch.no_grad():
-        torch.compile(fn, backend=backend, dynamic=False)(*inputs)
-    return graphs
-
-
 def worker(layers: int) -> dict[str, Any]:
     import torch
 
@@ -69,6 +36,7 @@ def worker(layers: int) -> dict[str, Any]:
     from models import GPT, GPTConfig
 
     from neuron_compile.backend import build_artifacts
+    from neuron_compile.capture import aten_graphs
     from neuron_compile.runtime import load_kernels
 
     torch.manual_seed(0)
@@ -76,7 +44,8 @@ def worker(layers: int) -> dict[str, Any]:
     model = GPT(cfg).eval()
     idx = torch.randint(0, cfg.vocab, (1, cfg.seq))
     t0 = time.perf_counter()
-    graphs = capture(model, idx)
+    # captured without executing: a compile benchmark must not time a real-tensor run of the model
+    graphs = aten_graphs(model, idx, execute=False)
     t1 = time.perf_counter()
     kernels = 0
     sources: list[tuple[str, str]] = []

@@ -31,35 +31,16 @@ log = logging.getLogger(__name__)
 TARGETS = {"a": 0.85, "b": 0.85, "c": 0.70, "d": 0.80, "e": 0.80, "f": 0.80, "g": 0.70}
 
 
-def capture(fn: Callable[..., Any], *inputs: Any) -> list[tuple[Any, list[Any]]]:
-    """The ATen graphs (after our decompositions) Dynamo + AOTAutograd hand the backend; run eagerly."""
-    from neuron_compile.lowering.decompositions import decomposition_table
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[tuple[Any, list[Any]]] = []
-
-    def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        graphs.append((gm, list(example_inputs)))
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table(), keep_inference_input_mutations=False)
-    with torch.no_grad():
-        torch.compile(fn, backend=backend, dynamic=False)(*inputs)
-    return graphs
-
-
 def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -> dict[str, Any]:
     from neuron_compile.backend import build_artifacts
+    from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate, total
     from neuron_compile.instruction_stream import kernel_stream
     from neuron_compile.roofline import graph_roofline
 
     t0 = time.perf_counter()
-    graphs = capture(fn, *inputs)
+    graphs = aten_graphs(fn, *inputs)
     est_total = None
     roof_ns = 0.0
     min_bytes = 0

@@ -194,19 +194,14 @@ nisa.activation(dst=o_t[0:P, hh, :], op=nl.copy, data=o_run, scale=rl)""")
     return out.text()
 
 
-def _step(out: Lines, k: AttentionKernel, scalar_copies: bool) -> None:
-    """One online-softmax key step of W keys, processed in PSUM-bank chunks of 512 keys."""
-    cdt, dv, masked = k.compute_dtype, k.dv, k.mask is not None
-    nmax_ch = k.key_step // BANK_KEYS
+def score_chunk(out: Lines, k: AttentionKernel, kc: str, cw: str) -> None:
+    """``s_ps = Q^T[:, q0:q0+P]^T K^T[:, kc:kc+cw]`` (scaled scores of one PSUM bank of keys) for head ``hh``; the
+    causal diagonal block gets the 0 / -3e38 bias accumulated by TensorE (identity x ``cbias``)."""
     out.add(f"""\
-nparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
-srcs = []
-for c in range(nch):
-    kc = k0 + c * {BANK_KEYS}
-    cw = min({BANK_KEYS}, W - c * {BANK_KEYS})
-    s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, hh, q0:q0 + P], moving=kT[0:{k.d}, hh, kc:kc + cw])""")
-    out.depth += 1
+kc = {kc}
+cw = {cw}
+s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+nisa.nc_matmul(dst=s_ps, stationary=qT[0:{k.d}, hh, q0:q0 + P], moving=kT[0:{k.d}, hh, kc:kc + cw])""")
     if k.causal:
         out.add(f"""\
 lo = max(q0, kc)
@@ -216,6 +211,18 @@ if lo < hi:
     c1 = lo - q0
     c2 = lo - kc
     nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
+
+
+def _step(out: Lines, k: AttentionKernel, scalar_copies: bool) -> None:
+    """One online-softmax key step of W keys, processed in PSUM-bank chunks of 512 keys."""
+    cdt, dv, masked = k.compute_dtype, k.dv, k.mask is not None
+    nmax_ch = k.key_step // BANK_KEYS
+    out.add(f"""\
+nparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
+srcs = []
+for c in range(nch):""")
+    out.depth += 1
+    score_chunk(out, k, f"k0 + c * {BANK_KEYS}", f"min({BANK_KEYS}, W - c * {BANK_KEYS})")
     src = "s_ps"
     if masked:
         ma = k.mask

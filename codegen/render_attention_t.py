@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.codegen.render_attention import (
-    BANK_KEYS, MASK_BIAS, _group_pattern, _load_rows, _transpose_rows, head_group)
+    BANK_KEYS, MASK_BIAS, _group_pattern, _load_rows, _transpose_rows, head_group, score_chunk)
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
 from neuron_compile.simulator_limits import PMAX
@@ -129,21 +129,9 @@ for qb in range(0, {k.sq}, {QUERY_BLOCK}):
         nch = (kend + {BANK_KEYS - 1}) // {BANK_KEYS}
         for hh in range({G}):
             nparts = nl.ndarray((P, {nch_max}), dtype=nl.float32, buffer=nl.sbuf)
-            for c in range(nch):
-                kc = c * {BANK_KEYS}
-                cw = min({BANK_KEYS}, kend - kc)
-                s_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=s_ps, stationary=qT[0:{d}, hh, q0:q0 + P], moving=kT[0:{d}, hh, kc:kc + cw])""")
+            for c in range(nch):""")
     out.depth += 4
-    if k.causal:
-        out.add(f"""\
-lo = max(q0, kc)
-hi = min(q0 + P, kc + cw)
-if lo < hi:
-    n = min({PMAX}, hi - lo)
-    c1 = lo - q0
-    c2 = lo - kc
-    nisa.nc_matmul(dst=s_ps[0:P, c2:c2 + n], stationary=ident[0:P, 0:P], moving=cbias[0:P, c1:c1 + n], accumulate=True)""")
+    score_chunk(out, k, f"c * {BANK_KEYS}", f"min({BANK_KEYS}, kend - c * {BANK_KEYS})")
     out.add("nisa.tensor_reduce(dst=nparts[:, c:c + 1], op=nl.maximum, data=s_ps, axis=1, negate=True)")
     out.depth -= 1
     # negated maxima combine with min; the last one is written (rounded) into head hh's column of mx

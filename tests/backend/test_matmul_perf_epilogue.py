@@ -100,21 +100,9 @@ def test_bf16_residual_loads_in_storage_dtype_and_one_store_per_row_group(tiles:
 def _capture_kernel(fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
     """The tuned matmul kernel of ``fn`` (compiled for trn2, estimated only: nothing is simulated)."""
     from neuron_compile.backend import build_artifacts
-    from neuron_compile.lowering.decompositions import decomposition_table
-    from torch._dynamo.backends.common import aot_autograd
+    from neuron_compile.capture import aten_graphs
 
-    graphs: list[tuple[Any, list[Any]]] = []
-
-    def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        graphs.append((gm, list(example_inputs)))
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table(), keep_inference_input_mutations=False)
-    with torch.no_grad():
-        torch.compile(fn, backend=backend, dynamic=False)(*xs)
+    graphs = aten_graphs(fn, *xs)
     ((gm, ins),) = graphs
     with config.patch(target="trn2", cache=False):
         _, _, plan = build_artifacts(gm, ins)
