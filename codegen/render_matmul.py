@@ -471,8 +471,9 @@ class MatmulRenderer:
                 RF = GR // {PMAX}
             """)
         out.depth += 1
-        for op in grouped:
-            out.add(f"{op.out}_grp = nl.ndarray(({PMAX}, {rg}, {bn}), dtype=nl.{_load_dtype(op)}, buffer=nl.sbuf)")
+        for op in grouped:  # a per-row column (a bias broadcast along the row) is loaded once per row, [P, 1]
+            width = 1 if self.column(op) else bn
+            out.add(f"{op.out}_grp = nl.ndarray(({PMAX}, {rg}, {width}), dtype=nl.{_load_dtype(op)}, buffer=nl.sbuf)")
             self.group_dma(out, op, f"{op.out}_grp", "i0", "GR", "RF", load=True)
         if sg < rg:
             out.add(f"""
@@ -519,10 +520,12 @@ class MatmulRenderer:
         (+ one for a ragged last tile of ``rows % 128`` rows)."""
         acc = self.loop.view(op)["access"]
         sp, sf = acc["sp"], acc["sf"]
+        width = "1" if load and self.column(op) else "BN"
         hbm = f"in{acc['arg']}" if load else f"out{acc['arg']}"
-        full = f"{hbm}.ap(pattern=[[{sp}, {PMAX}], [{PMAX * sp}, {full_tiles}], [{sf}, BN]], offset={acc['offset']})"
-        rest = f"{hbm}.ap(pattern=[[{sp}, {rows} % {PMAX}], [{sf}, BN]], offset={acc['offset']})"
-        sb_full, sb_rest = f"{tile}[0:{PMAX}, 0:{full_tiles}, 0:BN]", f"{tile}[0:{rows} % {PMAX}, {full_tiles}, 0:BN]"
+        full = f"{hbm}.ap(pattern=[[{sp}, {PMAX}], [{PMAX * sp}, {full_tiles}], [{sf}, {width}]], offset={acc['offset']})"
+        rest = f"{hbm}.ap(pattern=[[{sp}, {rows} % {PMAX}], [{sf}, {width}]], offset={acc['offset']})"
+        sb_full = f"{tile}[0:{PMAX}, 0:{full_tiles}, 0:{width}]"
+        sb_rest = f"{tile}[0:{rows} % {PMAX}, {full_tiles}, 0:{width}]"
         pair = (f"dst={sb_full}, src={full}", f"dst={sb_rest}, src={rest}") if load else \
             (f"dst={full}, src={sb_full}", f"dst={rest}, src={sb_rest}")
         out.add(f"""
@@ -534,6 +537,14 @@ class MatmulRenderer:
                 p0 = m0 + {start} + {full_tiles} * {PMAX}
                 nisa.dma_copy({pair[1]})
             """)
+
+    def column(self, op: TileOp) -> bool:
+        """A row-varying load constant along the row (free stride 0): one value per row, used broadcast."""
+        return self.loop.view(op)["access"]["sf"] == 0
+
+    def grouped_view(self, name: str, op: TileOp, cols: str, width: str) -> str:
+        row = f"{name}_grp[0:P, (i - i0) // {PMAX}, "
+        return row + f"0:1].broadcast(1, {width})" if self.column(op) else row + f"{cols}]"
 
     def row_loads(self, hoisted: set[str]) -> list[TileOp]:
         """Full-tile loads of the epilogue that vary over rows (e.g. a residual): loaded per row group."""
@@ -609,7 +620,7 @@ class MatmulRenderer:
             if op.out in hoisted:
                 out.add(f"{op.out} = {op.out}_blk[0:P, j:j + F]")
             elif op.out in grouped:
-                out.add(f"{op.out} = {op.out}_grp[0:P, (i - i0) // {PMAX}, j:j + F]")
+                out.add(f"{op.out} = {self.grouped_view(op.out, op, 'j:j + F', 'F')}")
             elif any(op is st for st in staged):
                 continue
             elif op.out in skipped:
@@ -648,7 +659,7 @@ class MatmulRenderer:
                 if a in hoisted:
                     out[a] = f"{a}_blk[0:P, 0:BN]"
                 elif a in grouped:
-                    out[a] = f"{a}_grp[0:P, (i - i0) // {PMAX}, 0:BN]"
+                    out[a] = self.grouped_view(a, src, "0:BN", "BN")
                 elif a in stage_of and stage_of[a].attr("dst_dtype") == "float32":
                     out[a] = f"{a}_stage" + stage
                 elif src.opcode == "round" and src.args[0] in stage_of \

@@ -8,11 +8,15 @@ is never mutated; a graph with nothing to rewrite is returned as is).
   consumer loads the rows directly, so neither the ``arange`` (iota) kernel nor the gather kernel is
   emitted. Only exact cases are rewritten: 1-D integer arange with step 1, ``0 <= start <= end <=
   weight rows`` (out-of-range indices must still fail like eager), 2-D weight.
+- :func:`mlp_hidden_feature_major`: ``h = act(x W1^T + b1)`` read only by ``h W2^T`` becomes
+  ``h^T = act(W1 x^T + b1[:, None])`` passed on as the view ``(h^T)^T``: the second matmul's left
+  operand is K-major as stored, so it needs no TensorE transposes (GPT-2 MLP down 319 -> 282 us).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import fx
@@ -63,5 +67,113 @@ def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         log.debug("embedding(arange(%d, %d)) -> slice of rows: no iota and no gather kernel", start, end)
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
+
+
+# -- feature-major hidden activations ----------------------------------------------------------------
+
+_ELEMENTWISE_UNARY = frozenset((aten.gelu.default, aten.relu.default, aten.silu.default, aten.tanh.default,
+                                aten.sigmoid.default))
+_ELEMENTWISE_BINARY = frozenset((aten.add.Tensor, aten.mul.Tensor))
+_RESHAPES = frozenset((aten.view.default, aten._unsafe_view.default, aten.reshape.default))
+MIN_FEATURE_MAJOR_ROWS = 512  # smaller products keep the row-major layout (nothing to win)
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _hidden_chain(mm: fx.Node) -> tuple[list[fx.Node], fx.Node] | None:
+    """The single-user chain ``mm -> (reshape | +bias | *bias | unary)* -> mm2(., W)`` (elementwise ops and
+    leading-dim reshapes only, every bias of shape [N] or [1, N]) and the consumer ``mm2``; else None."""
+    out = _val(mm)
+    if out is None or out.dim() != 2:
+        return None
+    m, n = out.shape
+    chain: list[fx.Node] = []
+    cur = mm
+    while True:
+        users = list(cur.users)
+        if len(users) != 1 or users[0].op != "call_function":
+            return None
+        u = users[0]
+        uval = _val(u)
+        if u.target == aten.mm.default and u.args[0] is cur and len(u.args) == 2 and u.args[1] is not cur:
+            return (chain, u) if chain and _val(cur) is not None and tuple(_val(cur).shape) == (m, n) else None
+        if uval is None or uval.dtype != out.dtype or uval.numel() != m * n or uval.shape[-1] != n:
+            return None
+        if u.target in _RESHAPES:
+            pass
+        elif u.target in _ELEMENTWISE_UNARY:
+            if u.args[0] is not cur or (u.target == aten.gelu.default and len(u.args) > 1) or \
+                    set(u.kwargs) - {"approximate"}:
+                return None
+        elif u.target in _ELEMENTWISE_BINARY and len(u.args) == 2 and not u.kwargs:
+            other = u.args[1] if u.args[0] is cur else u.args[0]
+            oval = _val(other)
+            if other is cur or not (isinstance(other, (int, float)) or (
+                    oval is not None and tuple(oval.shape) in ((n,), (1, n)) and oval.dtype == out.dtype)):
+                return None
+        else:
+            return None
+        chain.append(u)
+        cur = u
+
+
+def mlp_hidden_feature_major(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` where ``h = act(x @ W^T + b)`` consumed only by another matmul ``h @ W2^T`` is computed
+    as ``h^T = act(W x^T + b[:, None])`` and passed on as the view ``(h^T)^T`` (or ``gm``).
+
+    ``h^T`` is stored features x tokens, so the second matmul reads its left operand already K-major (no
+    transposes of ``h`` on TensorE), and the bias becomes a per-partition operand of the first kernel's
+    epilogue. Same products and the same roundings (the accumulation order over K may differ, as between
+    any two tilings). Only single-user chains of element-wise ops, [N] biases and leading-dim reshapes.
+    """
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target == aten.mm.default:
+            val = _val(node)
+            hit = _hidden_chain(node) if val is not None and val.shape[0] >= MIN_FEATURE_MAJOR_ROWS else None
+            if hit is not None:
+                found.append(node)
+    if not found:
+        return gm
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, remap))
+    for old in found:
+        mm = remap[old]
+        chain, consumer = _hidden_chain(mm)  # type: ignore[misc]
+
+        def add(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> fx.Node:
+            new = graph.call_function(target, args, kwargs or {})
+            vals = [(_val(a) if isinstance(a, fx.Node) else a) for a in args]
+            new.meta["val"] = target(*vals, **(kwargs or {}))
+            return new
+
+        a, b = mm.args
+        n = _val(mm).shape[1]
+        with graph.inserting_before(consumer):
+            w = b.args[0] if isinstance(b, fx.Node) and b.target == aten.t.default else add(aten.t.default, (b,))
+            cur = add(aten.mm.default, (w, add(aten.t.default, (a,))))
+            for op in chain:
+                if op.target in _RESHAPES:
+                    continue
+                if op.target in _ELEMENTWISE_UNARY:
+                    cur = add(op.target, (cur, *op.args[1:]), dict(op.kwargs))
+                    continue
+                other = op.args[1] if op.args[0] in (mm, *chain) else op.args[0]
+                if isinstance(other, fx.Node):
+                    other = add(aten.view.default, (other, [n, 1]))
+                cur = add(op.target, (cur, other) if op.args[0] in (mm, *chain) else (other, cur))
+            hidden = add(aten.t.default, (cur,))
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in chain[-1].meta:
+                cur.meta[key] = hidden.meta[key] = chain[-1].meta[key]
+        consumer.args = (hidden, *consumer.args[1:])
+        log.debug("%s: hidden activations computed feature-major (%s), its consumer %s reads them K-major",
+                  old.name, " -> ".join(str(op.target) for op in chain), consumer.name)
     graph.eliminate_dead_code()
     return fx.GraphModule(gm, graph)

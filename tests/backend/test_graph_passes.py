@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice
 from torch import fx
@@ -66,3 +67,60 @@ def test_rewrite_only_exact_cases_and_never_mutates_the_input() -> None:
     for start, end, step, rows in [(0, 20, 1, 16), (0, 10, 2, 16)]:  # out of range (must still fail), step 2
         gm = _graph(start, end, step, rows)
         assert embedding_of_arange_to_slice(gm) is gm
+
+
+# -- MLP hidden activations feature-major ------------------------------------------------------------------
+
+class MLP(torch.nn.Module):
+    def __init__(self, d: int, h: int, act: torch.nn.Module, keep_hidden: bool = False) -> None:
+        super().__init__()
+        self.up, self.act, self.down = torch.nn.Linear(d, h), act, torch.nn.Linear(h, d)
+        self.keep_hidden = keep_hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.act(self.up(x))
+        out = self.down(hidden) + x
+        return (out, hidden) if self.keep_hidden else out
+
+
+def _matmul_operands(kernels: list) -> list[tuple[bool, bool]]:
+    from neuron_compile.codegen.render_matmul import operands
+
+    return [tuple(op.transposable() for op in operands(k)) for k in kernels if k.family == "matmul"]
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("act", [torch.nn.GELU(), torch.nn.GELU(approximate="tanh"), torch.nn.ReLU()],
+                         ids=["gelu", "gelu_tanh", "relu"])
+def test_mlp_hidden_is_computed_feature_major(dtype: torch.dtype, act: torch.nn.Module) -> None:
+    """h = act(x W1^T + b1) feeding only h W2^T is computed as h^T = act(W1 x^T + b1[:, None]): the second
+    matmul's left operand is then K-major (no TensorE transposes of h); values equal eager; the per-row bias
+    is loaded once per row, not broadcast by DMA."""
+    from neuron_compile.instruction_stream import kernel_stream
+
+    torch.manual_seed(0)
+    m = MLP(96, 384, act).to(dtype).eval()
+    x = torch.randn(2, 300, 96).to(dtype)  # 600 rows: ragged 128-row tiles
+    got, kernels = _compile(m, x)
+    torch.testing.assert_close(got.float(), m(x).float(), **({"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16
+                                                             else {"atol": 1e-4, "rtol": 1e-4}))
+    assert len(kernels) == 2 and _matmul_operands(kernels)[1] == (False, True)  # A = h^T^T: already K-major
+    for k in kernels:
+        for rec in kernel_stream(k):
+            if rec.engine == "dma" and len(rec.shapes[1]) > 1:
+                assert rec.strides[1][-1] != 0 or rec.shapes[1][-1] == 1, rec  # no element-broadcast DMA
+
+
+def test_mlp_hidden_used_elsewhere_keeps_its_layout() -> None:
+    """A hidden activation that is also returned keeps the row-major layout (the rewrite needs a single user)."""
+    from neuron_compile.lowering.graph_passes import mlp_hidden_feature_major
+
+    m = MLP(64, 256, torch.nn.GELU(), keep_hidden=True).eval()
+    x = torch.randn(600, 64)
+    got, kernels = _compile(m, x)
+    torch.testing.assert_close(got[0], m(x)[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1], m(x)[1], atol=1e-4, rtol=1e-4)
+    assert _matmul_operands(kernels)[1] == (True, True)
+    gm = fx.symbolic_trace(torch.nn.Linear(4, 4))
+    assert mlp_hidden_feature_major(gm) is gm  # nothing to rewrite: the graph is returned as is
