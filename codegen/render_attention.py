@@ -128,27 +128,10 @@ def attention_body(k: AttentionKernel) -> str:
     masked = k.mask is not None
     nq = -(-k.sq // PMAX)
     if k.causal:
-        out.add(f"""\
-ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nisa.memset(dst=ident, value=1.0)
-nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
-cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nisa.memset(dst=cbias, value=0.0)
-nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+        causal_tiles(out, cdt)
     group = head_group(k)
     out.add("n_evict = 0  # transposed-P evictions so far: a fixed share of them runs on ScalarE")
-    out.add(f"for b in range({k.batch}):")
-    out.depth += 1
-    out.add(f"for hg in range(0, {k.heads}, {group}):")
-    out.depth += 1
-
-    def base(acc: tuple[int, int, tuple[int, ...]]) -> str:
-        return _offset(acc[1], [("b", acc[2][0]), ("hg", acc[2][1])])
-
-    qa, ka, va = k.q, k.k, k.v
-    _load_rows(out, "q_rows", qa[0], base(qa), qa[2], k.sq, k.d, group, cdt)
-    _load_rows(out, "k_rows", ka[0], base(ka), ka[2], k.sk, k.d, group, cdt)
-    _load_rows(out, "v_rows", va[0], base(va), va[2], k.sk, k.dv, group, cdt)
+    group_loops(out, k, group)
     out.add(f"""\
 qT = nl.ndarray(({k.d}, {group}, {k.sq}), dtype=nl.{cdt}, buffer=nl.sbuf)
 kT = nl.ndarray(({k.d}, {group}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
@@ -192,6 +175,29 @@ nisa.activation(dst=o_t[0:P, hh, :], op=nl.copy, data=o_run, scale=rl)""")
     out.add(f"nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, group)}[{od}, {k.dv}]], "
             f"offset={o_off}), src=o_t[0:P, 0:{group}, :])")
     return out.text()
+
+
+def group_loops(out: Lines, k: AttentionKernel, group: int) -> None:
+    """Open the batch and head-group loops and load the group's q/k/v rows (``q_rows``, ``k_rows``, ``v_rows``)."""
+    out.add(f"for b in range({k.batch}):")
+    out.depth += 1
+    out.add(f"for hg in range(0, {k.heads}, {group}):")
+    out.depth += 1
+    for name, (arg, off, strides), rows, cols in (("q_rows", k.q, k.sq, k.d), ("k_rows", k.k, k.sk, k.d),
+                                                   ("v_rows", k.v, k.sk, k.dv)):
+        base = _offset(off, [("b", strides[0]), ("hg", strides[1])])
+        _load_rows(out, name, arg, base, strides, rows, cols, group, k.compute_dtype)
+
+
+def causal_tiles(out: Lines, cdt: str) -> None:
+    """``ident`` (128 x 128 identity) and ``cbias`` (0 on and below the diagonal, -3e38 above), built once."""
+    out.add(f"""\
+ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=ident, value=1.0)
+nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
+cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=cbias, value=0.0)
+nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
 
 
 def score_chunk(out: Lines, k: AttentionKernel, kc: str, cw: str) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.codegen.render_attention import (
-    BANK_KEYS, MASK_BIAS, _group_pattern, _load_rows, _transpose_rows, head_group, score_chunk)
+    BANK_KEYS, _group_pattern, _transpose_rows, causal_tiles, group_loops, head_group, score_chunk)
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
 from neuron_compile.simulator_limits import PMAX
@@ -78,13 +78,7 @@ def transposed_scores_body(k: AttentionKernel, group: int) -> str:
     nch_max = -(-k.sk // BANK_KEYS)
     tiles_per_block = QUERY_BLOCK // PMAX
     if k.causal:
-        out.add(f"""\
-ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nisa.memset(dst=ident, value=1.0)
-nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
-cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nisa.memset(dst=cbias, value=0.0)
-nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+        causal_tiles(out, cdt)
     out.add(f"""\
 mx = nl.ndarray(({PMAX}, {tiles_per_block}, {ka}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=mx, value=0.0)
@@ -93,18 +87,8 @@ nisa.memset(dst=mx, value=0.0)
 onehot = nl.ndarray(({G}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=onehot, value=1.0, engine=nisa.engine.gpsimd)
 nisa.affine_select(dst=onehot, pattern=[[-1, {G}], [0, {k.sk}]], channel_multiplier=1, on_true_tile=onehot, on_false_value=0.0, cmp_op=nl.equal)
-for b in range({k.batch}):""")
-    out.depth += 1
-    out.add(f"for hg in range(0, {k.heads}, {G}):")
-    out.depth += 1
-
-    def base(acc: tuple[int, int, tuple[int, ...]]) -> str:
-        return _offset(acc[1], [("b", acc[2][0]), ("hg", acc[2][1])])
-
-    qa, kacc, va = k.q, k.k, k.v
-    _load_rows(out, "q_rows", qa[0], base(qa), qa[2], k.sq, d, G, cdt)
-    _load_rows(out, "k_rows", kacc[0], base(kacc), kacc[2], k.sk, d, G, cdt)
-    _load_rows(out, "v_rows", va[0], base(va), va[2], k.sk, dv, G, cdt)
+""")
+    group_loops(out, k, G)
     out.add(f"""\
 v_aug = nl.ndarray(({PMAX}, {nk}, {G}, {dv + 1}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=v_aug[:, :, :, {dv}:{dv + 1}], value=1.0, engine=nisa.engine.gpsimd)
