@@ -248,12 +248,7 @@ class LoopRenderer:
             if op.opcode in ("iota", "matmul") or "a" in dict(op.attrs) or \
                     (op.kind == "row" and op.opcode in ("load", "store")):
                 return []
-        hoisted = {op.out for op in self.hoisted}
-        bodies = self._bodies(hoisted)
-        flat = [op for body in bodies for op in body]
-        invariant = self._outer_invariant(hoisted)
-        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted | invariant)
-        wide = self._wide_buffers(bodies, bufs.writes)
+        _, _, _, invariant, bufs, wide = self._row_plan()
         if wide is None:
             return []
         ext, nf = k.space[self.part_dim], k.space[self.free_dim]
@@ -267,6 +262,16 @@ class LoopRenderer:
             out.append(rows)
             rows *= 2
         return out
+
+    def _row_plan(self) -> tuple[set[str], list[list[TileOp]], list[TileOp], set[str], Any, dict[str, str] | None]:
+        """The row-group layout: hoisted names, phase bodies, their flat op list, outer-loop invariant loads,
+        the buffer assignment, and the buffers that need a row per partition (None: unsupported)."""
+        hoisted = {op.out for op in self.hoisted}
+        bodies = self._bodies(hoisted)
+        flat = [op for body in bodies for op in body]
+        invariant = self._outer_invariant(hoisted)
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted | invariant)
+        return hoisted, bodies, flat, invariant, bufs, self._wide_buffers(bodies, bufs.writes)
 
     def _outer_invariant(self, hoisted: set[str]) -> set[str]:
         """Row groups: full loads that do not depend on the outer loops. The partition loop then runs
@@ -459,12 +464,7 @@ class LoopRenderer:
         instruction is the one-row instruction (same engines, same per-row results).
         """
         k, rows = self.k, self.rows
-        hoisted = {op.out for op in self.hoisted}
-        bodies = self._bodies(hoisted)
-        flat = [op for body in bodies for op in body]
-        invariant = self._outer_invariant(hoisted)
-        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted | invariant)
-        wide = self._wide_buffers(bodies, bufs.writes)
+        hoisted, bodies, flat, invariant, bufs, wide = self._row_plan()
         assert wide is not None, "row groups requested for an unsupported kernel"
         if self.split_rows:
             engines = ls.assign_engines_rows(flat, self.free_tile, config.target, self.kinds, rows, dtypes=self.dtypes)
