@@ -502,7 +502,9 @@ class LoopRenderer:
                     out.add(f"nisa.dma_copy(dst={op.out}_rows, src=in{op.attr('access')[0]}.ap({pattern(op)}))")
             outer_loops()
 
-        def aliases(views: list[dict[str, Any]]) -> None:
+        def row_body(views: list[dict[str, Any]]) -> None:
+            """Inside an open ``for q`` loop: row q's (P, F) / (P, 1) views of the row tiles, then the ops."""
+            out.depth += 1
             used = dict.fromkeys(n for v in views for n in [v["out"], v.get("reduce_res"), *v["args"]]
                                  if isinstance(n, str))
             for n in used:
@@ -510,6 +512,9 @@ class LoopRenderer:
                     out.add(f"{n} = {n}_rows[:, q, :]")
                 elif n in row_tiles:
                     out.add(f"{n} = {n}_rows[:, q:q + 1]")
+            for view in views:
+                self._emit(out, view)
+            out.depth -= 1
 
         done_row: set[str] = set()
         rename: dict[str, str] = {}
@@ -532,11 +537,7 @@ class LoopRenderer:
                     self._emit(out, view)
             elif views:
                 out.add(f"for q in range({rows}):")
-                out.depth += 1
-                aliases(views)
-                for view in views:
-                    self._emit(out, view)
-                out.depth -= 1
+                row_body(views)
             if not body:
                 continue
             fused = ls.fuse_act_reduce(body)
@@ -578,11 +579,7 @@ class LoopRenderer:
                 out.add(f"for q in range(q0, q0 + {sub}):")
             else:
                 out.add(f"for q in range({rows}):")
-            out.depth += 1
-            aliases(views)
-            for view in views:
-                self._emit(out, view)
-            out.depth -= 1
+            row_body(views)
             for op in stores:
                 src = f"{rename.get(op.args[0], op.args[0])}_rows"
                 if sub < rows:
