@@ -8,7 +8,9 @@ Every constant and rule comes from ``/work/shared/nki/REFERENCE.md`` section 4 a
 its source in ``docs/cost_model.md``. Where the sources disagree or say nothing the model takes the
 slower choice. Engines (TensorE, VectorE, ScalarE, GpSimdE, the DMA queues) run concurrently, so a
 kernel takes the busiest engine's time plus a dependency term: the other engines' work for one
-tile, which a one-tile-deep software pipeline cannot hide (fill and drain).
+tile, which a one-tile-deep software pipeline cannot hide (fill and drain), plus a full drain of
+the engines for every ``register_load`` (a runtime branch input). Sequencer records (registers) take
+no engine time.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ DMA_NEAR_PEAK_EFFICIENCY = 0.9
 # Per-packet overhead as bytes of transfer time, so that a 2 KiB packet runs at 90% of peak (~228 B).
 DMA_PACKET_OVERHEAD_BYTES = DMA_NEAR_PEAK_CHUNK * (1 / DMA_NEAR_PEAK_EFFICIENCY - 1)
 CONVERT_VIA_FP32_BYTES = 4  # dtype-converting DMAs go through fp32
+# Sequencer registers (REFERENCE 1.5 "Runtime loops", 3.6). register_load feeds a runtime branch: every
+# engine drains before the sequencer reads the value. Not documented; ~1.3 us cross-engine semaphore (the
+# DMA fixed cost's figure) + the scalar read, taken as 2 us (conservative). alloc/move/store: no datapath.
+REGISTER_LOAD_NS = 2000.0
+SEQUENCER = "sequencer"
 
 _ITEMSIZE = {"float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
              "uint16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3": 1, "float8_e4m3fn": 1,
@@ -312,7 +319,13 @@ def estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, i
     busy = dict.fromkeys(ENGINES, 0.0)
     out = Estimate(target, instructions=dict.fromkeys(ENGINES, 0))
     dma_engine_ns = 0.0
+    branch_ns = 0.0
     for rec, count in counts.items():
+        if rec.engine == SEQUENCER:  # no engine time; a register_load is a full drain before a branch
+            out.instructions[SEQUENCER] = out.instructions.get(SEQUENCER, 0) + count
+            if rec.instruction == "register_load":
+                branch_ns += REGISTER_LOAD_NS * count
+            continue
         eng = rec.engine if rec.engine in busy else "vector"
         out.instructions[eng] += count
         if rec.engine == "dma":
@@ -337,7 +350,7 @@ def estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, i
     out.engine_ns = busy
     top = max(busy.values())
     rest = sum(busy.values()) - top
-    out.dependency_ns = rest / max(1, out.store_tiles)
+    out.dependency_ns = rest / max(1, out.store_tiles) + branch_ns
     return out
 
 

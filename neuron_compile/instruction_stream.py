@@ -10,6 +10,14 @@ costs tens of thousands of cheap calls and no NumPy work. The result is a ``Coun
 
 Instructions the rendered code uses but this module does not know raise ``NotImplementedError``
 naming them, so a template change can't silently drop instructions from the cost.
+
+Runtime control flow (``nl.while_loop`` / ``nl.fori_loop`` on ``nisa`` registers): register values
+set from compile-time ints (``register_alloc(x)``, ``register_move``) are known and followed, but
+shape-only tensors have no data, so ``register_load`` yields a register whose value is **0**. The
+stream therefore follows the path where every flag loaded from a tensor is 0: a
+``while_loop`` on such a flag runs no iteration (e.g. a rarely taken fix-up branch is costed as not
+taken, plus the ``register_load`` itself), and a ``fori_loop`` bound loaded from a tensor is 0.
+Register instructions are recorded with engine ``"sequencer"``, as the simulator traces them.
 """
 
 from __future__ import annotations
@@ -97,6 +105,19 @@ class _Recorder:
             strides=tuple(o.strides for o in tensors), flags=flags)] += 1
 
 
+class ShapeRegister:
+    """A sequencer register of the shape-only namespace: compile-time values are kept, loads give 0."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | float = 0) -> None:
+        self.value = value
+
+
+def _reg_int(v: Any) -> int:
+    return int(v.value) if isinstance(v, ShapeRegister) else int(v)
+
+
 def _engine_name(engine: Any, default: str) -> str:
     name = getattr(engine, "name", None)
     return default if engine is None or name in (None, "unknown") else str(name)
@@ -115,6 +136,18 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
         return ShapeTensor(shape, strides, _dtype_name(dtype), str(buffer))
 
     nl.ndarray = ndarray  # type: ignore[attr-defined]
+
+    def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1) -> None:
+        for i in range(_reg_int(lower), _reg_int(upper), step):
+            body_fun(i)
+
+    def while_loop(init: ShapeRegister, body_fun: Any) -> None:
+        r = init
+        while r.value != 0:
+            r = body_fun(ShapeRegister(r.value))
+
+    nl.fori_loop = fori_loop  # type: ignore[attr-defined]
+    nl.while_loop = while_loop  # type: ignore[attr-defined]
 
     def nl_getattr(attr: str) -> Any:
         if attr.startswith("__"):
@@ -188,10 +221,26 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
                       **kw: Any) -> None:
         rec.add("gpsimd", "affine_select", (dst, on_true_tile))
 
+    def register_alloc(x: int | None = None) -> ShapeRegister:
+        rec.add("sequencer", "register_alloc", ())
+        return ShapeRegister(0 if x is None else int(x))
+
+    def register_move(dst: ShapeRegister, src: Any) -> None:
+        dst.value = src.value if isinstance(src, ShapeRegister) else int(src)
+        rec.add("sequencer", "register_move", ())
+
+    def register_load(dst: ShapeRegister, src: ShapeTensor) -> None:
+        dst.value = 0  # no data: every loaded flag is 0 (module docstring)
+        rec.add("sequencer", "register_load", (src,))
+
+    def register_store(dst: ShapeTensor, src: ShapeRegister) -> None:
+        rec.add("sequencer", "register_store", (dst,))
+
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan,
-               scalar_tensor_tensor, affine_select):
+               scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, fn)
+    isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
     def isa_getattr(attr: str) -> Any:
         if attr.startswith("__"):

@@ -5,9 +5,10 @@ arrays), load generated kernel source with :func:`load_kernel_source`, and recor
 instructions with :func:`trace`. See ``docs/simulator.md``.
 
 Module map: ``dtypes`` (dtype constants, casts), ``tensor`` (storage + views), ``language`` and
-``nl_ops`` (``nl``), ``isa_*`` (``nisa`` instructions by family), ``checks`` (constraint checks),
-``ops`` (opcode tables), ``state`` (registers, pools), ``targets``, ``trace``, ``kernel`` (jit /
-simulate), ``loader``, ``namespaces`` (the namespace objects and missing-name errors).
+``nl_ops`` (``nl``), ``isa_*`` (``nisa`` instructions by family; ``isa_control``: sequencer
+registers), ``checks`` (constraint checks), ``ops`` (opcode tables), ``state`` (accumulator
+registers, pools), ``targets``, ``trace``, ``kernel`` (jit / simulate), ``loader``, ``namespaces``
+(the namespace objects and missing-name errors).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import enums as _enums
+from neuron_compile.simulator import isa_control as _ctl
 from neuron_compile.simulator import isa_elementwise as _ew
 from neuron_compile.simulator import isa_matmul as _mm
 from neuron_compile.simulator import isa_movement as _mv
@@ -67,6 +69,7 @@ _ISA_FUNCS = {
     _rd: ("tensor_reduce", "tensor_partition_reduce", "tensor_scalar_reduce", "tensor_scalar_cumulative",
           "tensor_tensor_scan", "bn_stats", "bn_aggr", "max8", "nc_find_index8"),
     _sel: ("affine_select", "select_reduce", "tensor_copy_predicated", "range_select"),
+    _ctl: ("VirtualRegister", "register_alloc", "register_move", "register_load", "register_store"),
 }
 for _mod, _names in _ISA_FUNCS.items():
     for _name in _names:

@@ -1,6 +1,6 @@
 """``nl`` basics: allocation (``ndarray/zeros/ones/full/...``), ``tile_size``, buffers and their
-predicates, SPMD ids, loops (``fori_loop``, deprecated range aliases), ``NKIObject``, ``no_reorder``,
-``device_print``, ``shared_constant``/``shared_identity_matrix`` and RNG seeding.
+predicates, SPMD ids, loops (``fori_loop``, ``while_loop``, deprecated range aliases), ``NKIObject``,
+``no_reorder``, ``device_print``, ``shared_constant``/``shared_identity_matrix`` and RNG seeding.
 
 Compute wrappers (``nl.add``, ``nl.exp``, ``nl.sum``, ``nl.matmul`` ...) live in :mod:`nl_ops`.
 """
@@ -215,25 +215,44 @@ def device_print(print_prefix: str, tensor: Any) -> None:
     print(print_prefix, to_numpy(tensor) if isinstance(tensor, NkiTensor) else tensor)
 
 
-def _reg_value(v: Any) -> int:
+def _reg_value(v: Any, api: str) -> int:
+    """An int loop bound: a compile-time int, a VirtualRegister with an integer payload, or a 1-element tensor."""
     if isinstance(v, NkiTensor):
         return int(np.asarray(v.arr).reshape(-1)[0])
-    return int(getattr(v, "value", v))
+    int_value = getattr(v, "int_value", None)
+    if int_value is not None:  # VirtualRegister
+        return int(int_value(api))
+    return int(v)
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[int], Any], step: int = 1) -> None:
     """Runtime loop: the simulator runs it in Python, passing the induction value as an int."""
+    api = "nl.fori_loop"
     if not isinstance(step, int) or step <= 0:
-        raise SimulatorError(f"nl.fori_loop: step must be a positive compile-time int, got {step!r}")
-    for i in range(_reg_value(lower), _reg_value(upper), step):
+        raise SimulatorError(f"{api}: step must be a positive compile-time int, got {step!r}")
+    for i in range(_reg_value(lower, api), _reg_value(upper, api), step):
         if body_fun(i) is not None:
-            raise SimulatorError("nl.fori_loop: body_fun must return None")
+            raise SimulatorError(f"{api}: body_fun must return None")
 
 
 def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
+    """Runtime loop: while the condition register is non-zero (checked before each iteration),
+    ``r = body_fun(r)``. The body gets a copy of the register (passed by value) and returns the next
+    condition register. A float32 payload counts as non-zero when ``!= 0.0``."""
+    from neuron_compile.simulator.isa_control import VirtualRegister
+
+    api = "nl.while_loop"
     r = init
-    while _reg_value(r):
-        r = body_fun(r)
+    if not isinstance(r, VirtualRegister):
+        raise SimulatorError(f"{api}: init must be a VirtualRegister (nisa.register_alloc / register_load), "
+                             f"got {type(r).__name__} {r!r}")
+    while r.nonzero():
+        arg = VirtualRegister(r.value)
+        arg._set(r.value, r.dtype)
+        r = body_fun(arg)
+        if not isinstance(r, VirtualRegister):
+            raise SimulatorError(f"{api}: body_fun must return the next condition register (a VirtualRegister, "
+                                 f"e.g. nisa.register_alloc(0) to stop), got {type(r).__name__}")
 
 
 def _deprecated_range(name: str, replacement: str) -> Callable[..., range]:

@@ -104,8 +104,8 @@ def _scalar_int(value: Any, api: str) -> int:
         if value.size != 1:
             raise SimulatorError(f"{api}: a runtime index must be a [1,1] tensor, got shape {value.shape}")
         return int(np.asarray(value.arr).reshape(-1)[0])
-    if hasattr(value, "value"):  # VirtualRegister
-        return int(value.value)
+    if hasattr(value, "int_value"):  # VirtualRegister
+        return int(value.int_value(api))
     raise SimulatorError(f"{api}: expected an int index, got {type(value).__name__} {value!r}")
 
 

@@ -1,0 +1,158 @@
+"""Sequencer registers for runtime control flow: ``VirtualRegister``, ``register_alloc``,
+``register_move``, ``register_load``, ``register_store`` (REFERENCE 1.5 "Runtime loops", 3.6).
+
+A register holds one 32-bit value: an integer (payloads int8..int32 / uint8..uint32, and
+immediates) or a float32 (loaded from a float32 tensor). ``nl.while_loop`` runs its body while the
+condition register is non-zero (a float32 payload is non-zero when ``!= 0.0``: 0.5 counts as
+true); ``nl.fori_loop`` bounds and ``.ap(scalar_offset=...)`` need integer payloads.
+
+The instructions run on the engine sequencers, not on a datapath; each one is traced with engine
+``"sequencer"``. ``register_load``/``register_store`` move one element between a register and a
+one-element tensor in SBUF or HBM (the real API documents both; PSUM is refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import numpy as np
+
+from neuron_compile.errors import SimulatorConstraintError, SimulatorError
+from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import trace as _trace
+from neuron_compile.simulator.language import NKIObject
+from neuron_compile.simulator.tensor import PSUM, NkiTensor
+
+log = logging.getLogger(__name__)
+
+# Register payload dtypes (REFERENCE 1.5: "32-bit, u8...i32/fp32 payloads").
+PAYLOAD_DTYPES = ("int8", "int16", "int32", "uint8", "uint16", "uint32", "float32")
+_INT_MIN, _INT_MAX = -(2 ** 31), 2 ** 32 - 1  # an immediate must fit 32 bits (signed or unsigned)
+
+
+class VirtualRegister(NKIObject):
+    """A 32-bit sequencer register. ``value`` is an int, or a float for a float32 payload
+    (``dtype`` says which); ``frozen`` registers are read-only (instructions refuse to write them)."""
+
+    __slots__ = ("value", "dtype", "frozen")
+
+    def __init__(self, state: Any = None, frozen: bool = False) -> None:
+        value = 0 if state is None else state
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "dtype", "float32" if isinstance(value, float) else "int32")
+        object.__setattr__(self, "frozen", bool(frozen))
+
+    def _set(self, value: int | float, dtype: str) -> None:
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype == "float32"
+
+    def nonzero(self) -> bool:
+        """The runtime-loop condition: the value is not zero (float payloads compare as floats)."""
+        return self.value != 0
+
+    def int_value(self, api: str) -> int:
+        """The value as an integer (loop bounds, scalar offsets); float32 payloads are refused."""
+        if self.is_float:
+            raise SimulatorError(f"{api}: the register holds a float32 payload ({self.value!r}); loop bounds and "
+                                 "offsets need an integer register (load it from an integer tensor)")
+        return int(self.value)
+
+    def __bool__(self) -> bool:
+        warnings.warn("bare `while reg:` on a VirtualRegister is deprecated in NKI 0.6.0: use "
+                      "nl.while_loop(init, body_fun)", DeprecationWarning, stacklevel=2)
+        return self.nonzero()
+
+    def __repr__(self) -> str:
+        return f"VirtualRegister(value={self.value!r}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
+
+
+def _dst_register(api: str, dst: Any) -> VirtualRegister:
+    if not isinstance(dst, VirtualRegister):
+        raise SimulatorError(f"{api}: dst must be a VirtualRegister from nisa.register_alloc(), "
+                             f"got {type(dst).__name__}")
+    if dst.frozen:
+        raise SimulatorError(f"{api}: dst is a read-only register (a loop induction variable)")
+    return dst
+
+
+def _immediate(api: str, x: Any) -> int:
+    if isinstance(x, (int, np.integer)):
+        v = int(x)
+        if not _INT_MIN <= v <= _INT_MAX:
+            raise SimulatorError(f"{api}: immediate {v} does not fit a 32-bit register "
+                                 f"(range [{_INT_MIN}, {_INT_MAX}])")
+        return v
+    raise SimulatorError(f"{api}: expected a compile-time int (or None), got {type(x).__name__} {x!r}")
+
+
+def _scalar_tensor(api: str, name: str, t: Any) -> NkiTensor:
+    """A one-element SBUF/HBM tensor with a register payload dtype."""
+    if not isinstance(t, NkiTensor):
+        raise SimulatorError(f"{api}: {name} must be an NkiTensor with exactly one element, got {type(t).__name__}")
+    where = f"tensor '{t.name}' in nl.{t.buffer.value}"
+    if t.size != 1:
+        raise SimulatorConstraintError(api, name, t.shape, "exactly one element (shape [1] or [1, 1])", where)
+    if t.buffer is PSUM:
+        raise SimulatorConstraintError(api, name, "nl.psum", "a register moves data to/from SBUF or HBM",
+                                       f"tensor '{t.name}' of shape {t.shape}; copy PSUM to SBUF first")
+    if t.dtype not in PAYLOAD_DTYPES:
+        raise SimulatorConstraintError(api, name, t.dtype, f"a 32-bit register payload: one of "
+                                       f"{', '.join(PAYLOAD_DTYPES)}", where)
+    return t
+
+
+def register_alloc(x: int | None = None) -> VirtualRegister:
+    """A new register holding ``x`` (None -> 0)."""
+    api = "nisa.register_alloc"
+    reg = VirtualRegister(0 if x is None else _immediate(api, x))
+    if _trace.ACTIVE is not None:
+        _trace.record("sequencer", "register_alloc", ())
+    return reg
+
+
+def register_move(dst: VirtualRegister, src: Any) -> None:
+    """dst = src (an int immediate or another register)."""
+    api = "nisa.register_move"
+    _dst_register(api, dst)
+    if isinstance(src, VirtualRegister):
+        dst._set(src.value, src.dtype)
+    else:
+        dst._set(_immediate(api, src), "int32")
+    if _trace.ACTIVE is not None:
+        _trace.record("sequencer", "register_move", ())
+
+
+def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
+    """dst = the single element of ``src`` (SBUF or HBM; integer or float32 payload)."""
+    api = "nisa.register_load"
+    _dst_register(api, dst)
+    _scalar_tensor(api, "src", src)
+    v = np.asarray(src.arr).reshape(-1)[0]
+    if src.info.is_float:
+        dst._set(float(np.float32(v)), "float32")
+    else:
+        dst._set(int(v), src.dtype)
+    if _trace.ACTIVE is not None:
+        _trace.record("sequencer", "register_load", (src,))
+
+
+def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
+    """The single element of ``dst`` = the register's value cast to dst's dtype (ints saturate,
+    floats round half to even)."""
+    api = "nisa.register_store"
+    _scalar_tensor(api, "dst", dst)
+    if not isinstance(src, VirtualRegister):
+        raise SimulatorError(f"{api}: src must be a VirtualRegister from nisa.register_alloc(), "
+                             f"got {type(src).__name__}")
+    value = np.asarray([src.value], dtype=np.float32 if src.is_float else np.int64)
+    if dst.info.is_float:
+        value = value.astype(np.float32)
+    C.write(dst, value)
+    if _trace.ACTIVE is not None:
+        _trace.record("sequencer", "register_store", (dst,))
