@@ -117,6 +117,16 @@ def head_group(k: AttentionKernel, cap: int | None = None) -> int:
 
 
 def attention_body(k: AttentionKernel) -> str:
+    """The unshifted kernel with the exact one as its checked fallback when it applies, else the exact one."""
+    from neuron_compile.codegen.render_attention_u import unshifted_body, unshifted_group
+
+    exact = exact_attention_body(k)
+    group = unshifted_group(k)
+    return unshifted_body(k, group, exact) if group else exact
+
+
+def exact_attention_body(k: AttentionKernel) -> str:
+    """Softmax with the row max: the transposed-scores kernel (heads of 32/64/96, no mask) or the standard one."""
     from neuron_compile.codegen.render_attention_t import transposed_group, transposed_scores_body
 
     group = transposed_group(k)

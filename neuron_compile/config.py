@@ -55,6 +55,9 @@ _knob("row_resident_bytes", int, 96 * 1024,
 _knob("fuse", bool, True, "Fuse elementwise prologues/epilogues into neighbouring kernels.", codegen=True)
 _knob("fuse_matmul_norm", bool, True, "Let a reduction over a matmul's whole output row (N <= 2048, e.g. a "
       "LayerNorm after a residual add) join the matmul kernel's epilogue.", codegen=True)
+_knob("attention_unshifted", bool, True, "Attention without an additive mask first runs its softmax without the "
+      "row max (exp(s) directly: no max pass, no transpose of P), checks every row's sum and output on chip, and "
+      "reruns the exact kernel when a row falls outside the safe range.", codegen=True)
 # Running.
 _knob("executor", str, "auto", "Who runs kernels: auto, simulator, nki-simulate or nki-jit.", choices=EXECUTORS)
 _knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with a warning, 'error' refuses.",

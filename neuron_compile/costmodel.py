@@ -189,6 +189,8 @@ def engine_cycles(hw: Hardware, rec: InstructionRecord) -> float:
     if rec.engine == "vector":
         if rec.instruction == "reciprocal":
             work = n * VECTOR_RECIPROCAL_CYCLES
+        elif rec.instruction == "tensor_scalar_reduce":
+            work += ACT_READ_ACCUMULATOR  # the accumulator read-out, taken at ScalarE's cost (conservative)
         elif rec.instruction == "exponential" and hw.nc_version >= 4:
             work = n / 4  # NC-v4 VectorE exponential: 4x ScalarE exp
         else:

@@ -195,6 +195,13 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
     def tensor_reduce(dst: ShapeTensor, op: Any, data: ShapeTensor, axis: Any = None, **kw: Any) -> None:
         rec.add("vector", "tensor_reduce", (dst, data), main=data)
 
+    def tensor_scalar_reduce(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
+                             reduce_op: Any = None, reduce_res: Any = None, **kw: Any) -> None:
+        rec.add("vector", "tensor_scalar_reduce", (dst, data))
+
+    def tensor_partition_reduce(dst: ShapeTensor, op: Any, data: ShapeTensor, **kw: Any) -> None:
+        rec.add("gpsimd", "tensor_partition_reduce", (dst, data), main=data)
+
     def nc_matmul(dst: ShapeTensor, stationary: ShapeTensor, moving: ShapeTensor, is_transpose: bool = False,
                   perf_mode: Any = None, **kw: Any) -> None:
         double = perf_mode is not None and getattr(perf_mode, "name", str(perf_mode)) not in ("none", "None")
@@ -237,7 +244,7 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
         rec.add("sequencer", "register_store", (dst,))
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
-               tensor_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan,
+               tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan,
                scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, fn)
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]

@@ -32,6 +32,14 @@ from static_checks import check_kernel_rules  # noqa: E402
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
+@pytest.fixture(autouse=True)
+def exact_kernels() -> Any:
+    """These tests exercise the exact kernels (softmax with the row max) directly; the unshifted fast path that runs
+    first when there is no additive mask, and its guard, are covered by ``test_attention_unshifted.py``."""
+    with config.patch(attention_unshifted=False):
+        yield
+
+
 def _run(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[Any, dict[str, Any]]:
     with config.patch(target="trn2"):
         out = torch.compile(fn, backend="neuron", dynamic=False)(*inputs)

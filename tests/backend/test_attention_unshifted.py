@@ -1,0 +1,180 @@
+"""Attention with the unshifted softmax (``codegen/render_attention_u.py``) and its on-chip guard.
+
+Without an additive mask, attention first runs ``P = exp(s)`` with no row max, keys on partitions (no
+transpose of P), and checks every row: ``2^-100 <= l <= 2^64`` and a finite output. If a row fails,
+the exact kernel reruns inside the same NKI kernel (``nl.while_loop`` on a register loaded from the
+flag). These tests compare against eager PyTorch for the fast path (causal/full, fp32/bf16, ragged,
+sq != sk, head dims 16..128) and for each way the guard can trip (overflowing exp, underflowing rows,
+an output that overflows in PSUM), and check which path ran from the simulator's instruction trace.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_compile.backend
+from neuron_compile.config import config
+from neuron_compile.simulator import trace
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "codegen"))
+from nki_api_check import check_source_against_api, require_api  # noqa: E402
+from static_checks import check_kernel_rules  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+def _qkv(b: int, h: int, sq: int, sk: int, d: int, dv: int | None = None, dtype: torch.dtype = torch.float32,
+         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + sq * 131 + sk)
+    mk = lambda s, e: torch.randn(b, h, s, e, generator=g).to(dtype)  # noqa: E731
+    return mk(sq, d), mk(sk, d), mk(sk, dv or d)
+
+
+def _sdpa(**kw: Any) -> Callable[..., torch.Tensor]:
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _run_traced(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any], Any]:
+    with config.patch(target="trn2"), trace() as t:
+        out = torch.compile(fn, backend="neuron", dynamic=False)(*inputs)
+    return out, neuron_compile.backend.compiled_graphs()[-1], t
+
+
+def _check(fn: Callable[..., Any], *inputs: torch.Tensor, reran: bool, tol: float | None = None) -> dict[str, Any]:
+    """Compile, compare with eager, and assert whether the exact kernel reran (the guard tripped)."""
+    out, stats, t = _run_traced(fn, *inputs)
+    ref = fn(*inputs)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    tol = tol or TOL[ref.dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    assert [k.family for k in stats["plan"].kernels] == ["attention"], stats["plan"]
+    (_, src), = stats["sources"]
+    assert "nl.while_loop(rerun, exact_softmax)" in src
+    assert t.count("register_load") == 1
+    assert _exact_ran(t) is reran
+    return stats
+
+
+def _exact_ran(t: Any) -> bool:
+    """The unshifted pass takes no row max; both exact kernels do, with a VectorE ``tensor_reduce`` reading the
+    scores in PSUM (the guard's own ``tensor_reduce`` reads its check tile in SBUF)."""
+    return any(r.instruction == "tensor_reduce" and r.buffers[1] == "psum" for r in t.records)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(2, 4, 700, 700, 64, 64), (1, 3, 130, 77, 32, 40), (1, 2, 77, 600, 96, 16),
+                                   (1, 2, 600, 600, 128, 128), (1, 1, 200, 1100, 16, 16)],
+                         ids=["blocks", "sq>sk", "sq<sk", "d128", "d16"])
+def test_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[int, ...]) -> None:
+    """Moderate scores: the unshifted pass alone gives eager's values (two 512-query blocks, ragged tiles, more
+    queries than keys and the reverse, d = 128 with three query tiles per output PSUM bank)."""
+    b, h, sq, sk, d, dv = shape
+    _check(_sdpa(is_causal=causal), *_qkv(b, h, sq, sk, d, dv, dtype=dtype), reran=False)
+
+
+def test_no_transpose_of_p() -> None:
+    """TensorE transposes only Q and K (8 bf16 row tiles per PSUM bank): none for the probabilities."""
+    from neuron_compile.instruction_stream import kernel_stream
+
+    q, k, v = _qkv(1, 2, 1024, 1024, 128, dtype=torch.bfloat16)
+    stats = _check(_sdpa(is_causal=True), q, k, v, reran=False)
+    counts = kernel_stream(stats["plan"].kernels[0])
+    transposes = sum(n for rec, n in counts.items() if rec.instruction == "nc_transpose")
+    assert transposes == 2 * (8 + 8)
+    exps = sum(n for rec, n in counts.items() if rec.instruction == "activation")
+    assert exps == 2 * (4 + 8)  # one per (head, 512-query block, key tile up to the diagonal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_overflowing_scores_rerun_exactly(dtype: torch.dtype, d: int) -> None:
+    """Scores of several hundred: exp overflows (l = inf), the guard trips and the exact kernel (with the row max)
+    reruns; the output is bit-identical to the exact kernel's alone (``attention_unshifted=False``). In fp32 it is
+    also eager's (at 1e-3: the rounding of scores this large carries through exp). In bf16 no two implementations
+    agree at such scores (a 2^-9 rounding of q moves a score of 500 by 1), so only the identity is checked there."""
+    q, k, v = _qkv(1, 2, 200, 200, d, dtype=dtype)
+    q, k = q * 12.0, k * 12.0
+    fn = _sdpa(is_causal=True)
+    out, _, t = _run_traced(fn, q, k, v)
+    assert _exact_ran(t) and t.count("register_load") == 1
+    torch._dynamo.reset()
+    with config.patch(attention_unshifted=False):
+        exact, _, _ = _run_traced(fn, q, k, v)
+    assert torch.equal(out, exact) and torch.isfinite(out).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+def test_underflowing_row_reruns_exactly() -> None:
+    """One row whose every score is about -500: exp(s) is 0 for all keys (l = 0); eager gives the uniform average
+    of v there. Only that row fails, and the whole output is recomputed."""
+    q, k, v = _qkv(1, 1, 150, 150, 64)
+    k[:, :, :, :] = k[:, :, :1, :]  # every key equal: every score of a row is the same
+    q[0, 0, 140] = -500.0 * 8.0 * k[0, 0, 0] / k[0, 0, 0].square().sum()  # q . k / sqrt(64) = -500
+    _check(_sdpa(), q, k, v, reran=True)
+
+
+def test_output_overflow_in_psum_reruns_exactly() -> None:
+    """exp(s) around e^5 times values of 3e36 overflow fp32 while accumulating O (l itself is fine): the output's row
+    sum is inf or NaN, the guard trips, and the exact kernel (probabilities <= 1) gives eager's finite values."""
+    q, k, v = _qkv(1, 1, 64, 64, 32)
+    k = q.clone()
+    q = q * (5.0 * 32 ** 0.5 / q.square().sum(-1, keepdim=True))  # the diagonal score is 5; others are smaller
+    v = v.abs() * 3e36
+    out, _, t = _run_traced(_sdpa(), q, k, v)
+    ref = _sdpa()(q, k, v)
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=0.0)
+    assert _exact_ran(t)
+
+
+def test_knob_off_renders_the_exact_kernel_only() -> None:
+    q, k, v = _qkv(1, 2, 130, 130, 64, dtype=torch.bfloat16)
+    with config.patch(attention_unshifted=False):
+        out, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
+    (_, src), = stats["sources"]
+    assert "while_loop" not in src and "register_load" not in src and t.count("register_load") == 0
+    torch.testing.assert_close(out.float(), _sdpa(is_causal=True)(q, k, v).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_additive_mask_keeps_the_exact_kernel() -> None:
+    q, k, v = _qkv(1, 2, 100, 100, 32)
+    m = torch.randn(100, 100, generator=torch.Generator().manual_seed(1))
+    _, stats, _ = _run_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, m)
+    (_, src), = stats["sources"]
+    assert "while_loop" not in src and "mask_t" in src
+
+
+@pytest.mark.parametrize("d", [32, 128])
+def test_kernel_source_uses_only_public_nki_api(d: int) -> None:
+    """The unshifted kernel and its fallback (transposed-scores for d = 32, standard for 128) in one source."""
+    require_api()
+    q, k, v = _qkv(1, 2, 130, 130, d, dtype=torch.bfloat16)
+    _, stats, _ = _run_traced(_sdpa(is_causal=True), q, k, v)
+    (_, src), = stats["sources"]
+    assert check_source_against_api(src) == [], src
+    assert check_kernel_rules(src) == [], src
+    assert ("onehot" in src) is (d == 32)  # the fallback: transposed-scores kernel for heads of 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_head_split_views(dtype: torch.dtype) -> None:
+    """GPT-style q/k/v: head-split, transposed views of one [b, s, 3d] projection, output back to [b, s, d]: the
+    kernel reads the strided projection and writes the [b, s, h*d] layout, several heads per DMA."""
+    def attn(qkv: torch.Tensor) -> torch.Tensor:
+        b, s, d3 = qkv.shape
+        d = d3 // 3
+        q, k, v = (t.view(b, s, 6, d // 6).transpose(1, 2) for t in qkv.split(d, dim=-1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+
+    qkv = torch.randn(2, 600, 3 * 384, generator=torch.Generator().manual_seed(9)).to(dtype)
+    _check(attn, qkv, reran=False, tol=2e-2 if dtype == torch.bfloat16 else 1e-4)
