@@ -125,6 +125,22 @@ def attention_body(k: AttentionKernel) -> str:
     return unshifted_body(k, group, exact) if group else exact
 
 
+def attention_plan(k: AttentionKernel) -> dict[str, object]:
+    """How the kernel is rendered (for ``explain``): variant, heads per group, and the exact fallback if any."""
+    from neuron_compile.codegen.render_attention_t import transposed_group
+    from neuron_compile.codegen.render_attention_u import QUERY_BLOCK, unshifted_group
+
+    tg = transposed_group(k)
+    exact = {"variant": "transposed-scores" if tg else "standard", "head_group": tg or head_group(k)}
+    if not tg:
+        exact["key_step"] = k.key_step
+    ug = unshifted_group(k)
+    if not ug:
+        return exact
+    return {"variant": "unshifted", "head_group": ug, "query_block": QUERY_BLOCK,
+            "fallback": " ".join(f"{a}={b}" for a, b in exact.items())}
+
+
 def exact_attention_body(k: AttentionKernel) -> str:
     """Softmax with the row max: the transposed-scores kernel (heads of 32/64/96, no mask) or the standard one."""
     from neuron_compile.codegen.render_attention_t import transposed_group, transposed_scores_body

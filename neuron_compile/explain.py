@@ -110,14 +110,17 @@ def _mb(b: int) -> str:
 
 
 def _tiles(t: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in t.items() if k in ("space", "tile", "k"))
+    return " ".join(f"{k}={v}" for k, v in t.items() if k in ("space", "tile", "k", "variant", "head_group"))
 
 
 def tile_config(kernel: Any) -> dict[str, Any]:
     """The loop nest a kernel was rendered with (the free tile the renderer actually uses)."""
     from neuron_compile.codegen.render import LoopRenderer
-    from neuron_compile.lowering.ir import LoopKernel
+    from neuron_compile.codegen.render_attention import attention_plan
+    from neuron_compile.lowering.ir import AttentionKernel, LoopKernel
 
+    if isinstance(kernel, AttentionKernel):
+        return attention_plan(kernel)
     if isinstance(kernel, LoopKernel):
         out: dict[str, Any] = {"space": list(kernel.space), "outer": kernel.n_outer,
                                "reduce": list(kernel.reduce_dims),

@@ -178,3 +178,18 @@ def test_head_split_views(dtype: torch.dtype) -> None:
 
     qkv = torch.randn(2, 600, 3 * 384, generator=torch.Generator().manual_seed(9)).to(dtype)
     _check(attn, qkv, reran=False, tol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_explain_names_the_variant_and_its_fallback() -> None:
+    import neuron_compile
+
+    q, k, v = _qkv(1, 4, 300, 300, 64)
+    report = neuron_compile.explain(_sdpa(is_causal=True), q, k, v)
+    (kern,) = report.graphs[0].kernels
+    assert kern.tiles == {"variant": "unshifted", "head_group": 4, "query_block": 512,
+                          "fallback": "variant=transposed-scores head_group=4"}
+    assert "variant=unshifted head_group=4" in str(report)
+    with config.patch(attention_unshifted=False):
+        torch._dynamo.reset()
+        (kern,) = neuron_compile.explain(_sdpa(is_causal=True), q, k, v).graphs[0].kernels
+    assert kern.tiles == {"variant": "transposed-scores", "head_group": 4}
