@@ -13,10 +13,11 @@ naming them, so a template change can't silently drop instructions from the cost
 
 Runtime control flow (``nl.while_loop`` / ``nl.fori_loop`` on ``nisa`` registers): register values
 set from compile-time ints (``register_alloc(x)``, ``register_move``) are known and followed, but
-shape-only tensors have no data, so ``register_load`` yields a register whose value is **0**. The
-stream therefore follows the path where every flag loaded from a tensor is 0: a
-``while_loop`` on such a flag runs no iteration (e.g. a rarely taken fix-up branch is costed as not
-taken, plus the ``register_load`` itself), and a ``fori_loop`` bound loaded from a tensor is 0.
+shape-only tensors have no data, so ``register_load`` yields a register whose value is **0** by
+default (``loaded_flag=`` chooses another). The stream therefore follows the path where every flag
+loaded from a tensor is 0: a ``while_loop`` on such a flag runs no iteration (e.g. a rarely taken
+fix-up branch is costed as not taken, plus the ``register_load`` itself), and a ``fori_loop`` bound
+loaded from a tensor is 0; ``loaded_flag=1`` costs the branch taken once.
 Register instructions are recorded with engine ``"sequencer"``, as the simulator traces them.
 """
 
@@ -123,7 +124,8 @@ def _engine_name(engine: Any, default: str) -> str:
     return default if engine is None or name in (None, "unknown") else str(name)
 
 
-def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+def _namespaces(rec: _Recorder, loaded_flag: int = 0
+                ) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
     nl = types.ModuleType("nki.language")
     for b in ("sbuf", "psum", "shared_hbm", "private_hbm", "hbm"):
         setattr(nl, b, b)
@@ -237,15 +239,15 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
         rec.add("sequencer", "register_move", ())
 
     def register_load(dst: ShapeRegister, src: ShapeTensor) -> None:
-        dst.value = 0  # no data: every loaded flag is 0 (module docstring)
+        dst.value = loaded_flag  # no data: every loaded flag is 0 unless asked otherwise (module docstring)
         rec.add("sequencer", "register_load", (src,))
 
     def register_store(dst: ShapeTensor, src: ShapeRegister) -> None:
         rec.add("sequencer", "register_store", (dst,))
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
-               tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan,
-               scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
+               tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
+               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, fn)
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
@@ -268,10 +270,12 @@ def _namespaces(rec: _Recorder) -> tuple[types.ModuleType, types.ModuleType, typ
     return nki, nl, isa
 
 
-def source_stream(source: str, name: str, args: Sequence[tuple[int, str]]) -> Counter[InstructionRecord]:
-    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)``."""
+def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0
+                  ) -> Counter[InstructionRecord]:
+    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)``; every register loaded
+    from a tensor holds ``loaded_flag``."""
     rec = _Recorder()
-    nki, nl, isa = _namespaces(rec)
+    nki, nl, isa = _namespaces(rec, loaded_flag)
     subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
     real_import = builtins.__import__
 
@@ -288,11 +292,13 @@ def source_stream(source: str, name: str, args: Sequence[tuple[int, str]]) -> Co
     return rec.counts
 
 
-def kernel_stream(kernel: Any) -> Counter[InstructionRecord]:
-    """The instruction stream of one IR kernel (any family), rendered by the real codegen."""
+def kernel_stream(kernel: Any, loaded_flag: int = 0) -> Counter[InstructionRecord]:
+    """The instruction stream of one IR kernel (any family), rendered by the real codegen (``loaded_flag``: the value
+    of every register loaded from a tensor, e.g. 1 to cost an attention kernel whose guard trips)."""
     from neuron_compile.codegen.render import render_kernel
 
-    return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs])
+    return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
+                         loaded_flag)
 
 
 def count_instructions(counts: Counter[InstructionRecord]) -> Counter[tuple[str, str]]:
