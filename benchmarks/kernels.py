@@ -38,7 +38,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -
     from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream
+    from neuron_compile.instruction_stream import kernel_segments, kernel_stream
     from neuron_compile.roofline import graph_roofline
 
     t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -
             per_kernel = [estimate(s, target) for s in streams]
             ests = [per_kernel[c.kernel] for c in plan.calls]
             # kernels with a runtime guard (attention's unshifted softmax): also the time when it trips everywhere
-            tripped = [estimate(kernel_stream(k, loaded_flag=1), target)
+            tripped = [total([estimate(seg, target) for seg in kernel_segments(k, loaded_flag=1)], target)
                        if any(r.instruction == "register_load" for r in s) else e
                        for k, s, e in zip(plan.kernels, streams, per_kernel, strict=True)]
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])

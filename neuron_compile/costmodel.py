@@ -315,7 +315,21 @@ def _as_counts(records: Iterable[InstructionRecord] | Mapping[InstructionRecord,
 
 
 def estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str = "trn2") -> Estimate:
-    """Estimated time of one kernel's instruction stream (a list, or ``{record: count}``)."""
+    """Estimated time of one kernel's instruction stream (a list, or ``{record: count}``).
+
+    An ordered stream (a list, e.g. a simulator trace) is split after every ``register_load``: a runtime branch
+    waits for every engine, so the parts run one after the other (their estimates add). A ``{record: count}``
+    mapping has no order: pass its parts separately (``instruction_stream.kernel_segments``)."""
+    if not isinstance(records, Mapping):
+        records = list(records)
+        cuts = [i + 1 for i, r in enumerate(records) if r.instruction == "register_load"]
+        if cuts and cuts[0] < len(records):
+            bounds = [0] + cuts + [len(records)]
+            return total([_estimate(records[a:b], target) for a, b in zip(bounds, bounds[1:]) if b > a], target)
+    return _estimate(records, target)
+
+
+def _estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str) -> Estimate:
     hw = hardware(target)
     counts = _as_counts(records)
     busy = dict.fromkeys(ENGINES, 0.0)

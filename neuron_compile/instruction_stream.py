@@ -85,8 +85,12 @@ def _dtype_name(dtype: Any) -> str:
 
 
 class _Recorder:
+    """Counts records; ``segments`` splits them at every ``register_load`` (a runtime branch drains the engines, so
+    the work before and after it doesn't overlap)."""
+
     def __init__(self) -> None:
         self.counts: Counter[InstructionRecord] = Counter()
+        self.segments: list[Counter[InstructionRecord]] = [Counter()]
 
     def add(self, engine: str, instruction: str, operands: Sequence[Any], main: Any = None,
             flags: tuple[str, ...] = ()) -> None:
@@ -99,11 +103,15 @@ class _Recorder:
             free = ref.size // parts if parts else 0
         else:
             parts, free = 1, 1
-        self.counts[InstructionRecord(
+        rec = InstructionRecord(
             engine=engine, instruction=instruction, partitions=parts, free_size=free,
             dtypes=tuple(o.dtype for o in tensors), bytes=sum(o.size * itemsize(o.dtype) for o in tensors),
             buffers=tuple(o.buffer for o in tensors), shapes=tuple(o.shape for o in tensors),
-            strides=tuple(o.strides for o in tensors), flags=flags)] += 1
+            strides=tuple(o.strides for o in tensors), flags=flags)
+        self.counts[rec] += 1
+        self.segments[-1][rec] += 1
+        if instruction == "register_load":
+            self.segments.append(Counter())
 
 
 class ShapeRegister:
@@ -274,6 +282,10 @@ def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loade
                   ) -> Counter[InstructionRecord]:
     """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)``; every register loaded
     from a tensor holds ``loaded_flag``."""
+    return _run_source(source, name, args, loaded_flag).counts
+
+
+def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int) -> _Recorder:
     rec = _Recorder()
     nki, nl, isa = _namespaces(rec, loaded_flag)
     subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
@@ -289,7 +301,7 @@ def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loade
     env: dict[str, Any] = {"__name__": __name__, "__builtins__": bdict}
     exec(compile(source, f"<stream:{name}>", "exec"), env)
     env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm") for n, dt in args])
-    return rec.counts
+    return rec
 
 
 def kernel_stream(kernel: Any, loaded_flag: int = 0) -> Counter[InstructionRecord]:
@@ -299,6 +311,15 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0) -> Counter[InstructionRecor
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
                          loaded_flag)
+
+
+def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:
+    """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (cost each with
+    :func:`~neuron_compile.costmodel.estimate` and add them with :func:`~neuron_compile.costmodel.total`)."""
+    from neuron_compile.codegen.render import render_kernel
+
+    rec = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], loaded_flag)
+    return [seg for seg in rec.segments if seg]
 
 
 def count_instructions(counts: Counter[InstructionRecord]) -> Counter[tuple[str, str]]:

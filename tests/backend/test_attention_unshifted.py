@@ -1,7 +1,7 @@
 """Attention with the unshifted softmax (``codegen/render_attention_u.py``) and its on-chip guard.
 
 Without an additive mask, attention first runs ``P = exp(s)`` with no row max, keys on partitions (no
-transpose of P), and checks every row: ``2^-100 <= l <= 2^64`` and a finite output. If a row fails,
+transpose of P), and checks every row: ``2^-100 <= l <= 2^120`` and a finite output. If a row fails,
 the exact kernel reruns inside the same NKI kernel (``nl.while_loop`` on a register loaded from the
 flag). These tests compare against eager PyTorch for the fast path (causal/full, fp32/bf16, ragged,
 sq != sk, head dims 16..128) and for each way the guard can trip (overflowing exp, underflowing rows,
@@ -123,6 +123,16 @@ def test_underflowing_row_reruns_exactly() -> None:
     _check(_sdpa(), q, k, v, reran=True)
 
 
+@pytest.mark.parametrize(("score", "reran"), [(-60.0, False), (75.0, False), (95.0, True), (-90.0, True)])
+def test_guard_window(score: float, reran: bool) -> None:
+    """Every score of row 70 equal to ``score`` (150 equal keys): l = 150 e^score passes in [2^-100, 2^120]
+    (-60, 75) and fails outside (95 overflows l past 2^120, -90 underflows below 2^-100); eager's values either way."""
+    q, k, v = _qkv(1, 1, 150, 150, 64)
+    k[:, :, :, :] = k[:, :, :1, :]
+    q[0, 0, 70] = score * 8.0 * k[0, 0, 0] / k[0, 0, 0].square().sum()  # q . k / sqrt(64) = score
+    _check(_sdpa(), q, k, v, reran=reran)
+
+
 def test_output_overflow_in_psum_reruns_exactly() -> None:
     """exp(s) around e^5 times values of 3e36 overflow fp32 while accumulating O (l itself is fine): the output's row
     sum is inf or NaN, the guard trips, and the exact kernel (probabilities <= 1) gives eager's finite values."""
@@ -193,3 +203,26 @@ def test_explain_names_the_variant_and_its_fallback() -> None:
         torch._dynamo.reset()
         (kern,) = neuron_compile.explain(_sdpa(is_causal=True), q, k, v).graphs[0].kernels
     assert kern.tiles == {"variant": "transposed-scores", "head_group": 4}
+
+
+def test_tripped_stream_is_the_fast_pass_plus_the_exact_kernel() -> None:
+    """``kernel_stream(loaded_flag=1)`` follows the branch taken: its records are exactly the unshifted pass's plus the
+    exact kernel's (rendered alone with ``attention_unshifted=False``), besides the sequencer's register work. The
+    rerun starts after the register load (every engine drained), so its segment's time adds to the pass's."""
+    from neuron_compile.costmodel import REGISTER_LOAD_NS, estimate, total
+    from neuron_compile.instruction_stream import kernel_segments, kernel_stream
+
+    q, k, v = _qkv(1, 2, 300, 300, 128, dtype=torch.bfloat16)
+    _, stats, _ = _run_traced(_sdpa(is_causal=True), q, k, v)
+    kern = stats["plan"].kernels[0]
+    fast, tripped = kernel_stream(kern), kernel_stream(kern, loaded_flag=1)
+    with config.patch(attention_unshifted=False):
+        exact = kernel_stream(kern)
+    for rec in set(fast) | set(tripped) | set(exact):
+        if rec.engine != "sequencer":
+            assert tripped[rec] == fast[rec] + exact[rec], rec
+    first, rerun = kernel_segments(kern, loaded_flag=1)
+    assert first == fast and sum(rerun.values()) == sum(exact.values()) + 1  # + the body's register_alloc(0)
+    seq = total([estimate(first), estimate(rerun)])
+    assert seq.time_ns == pytest.approx(estimate(fast).time_ns + estimate(exact).time_ns)
+    assert estimate(fast).dependency_ns >= REGISTER_LOAD_NS

@@ -126,3 +126,22 @@ def k(in0):
     assert count_instructions(source_stream(src, "k", [(1, "int32")])) == {
         ("vector", "memset"): 1, ("gpsimd", "iota"): 3, ("sequencer", "register_alloc"): 5,
         ("sequencer", "register_move"): 1, ("sequencer", "register_load"): 1, ("sequencer", "register_store"): 1}
+
+
+def test_ordered_stream_splits_at_the_branch() -> None:
+    """A trace (ordered) whose branch was taken: the work after ``register_load`` starts once every engine drained,
+    so its estimate adds to the part before; the segments of the analytic stream are the same two parts."""
+    from neuron_compile.instruction_stream import _run_source
+
+    x = np.arange(8, dtype=np.float32) - 3  # flag 1: the body runs
+    kernel = load_kernel_source(BRANCH_SRC, "<branch>")["k"]
+    with trace() as t:
+        kernel(x)
+    cut = next(i for i, r in enumerate(t.records) if r.instruction == "register_load") + 1
+    before, after = t.records[:cut], t.records[cut:]
+    assert [r.instruction for r in after] == ["tensor_scalar", "register_alloc", "dma_copy"]
+    est = cm.estimate(t.records)
+    parts = cm.estimate(Counter(before)) + cm.estimate(Counter(after))
+    assert est.time_ns == pytest.approx(parts.time_ns, rel=1e-12)
+    segments = _run_source(BRANCH_SRC, "k", [(8, "float32")], loaded_flag=1).segments
+    assert segments == [Counter(before), Counter(after)]
