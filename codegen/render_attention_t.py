@@ -49,15 +49,19 @@ def _size(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
+def head_bytes(k: AttentionKernel) -> int:
+    """Per-partition SBUF of one resident head in the transposed-scores layouts: q, k, v rows, V | 1, Q^T and K^T."""
+    cs = _size(k.compute_dtype)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    return (nq * k.d + nk * k.d + nk * k.dv + nk * (k.dv + 1) + k.sq + k.sk) * cs
+
+
 def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
     """Per-partition SBUF of the transposed-scores kernel with ``group`` heads resident."""
     cs, os_ = _size(k.compute_dtype), _size(k.outputs[0].dtype)
-    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
-    rows = (nq * k.d + nk * k.d + nk * k.dv + nk * (k.dv + 1)) * cs  # q, k, v rows and V | 1
-    transposed = (k.sq + k.sk) * cs  # Q^T and K^T
     per_block = QUERY_BLOCK // PMAX * (k.dv * os_ + (k.d + group) * cs)  # output rows, mx
     onehot = group * k.sk * cs
-    return group * (rows + transposed) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
+    return group * head_bytes(k) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
 
 
 def transposed_group(k: AttentionKernel) -> int:
@@ -141,28 +145,9 @@ for hh in range({G}):
 o_blk = nl.ndarray(({PMAX}, {tiles_per_block}, {G}, {dv}), dtype=nl.{odt}, buffer=nl.sbuf)
 jend = {f"min({k.sk}, qb + NB)" if k.causal else k.sk}
 for hh in range({G}):
-    o_ps = nl.ndarray(({PMAX}, {tiles_per_block}, {dv + 1}), dtype=nl.float32, buffer=nl.psum)
-    for j in range((jend + {PMAX - 1}) // {PMAX}):
-        k0 = j * {PMAX}
-        kw = min({PMAX}, {k.sk} - k0)
-        qs = {"max(qb, k0)" if k.causal else "qb"}
-        nw = min({QUERY_BLOCK}, qb + NB - qs)
-        st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=st_ps[0:kw, 0:nw], stationary=kT[0:{ka}, hh, k0:k0 + kw], moving=qT[0:{ka}, hh, qs:qs + nw])
-        pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{cdt}, buffer=nl.sbuf)
-        nisa.activation(dst=pt[0:kw, 0:nw], op=nl.exp, data=st_ps[0:kw, 0:nw])""")
-    out.depth += 2
-    if k.causal:  # the diagonal tile: keys after the query get probability 0 (select, so an inf exp is harmless)
-        out.add(f"""\
-if qs == k0:
-    w = min({PMAX}, nw)
-    nisa.affine_select(dst=pt[0:kw, 0:w], pattern=[[1, w]], channel_multiplier=-1, on_true_tile=pt[0:kw, 0:w], on_false_value=0.0, cmp_op=nl.greater_equal)""")
-    out.add(f"""\
-for it in range((qs - qb) // {PMAX}, ntq):
-    c0 = qb + it * {PMAX} - qs
-    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
-    nisa.nc_matmul(dst=o_ps[0:P, it, :], stationary=pt[0:kw, c0:c0 + P], moving=v_aug[0:kw, j, hh, 0:{dv + 1}], accumulate=(j > 0))""")
-    out.depth -= 1
+    o_ps = nl.ndarray(({PMAX}, {tiles_per_block}, {dv + 1}), dtype=nl.float32, buffer=nl.psum)""")
+    out.depth += 1
+    scores_exp_pv(out, k, ka, "o_ps[0:P, it, :]")
     out.add(f"""\
 # one reciprocal for the block's row sums (rows past a ragged last tile are never read)
 rl = nl.ndarray(({PMAX}, {tiles_per_block}), dtype=nl.float32, buffer=nl.sbuf)
@@ -171,11 +156,45 @@ for it in range(ntq):
     P = min({PMAX}, {k.sq} - qb - it * {PMAX})
     nisa.activation(dst=o_blk[0:P, it, hh, :], op=nl.copy, data=o_ps[0:P, it, 0:{dv}], scale=rl[0:P, it:it + 1])""")
     out.depth -= 1
+    store_query_block(out, k, G)
+    return out.text()
+
+
+def store_query_block(out: Lines, k: AttentionKernel, group: int) -> None:
+    """One DMA per query tile of the block stores the rows of every head in the group (``o_blk``)."""
     ob, oh, os_, od = k.out_strides
     o_off = _offset(0, [("b", ob), ("hg", oh), ("q0", os_)])
     out.add(f"""\
 for it in range(ntq):
     q0 = qb + it * {PMAX}
     P = min({PMAX}, {k.sq} - q0)
-    nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, G)}[{od}, {dv}]], offset={o_off}), src=o_blk[0:P, it, :, :])""")
-    return out.text()
+    nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, group)}[{od}, {k.dv}]], offset={o_off}), src=o_blk[0:P, it, :, :])""")
+
+
+def scores_exp_pv(out: Lines, k: AttentionKernel, rows: int, o_dst: str) -> None:
+    """The key loop of one head and query block (``qb``, ``NB``, ``ntq``, ``jend`` set): per 128-key tile,
+    ``S^T = K Q^T`` over contraction rows ``0..rows`` (one PSUM bank), ``P^T = exp(.)`` (ScalarE; the causal
+    diagonal tile zeroed by GpSimd's ``affine_select``, so an inf exp there is harmless) and ``[O | l] += P V_aug``
+    per query tile into ``o_dst`` (an expression of ``it`` and ``P``)."""
+    out.add(f"""\
+for j in range((jend + {PMAX - 1}) // {PMAX}):
+    k0 = j * {PMAX}
+    kn = min({PMAX}, {k.sk} - k0)
+    qs = {"max(qb, k0)" if k.causal else "qb"}
+    nw = min({QUERY_BLOCK}, qb + NB - qs)
+    st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=st_ps[0:kn, 0:nw], stationary=kT[0:{rows}, hh, k0:k0 + kn], moving=qT[0:{rows}, hh, qs:qs + nw])
+    pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{k.compute_dtype}, buffer=nl.sbuf)
+    nisa.activation(dst=pt[0:kn, 0:nw], op=nl.exp, data=st_ps[0:kn, 0:nw])""")
+    out.depth += 1
+    if k.causal:
+        out.add(f"""\
+if qs == k0:
+    w = min({PMAX}, nw)
+    nisa.affine_select(dst=pt[0:kn, 0:w], pattern=[[1, w]], channel_multiplier=-1, on_true_tile=pt[0:kn, 0:w], on_false_value=0.0, cmp_op=nl.greater_equal)""")
+    out.add(f"""\
+for it in range((qs - qb) // {PMAX}, ntq):
+    c0 = qb + it * {PMAX} - qs
+    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
+    nisa.nc_matmul(dst={o_dst}, stationary=pt[0:kn, c0:c0 + P], moving=v_aug[0:kn, j, hh, 0:{k.dv + 1}], accumulate=(j > 0))""")
+    out.depth -= 1

@@ -37,33 +37,25 @@ Hardware rules: every PSUM tile within one 2 KiB bank (output accumulators pack
 
 from __future__ import annotations
 
-from neuron_compile.codegen.render import Lines, _offset
-from neuron_compile.codegen.render_attention import BANK_KEYS, _group_pattern, _transpose_rows, group_loops, head_group
+from neuron_compile.codegen.render import Lines
+from neuron_compile.codegen.render_attention import BANK_KEYS, _transpose_rows, group_loops, head_group
+from neuron_compile.codegen.render_attention_t import QUERY_BLOCK, _size, head_bytes, scores_exp_pv, store_query_block
 from neuron_compile.config import config
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
 from neuron_compile.simulator_limits import PMAX
 
-QUERY_BLOCK = BANK_KEYS  # queries per S^T tile: one PSUM bank, one exp instruction per key tile
 PSUM_BANK_BYTES = 2048
 # A row passes when 2^-100 <= l <= 2^120, i.e. 2^-120 <= 1 / l <= 2^100 (0, inf and NaN fail both ways).
 RECIP_MIN = 2.0 ** -120
 RECIP_MAX = 2.0 ** 100
 
 
-def _size(dtype: str) -> int:
-    return 2 if dtype in ("bfloat16", "float16") else 4
-
-
 def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
     """Per-partition SBUF of the unshifted kernel with ``group`` heads resident (the fallback runs after it)."""
-    cs, os_ = _size(k.compute_dtype), _size(k.outputs[0].dtype)
-    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
-    rows = (nq * k.d + nk * k.d + nk * k.dv + nk * (k.dv + 1)) * cs  # q, k, v rows and V | 1
-    transposed = (k.sq + k.sk) * cs  # Q^T and K^T
-    out_block = QUERY_BLOCK // PMAX * k.dv * os_
-    checks = 4 * 4 * nq  # 1 / l, output row sums and two scratch columns per query tile
-    return group * (rows + transposed + out_block + checks) + 2 * QUERY_BLOCK * cs + 64
+    out_block = QUERY_BLOCK // PMAX * k.dv * _size(k.outputs[0].dtype)
+    checks = 4 * 4 * -(-k.sq // PMAX)  # 1 / l, output row sums and two scratch columns per query tile
+    return group * (head_bytes(k) + out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
 
 
 def unshifted_group(k: AttentionKernel) -> int:
@@ -122,28 +114,9 @@ for qb in range(0, {k.sq}, {QUERY_BLOCK}):
     for hh in range({G}):
         o_ps = []
         for ib in range(0, ntq, {tpb}):
-            o_ps.append(nl.ndarray(({PMAX}, {tpb}, {dv + 1}), dtype=nl.float32, buffer=nl.psum))
-        for j in range((jend + {PMAX - 1}) // {PMAX}):
-            k0 = j * {PMAX}
-            kn = min({PMAX}, {k.sk} - k0)
-            qs = {"max(qb, k0)" if k.causal else "qb"}
-            nw = min({QUERY_BLOCK}, qb + NB - qs)
-            st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=st_ps[0:kn, 0:nw], stationary=kT[0:{d}, hh, k0:k0 + kn], moving=qT[0:{d}, hh, qs:qs + nw])
-            pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{cdt}, buffer=nl.sbuf)
-            nisa.activation(dst=pt[0:kn, 0:nw], op=nl.exp, data=st_ps[0:kn, 0:nw])""")
-    out.depth += 3
-    if k.causal:  # the diagonal tile: keys after the query get probability 0 (select, so an inf exp is harmless)
-        out.add(f"""\
-if qs == k0:
-    w = min({PMAX}, nw)
-    nisa.affine_select(dst=pt[0:kn, 0:w], pattern=[[1, w]], channel_multiplier=-1, on_true_tile=pt[0:kn, 0:w], on_false_value=0.0, cmp_op=nl.greater_equal)""")
-    out.add(f"""\
-for it in range((qs - qb) // {PMAX}, ntq):
-    c0 = qb + it * {PMAX} - qs
-    P = min({PMAX}, {k.sq} - qb - it * {PMAX})
-    nisa.nc_matmul(dst=o_ps[it // {tpb}][0:P, it % {tpb}, :], stationary=pt[0:kn, c0:c0 + P], moving=v_aug[0:kn, j, hh, 0:{dv + 1}], accumulate=(j > 0))""")
-    out.depth -= 1
+            o_ps.append(nl.ndarray(({PMAX}, {tpb}, {dv + 1}), dtype=nl.float32, buffer=nl.psum))""")
+    out.depth += 2
+    scores_exp_pv(out, k, d, f"o_ps[it // {tpb}][0:P, it % {tpb}, :]")
     out.add(f"""\
 for it in range(ntq):
     P = min({PMAX}, {k.sq} - qb - it * {PMAX})
@@ -151,14 +124,10 @@ for it in range(ntq):
     acc = o_ps[it // {tpb}]
     nisa.reciprocal(dst=rchk[0:P, col:col + 1], data=acc[0:P, it % {tpb}, {dv}:{dv + 1}])
     nisa.tensor_scalar_reduce(dst=o_blk[0:P, it, hh, :], data=acc[0:P, it % {tpb}, 0:{dv}], op0=nl.multiply, operand0=rchk[0:P, col:col + 1], reduce_op=nl.add, reduce_res=ochk[0:P, col:col + 1])""")
-    out.depth -= 2
-    ob, oh, os_, od = k.out_strides
-    o_off = _offset(0, [("b", ob), ("hg", oh), ("q0", os_)])
+    out.depth -= 1
+    store_query_block(out, k, G)
+    out.depth -= 1
     out.add(f"""\
-    for it in range(ntq):
-        q0 = qb + it * {PMAX}
-        P = min({PMAX}, {k.sq} - q0)
-        nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, G)}[{od}, {dv}]], offset={o_off}), src=o_blk[0:P, it, :, :])
 # fold the group's checks into ok_run: 2^-120 <= 1/l <= 2^100 and a finite output row sum (x - x == 0)
 ok_a = nl.ndarray(({PMAX}, {G * nqt}), dtype=nl.float32, buffer=nl.sbuf)
 nisa.tensor_scalar(dst=ok_a, data=rchk, op0=nl.greater_equal, operand0={RECIP_MIN!r})

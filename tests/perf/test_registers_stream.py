@@ -4,7 +4,9 @@ cost model charges REGISTER_LOAD_NS of dependency per register_load (docs/cost_m
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,35 +16,11 @@ from neuron_compile.instruction_stream import count_instructions, source_stream
 from neuron_compile.simulator import load_kernel_source, trace
 from neuron_compile.simulator.trace import InstructionRecord
 
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from branch_kernel import BRANCH_SRC  # noqa: E402
+
 log = logging.getLogger(__name__)
 
-# x * 2 when max(x) > 0 (a fix-up branch on a flag computed on chip), else x.
-BRANCH_SRC = '''
-import nki
-import nki.isa as nisa
-import nki.language as nl
-
-
-@nki.jit
-def k(in0):
-    x = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x, src=in0.ap([[8, 1], [1, 8]]))
-    m = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=m, op=nl.maximum, data=x, axis=1)
-    bad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=bad, data=m, op0=nl.greater, operand0=0.0)
-    flag = nisa.register_alloc()
-    nisa.register_load(dst=flag, src=bad)
-
-    def _exact(r):
-        nisa.tensor_scalar(dst=x, data=x, op0=nl.multiply, operand0=2.0)
-        return nisa.register_alloc(0)
-
-    nl.while_loop(flag, _exact)
-    out0 = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out0, src=x)
-    return out0
-'''
 
 
 def simulated(x: np.ndarray) -> tuple[np.ndarray, Counter[InstructionRecord]]:

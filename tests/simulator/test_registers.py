@@ -4,38 +4,23 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from sim_helpers import tile, val
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
-from neuron_compile.simulator import nisa, nki, nl, trace
+from neuron_compile.simulator import load_kernel_source, nisa, nl, trace
 from neuron_compile.simulator.tensor import from_array
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from branch_kernel import BRANCH_SRC  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-
-@nki.jit
-def double_if_positive(a):
-    """out = 2 * a when max(a) > 0, else a: the doubling runs in a while_loop on an on-chip flag."""
-    x = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x, src=a.ap([[8, 1], [1, 8]]))
-    m = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=m, op=nl.maximum, data=x, axis=1)
-    bad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=bad, data=m, op0=nl.greater, operand0=0.0)
-    flag = nisa.register_alloc()
-    nisa.register_load(dst=flag, src=bad)
-
-    def _exact(r):
-        nisa.tensor_scalar(dst=x, data=x, op0=nl.multiply, operand0=2.0)
-        return nisa.register_alloc(0)
-
-    nl.while_loop(flag, _exact)
-    out = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=x)
-    return out
+double_if_positive = load_kernel_source(BRANCH_SRC, "<branch>")["k"]  # 2 * a when max(a) > 0, else a
 
 
 @pytest.mark.parametrize("positive", [True, False])
