@@ -226,3 +226,15 @@ def test_tripped_stream_is_the_fast_pass_plus_the_exact_kernel() -> None:
     seq = total([estimate(first), estimate(rerun)])
     assert seq.time_ns == pytest.approx(estimate(fast).time_ns + estimate(exact).time_ns)
     assert estimate(fast).dependency_ns >= REGISTER_LOAD_NS
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn3"])
+@pytest.mark.parametrize("scale", [1.0, 12.0], ids=["fast", "rerun"])
+def test_other_targets(target: str, scale: float) -> None:
+    """NC-v2 and NC-v4 run the same kernel (fast path and rerun): eager's values in fp32."""
+    q, k, v = _qkv(1, 2, 300, 300, 128)
+    fn = _sdpa(is_causal=True)
+    with config.patch(target=target), trace() as t:
+        out = torch.compile(fn, backend="neuron", dynamic=False)(q * scale, k * scale, v)
+    assert _exact_ran(t) is (scale > 1.0)
+    torch.testing.assert_close(out, fn(q * scale, k * scale, v), atol=1e-3, rtol=1e-3)
