@@ -12,6 +12,7 @@ SCRIPT.py`` sub-command (``add_arguments`` / ``run``), which reports every graph
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import runpy
@@ -248,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
     argv = sys.argv
     sys.argv = [args.script, *script_args]
     try:
-        with config.patch(cache=False, target=tgt), trace() as tr:
+        # with --json, stdout carries only the report: the script's own prints go to stderr (as in ``check``)
+        quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+        with config.patch(cache=False, target=tgt), trace() as tr, quiet:
             try:
                 runpy.run_path(args.script, run_name="__main__")
             except SystemExit as exc:  # a script ending with sys.exit(main()) still gets its report

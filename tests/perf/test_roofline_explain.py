@@ -73,10 +73,13 @@ def test_cli_explain_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     script = tmp_path / "s.py"
     script.write_text("import sys, torch\n"
                       "f = torch.compile(lambda x: x.relu() + 1, backend='neuron', dynamic=False)\n"
+                      "print('the script prints too')\n"
                       "f(torch.randn(8, int(sys.argv[1])))\n"
                       "sys.exit(0)\n")
     assert cli.main(["explain", str(script), "40", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # the script's own print went to stderr
+    assert "the script prints too" in captured.err
     (g,) = data["graphs"]
     assert g["kernels"][0]["tiles"]["space"] in ([8, 40], [1, 320])  # the lowering may flatten a dense space
     assert g["kernels"][0]["ops"] == ["aten.relu.default", "aten.add.Tensor"]
