@@ -9,8 +9,10 @@ kernel's instruction stream is enumerated analytically from its rendered source
 bound (:mod:`neuron_compile.roofline`, the graph's own minimal bytes), efficiency = roofline /
 estimate, actual HBM bytes / minimal bytes, kernel calls, and the issue's target efficiency.
 ``--rules`` adds the efficiency under two other dependency rules (REFERENCE 4.4's first order, and a stricter
-one), to show how much an estimate leans on the model's dependency term. Exit status 0 (it reports; it does not
-enforce the targets).
+one), to show how much an estimate leans on the model's dependency term. Kernels with a checked fast path
+(attention's unshifted softmax, which reruns the exact kernel when a row is out of range) are costed on the
+fast path, which random inputs always take; a line under the table gives the time if every check failed.
+Exit status 0 (it reports; it does not enforce the targets).
 """
 
 from __future__ import annotations
