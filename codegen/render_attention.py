@@ -42,7 +42,10 @@ log = logging.getLogger(__name__)
 
 # 128-row tiles transposed into one 2 KiB PSUM bank before a single eviction: 8 of 2-byte, 4 of fp32 values
 TRANSPOSE_GROUP = {2: 8, 4: 4}
-MASK_BIAS = -3.0e38  # finite (bf16-representable) "minus infinity": identity x bias stays NaN-free
+# Finite "minus infinity" of the causal bias tile, in the matmul dtype (identity x bias must stay NaN-free: an inf
+# there makes 0 x inf): -3e38 in bf16/fp32; fp16 tops out at 65504, far beyond any score an fp16 row can rank first.
+MASK_BIAS = {"float16": -65504.0}
+MASK_BIAS_DEFAULT = -3.0e38
 BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
@@ -216,14 +219,14 @@ def group_loops(out: Lines, k: AttentionKernel, group: int) -> None:
 
 
 def causal_tiles(out: Lines, cdt: str) -> None:
-    """``ident`` (128 x 128 identity) and ``cbias`` (0 on and below the diagonal, -3e38 above), built once."""
+    """``ident`` (128 x 128 identity) and ``cbias`` (0 on and below the diagonal, ``MASK_BIAS`` above), built once."""
     out.add(f"""\
 ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=ident, value=1.0)
 nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
 cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=cbias, value=0.0)
-nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS!r}, cmp_op=nl.greater_equal)""")
+nisa.affine_select(dst=cbias, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=cbias, on_false_value={MASK_BIAS.get(cdt, MASK_BIAS_DEFAULT)!r}, cmp_op=nl.greater_equal)""")
 
 
 def score_chunk(out: Lines, k: AttentionKernel, kc: str, cw: str) -> None:

@@ -59,8 +59,11 @@ def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
 
 
 def unshifted_group(k: AttentionKernel) -> int:
-    """Heads per group for the unshifted kernel, or 0 when it doesn't apply (additive mask, knob off)."""
-    if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS:
+    """Heads per group for the unshifted kernel, or 0 when it doesn't apply: an additive mask, the knob off, or
+    fp16 operands (P is stored in the matmul dtype, and fp16's range, 2^-14..65504, would hold unshifted
+    probabilities only for scores in about [-7, 11]; bf16 and fp32 share fp32's exponent range)."""
+    if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS \
+            or k.compute_dtype not in ("bfloat16", "float32"):
         return 0
     group = head_group(k)
     while group > 0 and (k.heads % group or sbuf_bytes_u(k, group) > SBUF_BUDGET):
@@ -73,6 +76,7 @@ def _indent(text: str) -> str:
 
 
 def unshifted_body(k: AttentionKernel, group: int, exact: str) -> str:
+    """The unshifted kernel for ``group`` heads at a time; ``exact`` (the exact kernel's body) is the rerun."""
     out = Lines()
     cdt, odt, d, dv, G = k.compute_dtype, k.outputs[0].dtype, k.d, k.dv, group
     nk, nqt = -(-k.sk // PMAX), -(-k.sq // PMAX)

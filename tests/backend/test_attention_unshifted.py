@@ -156,6 +156,16 @@ def test_knob_off_renders_the_exact_kernel_only() -> None:
     torch.testing.assert_close(out.float(), _sdpa(is_causal=True)(q, k, v).float(), atol=2e-2, rtol=2e-2)
 
 
+def test_fp16_keeps_the_exact_kernel() -> None:
+    """fp16 probabilities can't hold exp(s) unshifted (normal range 2^-14..65504): the exact kernel only."""
+    q, k, v = _qkv(1, 2, 130, 130, 64, dtype=torch.float16)
+    out, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
+    (_, src), = stats["sources"]
+    assert "while_loop" not in src and t.count("register_load") == 0 and _exact_ran(t)
+    torch.testing.assert_close(out.float(), _sdpa(is_causal=True)(q.float(), k.float(), v.float()), atol=2e-3,
+                               rtol=2e-3)
+
+
 def test_additive_mask_keeps_the_exact_kernel() -> None:
     q, k, v = _qkv(1, 2, 100, 100, 32)
     m = torch.randn(100, 100, generator=torch.Generator().manual_seed(1))
