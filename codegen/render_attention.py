@@ -1,8 +1,8 @@
 """Kernel body of the fused attention family (``attention.nki.j2``) from an :class:`AttentionKernel`.
 
 Heads of 32, 64 or 96 without an additive mask use the transposed-scores kernel
-(:mod:`render_attention_t`: no transpose of P at all). Everything else (d = 128, masks) uses the
-standard flash-attention kernel below. Per batch element and head group (the heads whose rows fit
+(:mod:`render_attention_t`: no transpose of P at all) in bf16/fp32. Everything else (d = 128, masks,
+fp16 operands) uses the standard flash-attention kernel below. Per batch element and head group (the heads whose rows fit
 ``GROUP_ROWS_BYTES``), unrolled:
 
 1. Q, K, V rows of all the group's heads are loaded with one DMA each (rows on partitions,
@@ -30,6 +30,7 @@ statically bounded (``min(<int>, ...)``) so ``tests/codegen/static_checks.py`` c
 from __future__ import annotations
 
 import logging
+import math
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.lowering.attention import SBUF_BUDGET, sbuf_bytes
@@ -43,9 +44,11 @@ log = logging.getLogger(__name__)
 # 128-row tiles transposed into one 2 KiB PSUM bank before a single eviction: 8 of 2-byte, 4 of fp32 values
 TRANSPOSE_GROUP = {2: 8, 4: 4}
 # Finite "minus infinity" of the causal bias tile, in the matmul dtype (identity x bias must stay NaN-free: an inf
-# there makes 0 x inf): -3e38 in bf16/fp32; fp16 tops out at 65504, far beyond any score an fp16 row can rank first.
+# there makes 0 x inf): -3e38 in bf16/fp32. fp16 tops out at 65504, while its scores (fp32 in PSUM) reach 1e5 and
+# more (|q|, |k| ~ 150 at d = 64): the diagonal of the fp16 identity is 65504 too, so TensorE adds -65504^2 ~ -4.3e9.
 MASK_BIAS = {"float16": -65504.0}
 MASK_BIAS_DEFAULT = -3.0e38
+MASK_IDENT = {"float16": 65504.0}  # diagonal of the identity that adds the bias tile (default 1.0)
 BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
@@ -57,6 +60,22 @@ SCALAR_EVICT_SHARE = 0.58
 # Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
 # head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
 GROUP_ROWS_BYTES = 64 * 1024
+
+
+def split_scale(k: AttentionKernel) -> tuple[float, float]:
+    """``(q_scale, s_scale)``: ``Q^T`` is multiplied by ``q_scale`` as it is transposed (rounded to the matmul dtype)
+    and the scores by ``s_scale`` in fp32 at the PSUM read; ``q_scale * s_scale == scale``.
+
+    bf16/fp32: the whole scale is folded into ``Q^T``. fp16: only its nearest power of two (exact), the rest
+    (within 2^+-0.5) is applied in fp32, as eager does: an fp16-rounded ``scale * q`` is off by up to 2^-12 relative,
+    so a score ``s`` moves by up to ~``|s| 2^-12`` (d = 128, scores of +-30: output errors ~10x eager's; +-1000:
+    wrong rows). The residual can't make the causal bias (-65504, added to the p2-scaled scores) anything but
+    hugely negative."""
+    scale = k.scale
+    if k.compute_dtype != "float16" or scale == 0 or not math.isfinite(scale):
+        return scale, 1.0
+    p2 = math.copysign(2.0 ** round(math.log2(abs(scale))), scale)
+    return p2, scale / p2
 
 
 def _group_pattern(s_head: int, group: int) -> str:
@@ -158,6 +177,10 @@ def exact_attention_body(k: AttentionKernel) -> str:
     nq = -(-k.sq // PMAX)
     if k.causal:
         causal_tiles(out, cdt)
+    if not masked and split_scale(k)[1] != 1.0:  # fp16: the scale's residual, to multiply the row max on GpSimd
+        out.add(f"""\
+s_scale = nl.ndarray(({PMAX}, 1), dtype=nl.float32, buffer=nl.sbuf)
+nisa.memset(dst=s_scale, value={split_scale(k)[1]!r})""")
     group = head_group(k)
     out.add("n_evict = 0  # transposed-P evictions so far: a fixed share of them runs on ScalarE")
     group_loops(out, k, group)
@@ -166,7 +189,8 @@ qT = nl.ndarray(({k.d}, {group}, {k.sq}), dtype=nl.{cdt}, buffer=nl.sbuf)
 kT = nl.ndarray(({k.d}, {group}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 for hh in range({group}):""")
     out.depth += 1
-    _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt, k.scale)  # scores come out of PSUM already scaled
+    # scores come out of PSUM scaled by q_scale (all of the scale but in fp16, see split_scale)
+    _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt, split_scale(k)[0])
     _transpose_rows(out, "k_rows", "kT", k.sk, k.d, cdt)
     out.depth -= 1
     kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
@@ -219,10 +243,11 @@ def group_loops(out: Lines, k: AttentionKernel, group: int) -> None:
 
 
 def causal_tiles(out: Lines, cdt: str) -> None:
-    """``ident`` (128 x 128 identity) and ``cbias`` (0 on and below the diagonal, ``MASK_BIAS`` above), built once."""
+    """``ident`` (128 x 128 diagonal, ``MASK_IDENT``) and ``cbias`` (0 on and below the diagonal, ``MASK_BIAS`` above),
+    built once: ``ident x cbias`` is the causal bias TensorE adds to the scores."""
     out.add(f"""\
 ident = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
-nisa.memset(dst=ident, value=1.0)
+nisa.memset(dst=ident, value={MASK_IDENT.get(cdt, 1.0)!r})
 nisa.affine_select(dst=ident, pattern=[[-1, {PMAX}]], channel_multiplier=1, on_true_tile=ident, on_false_value=0.0, cmp_op=nl.equal)
 cbias = nl.ndarray(({PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=cbias, value=0.0)
@@ -252,6 +277,8 @@ def _step(out: Lines, k: AttentionKernel, scalar_copies: bool) -> None:
     """One online-softmax key step of W keys, processed in PSUM-bank chunks of 512 keys."""
     cdt, dv, masked = k.compute_dtype, k.dv, k.mask is not None
     nmax_ch = k.key_step // BANK_KEYS
+    s_scale = split_scale(k)[1]  # the part of the scale not folded into Q^T (fp16), applied in fp32
+    exp_scale = 1.0 if masked else s_scale  # masked: applied with the mask at the PSUM read
     out.add(f"""\
 nparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
 srcs = []
@@ -266,8 +293,10 @@ for c in range(nch):""")
         out.add(f"""\
 mask_t = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
 nisa.dma_copy(dst=mask_t, src=in{ma[0]}.ap(pattern=[[{ma[2][2]}, P], [{ma[2][3]}, cw]], offset={m_off}))
-s_sb = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
-nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)""")
+s_sb = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)""")
+        out.add("nisa.tensor_tensor(dst=s_sb, data1=s_ps, data2=mask_t, op=nl.add)" if s_scale == 1.0 else
+                f"nisa.scalar_tensor_tensor(dst=s_sb, data=s_ps, op0=nl.multiply, operand0={s_scale!r}, op1=nl.add, "
+                "operand1=mask_t)")
         src = "s_sb"
     out.add(f"""\
 nisa.tensor_reduce(dst=nparts[:, c:c + 1], op=nl.maximum, data={src}, axis=1, negate=True)
@@ -278,13 +307,19 @@ srcs.append({src})""")
              f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
              "nb = nmax")
     share = SCALAR_EVICT_SHARE if scalar_copies else 0.0
+    # unmasked fp16: the max was taken over the PSUM scores, which exp scales by exp_scale (> 0) in fp32
+    rescale = "" if exp_scale == 1.0 else (
+        "\nnms = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)"
+        "\nnisa.tensor_tensor(dst=nms, data1=nmax, data2=s_scale[0:P, :], op=nl.multiply, engine=nisa.engine.gpsimd)"
+        "\nnmax = nms")
+    escale = "" if exp_scale == 1.0 else f", scale={exp_scale!r}"
     grp = 2 if cdt in ("bfloat16", "float16") else 1  # 2 KiB PSUM bank: 8 bf16 / 4 fp32 [128, 128] blocks
     out.add(f"""\
 nmax = nparts[:, 0:1]
 for c in range(1, nch):
     nm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=nm, data1=nmax, data2=nparts[:, c:c + 1], op=nl.minimum, engine=nisa.engine.gpsimd)
-    nmax = nm
+    nmax = nm{rescale}
 if k0 == 0:
     {first}
 else:
@@ -300,13 +335,13 @@ for c in range(nch):
     p_sb = nl.ndarray((P, cw), dtype=nl.{cdt}, buffer=nl.sbuf)
     # the row sum accumulates across the step's chunks in ScalarE's registers and is read out once
     if nch == 1:
-        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb{escale}, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     elif c == 0:
-        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb{escale}, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     elif c == nch - 1:
-        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb{escale}, reduce_op=nl.add, reduce_res=rs, reduce_cmd=nisa.reduce_cmd.reduce)
     else:
-        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.activation(dst=p_sb, op=nl.exp, data=srcs[c], bias=nb{escale}, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reduce)
     if c % {grp} == 0:  # bf16: the transposed P of two chunks share one PSUM bank and one eviction
         pt_ps = nl.ndarray(({PMAX}, {grp * BANK_KEYS // PMAX}, {PMAX}), dtype=nl.{cdt}, buffer=nl.psum)
     nsub = (cw + {PMAX - 1}) // {PMAX}

@@ -65,8 +65,11 @@ def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
 
 
 def transposed_group(k: AttentionKernel) -> int:
-    """Heads per group for the transposed-scores kernel, or 0 when the kernel doesn't apply."""
-    if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX:
+    """Heads per group for the transposed-scores kernel, or 0 when the kernel doesn't apply: a mask, heads it can't
+    augment, or fp16 operands. The row max it shifts by is rounded to the matmul dtype, so ``exp(s - max)`` reaches
+    ``exp(ulp(max) / 2)``: fp16 P overflows (> 65504 = e^11.09) once |max| >= 2^15 (an ulp of 32), giving inf/NaN rows,
+    and the scale (folded into Q^T here) can't be split off in fp32 as the standard kernel does for fp16."""
+    if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX or k.compute_dtype == "float16":
         return 0
     group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d))
     while group > 0 and (k.heads % group or sbuf_bytes_t(k, group) > SBUF_BUDGET):

@@ -26,7 +26,7 @@ from neuron_compile.roofline import attention_flops, kernel_roofline
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "codegen"))
-from nki_api_check import check_source_against_api, require_api  # noqa: E402
+from nki_api_check import API_JSON_PATH, check_source_against_api, require_api  # noqa: E402
 from static_checks import check_kernel_rules  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -290,3 +290,27 @@ def test_transposed_scores_are_stable_for_large_scores() -> None:
     """Scores of +-3000 (far beyond exp's range): the exact row max shifts them, so nothing overflows."""
     q, k, v = _qkv(1, 2, 200, 200, 64, dtype=torch.float32)
     _check(_sdpa(is_causal=True), q * 60.0, k * 60.0, v)
+
+
+@pytest.mark.parametrize("kind", ["causal", "full", "mask"])
+@pytest.mark.parametrize(("d", "gain"), [(40, 4.0), (96, 4.0), (128, 10.0), (64, 100.0), (64, 150.0)])
+def test_fp16_large_scores_match_eager(d: int, gain: float, kind: str) -> None:
+    """fp16 at fp16 tolerance (2e-3) with large scores (score std ~ gain^2): eager keeps the scale and the row max in
+    fp32, and so must the kernel. Folding a non-power-of-two scale into the fp16 ``Q^T`` moved every score by ~|s| 2^-12
+    (d = 40/96/128: errors 10-50x eager's); the transposed kernel's row max rounded to fp16 made
+    ``exp(s - max) > 65504`` (inf/NaN rows once |max| >= 2^15, d = 64); and a causal bias of -65504 left masked keys
+    with scores beyond 65504 above the visible ones (d = 64, gain 150)."""
+    from neuron_compile.codegen.render_attention import attention_plan
+
+    q, k, v = _qkv(1, 2, 200, 200, d, dtype=torch.float16)
+    q, k = (q.float() * gain).half(), (k.float() * gain).half()
+    if kind == "mask":
+        mask = torch.randn(200, 200, generator=torch.Generator().manual_seed(5)).half()
+        stats = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+    else:
+        stats = _check(_sdpa(is_causal=kind == "causal"), q, k, v)
+    assert attention_plan(stats["plan"].kernels[0])["variant"] == "standard"
+    (_, src), = stats["sources"]
+    assert check_kernel_rules(src) == [], src
+    if API_JSON_PATH.is_file():
+        assert check_source_against_api(src) == [], src
