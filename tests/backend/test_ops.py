@@ -177,6 +177,30 @@ def test_fusion_linear_bias_gelu_is_one_kernel() -> None:
     assert {"matmul", "activation"} <= ops, ops
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_norms_with_an_epsilon_render_on_trn1(dtype: torch.dtype) -> None:
+    """NC-v2 takes an activation's bias only as a (P, 1) tile: its memset must end its line (the template glued the
+    next allocation onto it, so every LayerNorm/RMSNorm kernel on trn1 was invalid Python)."""
+    from neuron_compile.config import config
+
+    gen = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(130, 96, generator=gen).to(dtype) for _ in range(2))
+    w = (torch.rand(96, generator=gen) + 0.5).to(dtype)
+    lin = torch.nn.Linear(96, 96).to(dtype)
+    ln = torch.nn.LayerNorm(96).to(dtype)
+    fns = [ln, lambda x: F.rms_norm(x, (96,), w, eps=1e-6), lambda x, r: ln(r + lin(x))]  # the last: matmul epilogue
+    for fn, xs in zip(fns, [(x,), (x,), (x, r)], strict=True):
+        torch._dynamo.reset()
+        neuron_compile.backend.reset()
+        with config.patch(target="trn1"), torch.no_grad():
+            got = _compile(fn)(*xs)
+            want = fn(*xs)
+        torch.testing.assert_close(got.float(), want.float(), atol=4e-3, rtol=4e-3)
+        srcs = [src for g in neuron_compile.backend.compiled_graphs() for _, src in g["sources"]]
+        assert any("_bias = nl.ndarray((P, 1)" in src for src in srcs), srcs
+
+
 # -- rejection --------------------------------------------------------------------------------------------
 
 def _unsupported_error(exc: BaseException) -> UnsupportedOpError:
