@@ -134,6 +134,7 @@ class MatmulRenderer(MatmulEpilogue):
         self.kb = 1  # K tiles per operand block chunk (clamped to K)
         self.block_rows = {"a_blk": PMAX, "b_blk": PMAX}  # rows of each operand block (clamped to M / N)
         self.held = 0  # SBUF bytes per partition of the operand blocks, partial sums and staging rows
+        self.n_acc = 0  # PSUM accumulators (set when they are allocated)
         # Row ops (a LayerNorm after the residual add): the first row reduction and everything after it run
         # once per 128-row tile over the whole output row ([P, BN], BN = N), after the tile's chunks.
         red = any(op.opcode == "reduce" for op in self.rest)
@@ -269,15 +270,26 @@ class MatmulRenderer(MatmulEpilogue):
         self.direct = {dst for dst, op, flag in (("a_blk", a, t.ta), ("b_blk", b, t.tb))
                        if flag and t.direct and op.transposable()}
         self.transpose_buffers(out, kb)
+        depth = out.depth
         if t.split:
             self.split_loop(out, a, b, bm, bn, kb)
         elif t.resident:
             self.resident_loop(out, a, b, bm, bn, kb)
         else:
             self.streamed_loop(out, a, b, bm, bn, kb)
+        if k.n_outer:
+            # PSUM is freed when its last reference goes: drop this iteration's tiles (the accumulators, the list and
+            # the matmul value that may view one, the transpose banks) before the next one allocates its own, or the
+            # two sets together overflow the 8 banks (7 accumulators + a transpose bank: a batched 700 x 700 bmm).
+            out.depth = depth
+            names = ["acc", *(f"acc{i}" for i in range(self.n_acc)), self.mm.out]
+            names += list(dict.fromkeys(f"tr_tp_{op.dtype}" for op, dst in ((self.a, "a_blk"), (self.b, "b_blk"))
+                                        if dst in self.direct))
+            out.add(f"del {', '.join(names)}")
         return out.text()
 
     def accumulators(self, out: Lines, n_acc: int) -> None:
+        self.n_acc = n_acc
         for i in range(n_acc):
             out.add(f"acc{i} = nl.ndarray(({PMAX}, {self.nt}), dtype=nl.float32, buffer=nl.psum)")
         out.add(f"acc = [{', '.join(f'acc{i}' for i in range(n_acc))}]")

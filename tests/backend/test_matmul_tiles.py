@@ -94,6 +94,28 @@ def test_bmm_transposed_operand(tiles: Tiles) -> None:
     torch.testing.assert_close(got, fn(a, b), atol=2e-4, rtol=2e-4)
 
 
+
+@pytest.mark.parametrize("tiles", [None, *CONFIGS], ids=lambda t: "autotuned" if t is None else
+                         "-".join(map(str, t.to_attr())))
+def test_batched_bmm_frees_its_psum_between_batches(tiles: Tiles | None) -> None:
+    """q @ k^T of 2 x 700 x 64: 6 x 2 output tiles, so up to 7 PSUM accumulators plus a transpose bank, allocated
+    again for the second batch element. The first element's tiles must be gone by then (they were kept alive by the
+    ``acc`` list: SimulatorConstraintError, live PSUM > 16 KiB, for the autotuned kernel in every dtype)."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(2, 700, 64, generator=g), torch.randn(2, 700, 64, generator=g)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b.transpose(1, 2)) * 0.125
+
+    if tiles is None:
+        with config.patch(target="trn2"):
+            got = torch.compile(fn, backend="neuron", dynamic=False)(a, b)
+    else:
+        got = _run_forced(tiles, fn, a, b)
+    torch.testing.assert_close(got, fn(a, b), atol=2e-4, rtol=2e-4)
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    assert "\n        del acc, acc0" in src, src
+
 def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(600, 700, generator=g), torch.randn(700, 900, generator=g)
