@@ -18,13 +18,15 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-f32, bf16 = torch.float32, torch.bfloat16
-FLOAT_DTYPES = (f32, bf16)
+f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+FLOAT_DTYPES = (f32, bf16, f16)
 
-# (atol, rtol) per dtype: fp32 compares against eager fp32; bf16 against eager bf16 (one bf16 ulp is
-# 2**-8 relative, and fused kernels round less often than eager, so allow a few ulps).
-DEFAULT_TOL: dict[torch.dtype, tuple[float, float]] = {f32: (2e-5, 2e-5), bf16: (2e-2, 2e-2)}
-REDUCE_TOL: dict[torch.dtype, tuple[float, float]] = {f32: (1e-4, 1e-4), bf16: (6e-2, 4e-2)}
+# (atol, rtol) per dtype: fp32 compares against eager fp32; bf16/fp16 against eager bf16/fp16 (one ulp is 2**-8 /
+# 2**-11 relative, and fused kernels round less often than eager, so allow a few ulps). fp16 tolerances are the bf16
+# ones / 8 (its 3 more mantissa bits), at least 2e-3.
+F16_SHARE = 8
+DEFAULT_TOL: dict[torch.dtype, tuple[float, float]] = {f32: (2e-5, 2e-5), bf16: (2e-2, 2e-2), f16: (2e-3, 2e-3)}
+REDUCE_TOL: dict[torch.dtype, tuple[float, float]] = {f32: (1e-4, 1e-4), bf16: (6e-2, 4e-2), f16: (8e-3, 5e-3)}
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def make_input(arg: Arg, dtype: torch.dtype, gen: torch.Generator) -> torch.Tens
 
 
 def _tol(fp32: tuple[float, float], bf: tuple[float, float]) -> dict[torch.dtype, tuple[float, float]]:
-    return {f32: fp32, bf16: bf}
+    return {f32: fp32, bf16: bf, f16: (max(bf[0] / F16_SHARE, 2e-3), max(bf[1] / F16_SHARE, 2e-3))}
 
 
 def rms_norm_manual(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -182,7 +184,8 @@ def _cases() -> list[OpCase]:
     add("bool_ops", lambda a, b: (a & ~b) | (a ^ b), A(3, 130, domain="bool"), A(3, 130, domain="bool"),
         dtypes=(f32,), grad=False)
     add("cast_to_bf16", lambda x: x.to(torch.bfloat16), A(3, 130), dtypes=(f32,))
-    add("cast_to_f32", lambda x: x.float() * 3, A(3, 130), dtypes=(bf16,))
+    add("cast_to_f32", lambda x: x.float() * 3, A(3, 130), dtypes=(bf16, f16))
+    add("cast_to_f16", lambda x: x.to(torch.float16) * 3, A(3, 130), dtypes=(f32, bf16))
     add("cast_bool_to_float", lambda m, x: m.to(x.dtype) * x, A(3, 130, domain="bool"), A(3, 130))
     add("cast_int_to_float", lambda i, x: i.to(x.dtype) + x, A(3, 130, domain="int"), A(3, 130))
     add("cast_to_bool", lambda x: (x * 0 + (x > 0).float()).bool(), A(3, 130), grad=False)

@@ -39,7 +39,7 @@ def _api_checker() -> types.ModuleType:
     return sys.modules["nki_api_check"]
 
 
-TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
+TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def _families() -> set[str]:
 # -- embedding / index_select ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_embedding_duplicates_ragged_large_vocab_wide_rows(dtype):
     weight = _leaf(300, 600, dtype=dtype)  # vocab > 128, rows > 512 (two PSUM-bank chunks)
     idx = torch.randint(0, 300, (3, 61), generator=torch.Generator().manual_seed(1))  # 183 rows: ragged
@@ -144,7 +144,7 @@ def test_gather_last_dim_and_its_scatter_add_backward():
     check(lambda x, i: torch.gather(x, 1, i) * 3, _leaf(37, 300), idx)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cross_entropy_training_step_matches_eager(dtype):
     torch.manual_seed(0)
     x = torch.randn(150, 64).to(dtype)

@@ -2,8 +2,8 @@
 
 Every :class:`~tests.backend.op_table.OpCase` runs ``torch.compile(fn, backend="neuron",
 dynamic=False)`` forward (an inference graph) and, for differentiable float cases, forward and
-backward (training graphs), comparing outputs and input ``.grad`` with eager in float32 and
-bfloat16. bf16/fp16 results may differ from eager's per-op rounding (fused intermediates stay
+backward (training graphs), comparing outputs and input ``.grad`` with eager in float32,
+bfloat16 and float16. bf16/fp16 results may differ from eager's per-op rounding (fused intermediates stay
 fp32): an element outside the tolerance of eager passes only if it is no farther from a float64
 reference than eager's own value is, plus the tolerance (Inductor's fp64-reference check).
 """
