@@ -66,13 +66,13 @@ def split_scale(k: AttentionKernel) -> tuple[float, float]:
     """``(q_scale, s_scale)``: ``Q^T`` is multiplied by ``q_scale`` as it is transposed (rounded to the matmul dtype)
     and the scores by ``s_scale`` in fp32 at the PSUM read; ``q_scale * s_scale == scale``.
 
-    bf16/fp32: the whole scale is folded into ``Q^T``. fp16: only its nearest power of two (exact), the rest
-    (within 2^+-0.5) is applied in fp32, as eager does: an fp16-rounded ``scale * q`` is off by up to 2^-12 relative,
-    so a score ``s`` moves by up to ~``|s| 2^-12`` (d = 128, scores of +-30: output errors ~10x eager's; +-1000:
-    wrong rows). The residual can't make the causal bias (-65504, added to the p2-scaled scores) anything but
-    hugely negative."""
+    fp32: the whole scale is folded into ``Q^T``. bf16/fp16: only its nearest power of two (exact), the rest
+    (within 2^+-0.5) is applied in fp32, as eager does: a rounded ``scale * q`` is off by up to 2^-9 (bf16) or 2^-12
+    (fp16) relative, so a score ``s`` moves by up to ~``|s| 2^-9`` (bf16, d = 128, scores of +-10: output errors 4x
+    eager's; fp16, +-1000: wrong rows). The residual can't make the causal bias (added to the p2-scaled scores)
+    anything but hugely negative (bf16: -3e38 x r may become -inf in fp32, and exp(-inf) = 0)."""
     scale = k.scale
-    if k.compute_dtype != "float16" or scale == 0 or not math.isfinite(scale):
+    if k.compute_dtype == "float32" or scale == 0 or not math.isfinite(scale):
         return scale, 1.0
     p2 = math.copysign(2.0 ** round(math.log2(abs(scale))), scale)
     return p2, scale / p2
@@ -177,7 +177,7 @@ def exact_attention_body(k: AttentionKernel) -> str:
     nq = -(-k.sq // PMAX)
     if k.causal:
         causal_tiles(out, cdt)
-    if not masked and split_scale(k)[1] != 1.0:  # fp16: the scale's residual, to multiply the row max on GpSimd
+    if not masked and split_scale(k)[1] != 1.0:  # bf16/fp16: the scale's residual, to multiply the row max on GpSimd
         out.add(f"""\
 s_scale = nl.ndarray(({PMAX}, 1), dtype=nl.float32, buffer=nl.sbuf)
 nisa.memset(dst=s_scale, value={split_scale(k)[1]!r})""")
@@ -189,7 +189,7 @@ qT = nl.ndarray(({k.d}, {group}, {k.sq}), dtype=nl.{cdt}, buffer=nl.sbuf)
 kT = nl.ndarray(({k.d}, {group}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 for hh in range({group}):""")
     out.depth += 1
-    # scores come out of PSUM scaled by q_scale (all of the scale but in fp16, see split_scale)
+    # scores come out of PSUM scaled by q_scale (all of the scale in fp32, its power of two otherwise: split_scale)
     _transpose_rows(out, "q_rows", "qT", k.sq, k.d, cdt, split_scale(k)[0])
     _transpose_rows(out, "k_rows", "kT", k.sk, k.d, cdt)
     out.depth -= 1
@@ -277,7 +277,7 @@ def _step(out: Lines, k: AttentionKernel, scalar_copies: bool) -> None:
     """One online-softmax key step of W keys, processed in PSUM-bank chunks of 512 keys."""
     cdt, dv, masked = k.compute_dtype, k.dv, k.mask is not None
     nmax_ch = k.key_step // BANK_KEYS
-    s_scale = split_scale(k)[1]  # the part of the scale not folded into Q^T (fp16), applied in fp32
+    s_scale = split_scale(k)[1]  # the part of the scale not folded into Q^T (bf16/fp16), applied in fp32
     exp_scale = 1.0 if masked else s_scale  # masked: applied with the mask at the PSUM read
     out.add(f"""\
 nparts = nl.ndarray((P, {nmax_ch}), dtype=nl.float32, buffer=nl.sbuf)
@@ -307,7 +307,7 @@ srcs.append({src})""")
              f"    nisa.tensor_scalar(dst=nb, data=nmax, op0=nl.minimum, operand0={FP32_MAX!r})" if masked else
              "nb = nmax")
     share = SCALAR_EVICT_SHARE if scalar_copies else 0.0
-    # unmasked fp16: the max was taken over the PSUM scores, which exp scales by exp_scale (> 0) in fp32
+    # unmasked bf16/fp16: the max was taken over the PSUM scores, which exp scales by exp_scale (> 0) in fp32
     rescale = "" if exp_scale == 1.0 else (
         "\nnms = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)"
         "\nnisa.tensor_tensor(dst=nms, data1=nmax, data2=s_scale[0:P, :], op=nl.multiply, engine=nisa.engine.gpsimd)"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.codegen.render_attention import (
-    BANK_KEYS, _group_pattern, _transpose_rows, causal_tiles, group_loops, head_group, score_chunk)
+    BANK_KEYS, _group_pattern, _transpose_rows, causal_tiles, group_loops, head_group, score_chunk, split_scale)
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
 from neuron_compile.simulator_limits import PMAX
@@ -105,7 +105,7 @@ kT = nl.ndarray(({ka}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.tensor_copy(dst=kT[{d}:{ka}, :, :], src=onehot, engine=nisa.engine.gpsimd)
 for hh in range({G}):""")
     out.depth += 1
-    _transpose_rows(out, "q_rows", "qT", k.sq, d, cdt, k.scale)  # scores come out of PSUM already scaled
+    _transpose_rows(out, "q_rows", "qT", k.sq, d, cdt, split_scale(k)[0])  # PSUM scores: scaled but for s_scale
     _transpose_rows(out, "k_rows", "kT", k.sk, d, cdt, on_scalar=True)  # VectorE carries the row max
     out.depth -= 1
     kend = f"min({k.sk}, q0 + P)" if k.causal else str(k.sk)
@@ -150,7 +150,7 @@ jend = {f"min({k.sk}, qb + NB)" if k.causal else k.sk}
 for hh in range({G}):
     o_ps = nl.ndarray(({PMAX}, {tiles_per_block}, {dv + 1}), dtype=nl.float32, buffer=nl.psum)""")
     out.depth += 1
-    scores_exp_pv(out, k, ka, "o_ps[0:P, it, :]")
+    scores_exp_pv(out, k, ka, "o_ps[0:P, it, :]", split_scale(k)[1])
     out.add(f"""\
 # one reciprocal for the block's row sums (rows past a ragged last tile are never read)
 rl = nl.ndarray(({PMAX}, {tiles_per_block}), dtype=nl.float32, buffer=nl.sbuf)
@@ -174,11 +174,13 @@ for it in range(ntq):
     nisa.dma_copy(dst=out0.ap(pattern=[[{os_}, P], {_group_pattern(oh, group)}[{od}, {k.dv}]], offset={o_off}), src=o_blk[0:P, it, :, :])""")
 
 
-def scores_exp_pv(out: Lines, k: AttentionKernel, rows: int, o_dst: str) -> None:
+def scores_exp_pv(out: Lines, k: AttentionKernel, rows: int, o_dst: str, exp_scale: float) -> None:
     """The key loop of one head and query block (``qb``, ``NB``, ``ntq``, ``jend`` set): per 128-key tile,
-    ``S^T = K Q^T`` over contraction rows ``0..rows`` (one PSUM bank), ``P^T = exp(.)`` (ScalarE; the causal
-    diagonal tile zeroed by GpSimd's ``affine_select``, so an inf exp there is harmless) and ``[O | l] += P V_aug``
-    per query tile into ``o_dst`` (an expression of ``it`` and ``P``)."""
+    ``S^T = K Q^T`` over contraction rows ``0..rows`` (one PSUM bank), ``P^T = exp(exp_scale * .)`` (ScalarE, the
+    part of the softmax scale kept in fp32; the causal diagonal tile zeroed by GpSimd's ``affine_select``, so an inf
+    exp there is harmless) and ``[O | l] += P V_aug`` per query tile into ``o_dst`` (an expression of ``it`` and
+    ``P``)."""
+    escale = "" if exp_scale == 1.0 else f", scale={exp_scale!r}"
     out.add(f"""\
 for j in range((jend + {PMAX - 1}) // {PMAX}):
     k0 = j * {PMAX}
@@ -188,7 +190,7 @@ for j in range((jend + {PMAX - 1}) // {PMAX}):
     st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=st_ps[0:kn, 0:nw], stationary=kT[0:{rows}, hh, k0:k0 + kn], moving=qT[0:{rows}, hh, qs:qs + nw])
     pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{k.compute_dtype}, buffer=nl.sbuf)
-    nisa.activation(dst=pt[0:kn, 0:nw], op=nl.exp, data=st_ps[0:kn, 0:nw])""")
+    nisa.activation(dst=pt[0:kn, 0:nw], op=nl.exp, data=st_ps[0:kn, 0:nw]{escale})""")
     out.depth += 1
     if k.causal:
         out.add(f"""\

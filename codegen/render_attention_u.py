@@ -38,7 +38,7 @@ Hardware rules: every PSUM tile within one 2 KiB bank (output accumulators pack
 from __future__ import annotations
 
 from neuron_compile.codegen.render import Lines
-from neuron_compile.codegen.render_attention import BANK_KEYS, _transpose_rows, group_loops, head_group
+from neuron_compile.codegen.render_attention import BANK_KEYS, _transpose_rows, group_loops, head_group, split_scale
 from neuron_compile.codegen.render_attention_t import QUERY_BLOCK, _size, head_bytes, scores_exp_pv, store_query_block
 from neuron_compile.config import config
 from neuron_compile.lowering.attention import SBUF_BUDGET
@@ -105,7 +105,7 @@ kT = nl.ndarray(({d}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 for hh in range({G}):""")
     out.depth += 1
     # VectorE evicts the transposes: ScalarE's only job is the exp
-    _transpose_rows(out, "q_rows", "qT", k.sq, d, cdt, k.scale)  # scores come out of PSUM already scaled
+    _transpose_rows(out, "q_rows", "qT", k.sq, d, cdt, split_scale(k)[0])  # PSUM scores: scaled but for s_scale
     _transpose_rows(out, "k_rows", "kT", k.sk, d, cdt)
     out.depth -= 1
     jend = f"min({k.sk}, qb + NB)" if k.causal else str(k.sk)
@@ -120,7 +120,7 @@ for qb in range(0, {k.sq}, {QUERY_BLOCK}):
         for ib in range(0, ntq, {tpb}):
             o_ps.append(nl.ndarray(({PMAX}, {tpb}, {dv + 1}), dtype=nl.float32, buffer=nl.psum))""")
     out.depth += 2
-    scores_exp_pv(out, k, d, f"o_ps[it // {tpb}][0:P, it % {tpb}, :]")
+    scores_exp_pv(out, k, d, f"o_ps[it // {tpb}][0:P, it % {tpb}, :]", split_scale(k)[1])
     out.add(f"""\
 for it in range(ntq):
     P = min({PMAX}, {k.sq} - qb - it * {PMAX})

@@ -248,3 +248,19 @@ def test_other_targets(target: str, scale: float) -> None:
         out = torch.compile(fn, backend="neuron", dynamic=False)(q * scale, k * scale, v)
     assert _exact_ran(t) is (scale > 1.0)
     torch.testing.assert_close(out, fn(q * scale, k * scale, v), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("unshifted", [True, False], ids=["unshifted", "exact"])
+@pytest.mark.parametrize(("d", "gain"), [(128, 3.0), (128, 10.0), (64, 3.0), (96, 4.0), (40, 4.0)])
+def test_bf16_scores_as_precise_as_eager(d: int, gain: float, unshifted: bool) -> None:
+    """bf16 with scores of tens: only the scale's power of two is folded into the bf16 ``Q^T``, the rest is applied
+    in fp32 at the exp, so the output is as close to fp32 as eager bf16's (a bf16-rounded ``scale * q`` moved each
+    score by ~|s| 2^-9: 4x eager's error at d = 128, gain 3). Every kernel variant: unshifted, transposed, standard."""
+    q, k, v = _qkv(1, 2, 200, 200, d, dtype=torch.float32, seed=5)
+    q, k, v = (q * gain).bfloat16(), (k * gain).bfloat16(), v.bfloat16()
+    fn = _sdpa(is_causal=True)
+    with config.patch(attention_unshifted=unshifted):
+        out, _, _ = _run_traced(fn, q, k, v)
+    ref = fn(q.float(), k.float(), v.float())
+    eager_err = (fn(q, k, v).float() - ref).abs().max().item()
+    assert (out.float() - ref).abs().max().item() <= 1.25 * eager_err + 1e-3
