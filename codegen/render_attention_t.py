@@ -3,11 +3,12 @@
 The standard flash-attention kernel (:mod:`render_attention`) computes ``S = Q K^T`` with queries on
 partitions, so the probabilities must be transposed on TensorE (and evicted from PSUM) before ``P V``,
 which contracts over keys. When the head dim ``d`` leaves partitions free, the score matrix can come
-out of TensorE already transposed *and* shifted by the row max: with ``G`` augmentation rows below
+out of TensorE already transposed *and* shifted by the row max: with ``2G`` augmentation rows below
 the head's ``d`` contraction rows,
 
-* ``K^T`` of head ``j`` carries a one-hot row ``d + j`` (ones) and zeros in the other augmentation rows,
-* ``Q^T`` carries, in row ``d + j``, the negated row max of head ``j`` for every query,
+* ``K^T`` of head ``j`` carries ones in rows ``d + j`` and ``d + G + j`` and zeros in the other augmentation rows,
+* ``Q^T`` carries, in rows ``d + j`` and ``d + G + j``, the negated row max of head ``j`` for every query as two
+  matmul-dtype parts (hi, lo),
 
 so ``nc_matmul(stationary=K^T_aug, moving=Q^T_aug)`` gives ``S^T - max`` (keys on partitions), ScalarE's
 exp turns it into ``P^T`` in SBUF, and ``P V`` follows with no transpose and no PSUM eviction of P. The
@@ -18,17 +19,21 @@ rescaling is needed.
 Per (batch, head group), per block of up to 512 queries:
 
 1. phase 1: for each 128-query tile and head, ``S`` in 512-key PSUM chunks (causal diagonal: a -3e38
-   bias accumulated by TensorE), negated chunk maxima combined on GpSimd into one bf16 column per head of
-   ``mx``; ``mx`` is transposed (TensorE) so that head ``j``'s maxima land on partition ``d + j``, copied
+   bias accumulated by TensorE), negated chunk maxima combined on GpSimd into two columns per head of
+   ``mx`` (hi, lo); ``mx`` is transposed (TensorE) so that head ``j``'s maxima land on partitions ``d + j`` and
+   ``d + G + j``, copied
    to SBUF (ScalarE) and broadcast into every head's ``Q^T`` (GpSimd);
 2. phase 2: per head and 128-key tile, ``S^T - max`` for the block's queries that see the keys (one PSUM
    bank), ``P^T = exp(.)`` (ScalarE), causal diagonal zeroed by ``affine_select`` (GpSimd),
    ``[O | l] += P V_aug`` per query tile (TensorE, one PSUM bank per head and block);
 3. ``out = O / l`` (VectorE reciprocal, ScalarE scale), one store per query tile for the whole head group.
 
-The max is taken in fp32 and stored in the matmul dtype: the same rounded value shifts every score of a
-row, so it cancels in ``O / l`` (it is only a stabiliser). Hardware rules: augmentation rows start at
-partition ``d`` (a multiple of 32) and are at most 32 (start/count alignment); every PSUM tile fits one
+The max is taken in fp32 and stored as hi = round(max), lo = round(max - hi) in the matmul dtype: the same
+value shifts every score of a row, so it cancels in ``O / l`` (it is only a stabiliser), and hi + lo is within
+~2^-17 of the max, so ``exp(s - max)`` stays in range for any score (hi alone, in bf16, is off by up to
+|max| 2^-9: inf rows once |max| >= 2^15). Only the scale's power of two is folded into ``Q^T`` in bf16; the rest
+is applied in fp32 by the exp (``split_scale``). Hardware rules: augmentation rows start at partition ``d`` (a
+multiple of 32) and are at most 32 (start/count alignment); every PSUM tile fits one
 2 KiB bank; <= 128 partitions; NKI 0.6 names only.
 """
 
@@ -43,6 +48,7 @@ from neuron_compile.simulator_limits import PMAX
 
 QUERY_BLOCK = 4 * PMAX  # queries per S^T matmul: 512 fp32 scores per partition = one PSUM bank
 MAX_AUG_ROWS = 32  # augmentation rows start at partition d: a count <= 32 may start at 0/32/64/96
+AUG_PER_HEAD = 2  # the negated row max in two matmul-dtype parts (hi, lo): rows d + j and d + G + j of head j
 
 
 def _size(dtype: str) -> int:
@@ -59,8 +65,8 @@ def head_bytes(k: AttentionKernel) -> int:
 def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
     """Per-partition SBUF of the transposed-scores kernel with ``group`` heads resident."""
     cs, os_ = _size(k.compute_dtype), _size(k.outputs[0].dtype)
-    per_block = QUERY_BLOCK // PMAX * (k.dv * os_ + (k.d + group) * cs)  # output rows, mx
-    onehot = group * k.sk * cs
+    per_block = QUERY_BLOCK // PMAX * (k.dv * os_ + (k.d + AUG_PER_HEAD * group) * cs)  # output rows, mx
+    onehot = AUG_PER_HEAD * group * k.sk * cs
     return group * head_bytes(k) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
 
 
@@ -71,7 +77,7 @@ def transposed_group(k: AttentionKernel) -> int:
     and the scale (folded into Q^T here) can't be split off in fp32 as the standard kernel does for fp16."""
     if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX or k.compute_dtype == "float16":
         return 0
-    group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d))
+    group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD)
     while group > 0 and (k.heads % group or sbuf_bytes_t(k, group) > SBUF_BUDGET):
         group -= 1
     return group
@@ -80,7 +86,7 @@ def transposed_group(k: AttentionKernel) -> int:
 def transposed_scores_body(k: AttentionKernel, group: int) -> str:
     out = Lines()
     cdt, odt, d, dv, G = k.compute_dtype, k.outputs[0].dtype, k.d, k.dv, group
-    ka = d + G  # contraction rows of the shifted S^T matmul
+    ka = d + AUG_PER_HEAD * G  # contraction rows of the shifted S^T matmul
     nk = -(-k.sk // PMAX)
     nch_max = -(-k.sk // BANK_KEYS)
     tiles_per_block = QUERY_BLOCK // PMAX
@@ -91,9 +97,13 @@ mx = nl.ndarray(({PMAX}, {tiles_per_block}, {ka}), dtype=nl.{cdt}, buffer=nl.sbu
 nisa.memset(dst=mx, value=0.0)
 # The augmentation rows of K^T: row d + j of head j is 1, built once on partitions 0..G-1 and copied to d.. of each
 # group's K^T (a move of <= 32 partitions may cross quadrants).
-onehot = nl.ndarray(({G}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
+onehot = nl.ndarray(({2 * G}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
 nisa.memset(dst=onehot, value=1.0, engine=nisa.engine.gpsimd)
 nisa.affine_select(dst=onehot, pattern=[[-1, {G}], [0, {k.sk}]], channel_multiplier=1, on_true_tile=onehot, on_false_value=0.0, cmp_op=nl.equal)
+onehot_lo = nl.ndarray(({2 * G}, {G}, {k.sk}), dtype=nl.{cdt}, buffer=nl.sbuf)
+nisa.memset(dst=onehot_lo, value=1.0, engine=nisa.engine.gpsimd)
+nisa.affine_select(dst=onehot_lo, pattern=[[-1, {G}], [0, {k.sk}]], channel_multiplier=1, on_true_tile=onehot_lo, on_false_value=0.0, cmp_op=nl.equal, offset={-G})
+nisa.tensor_tensor(dst=onehot, data1=onehot, data2=onehot_lo, op=nl.add, engine=nisa.engine.gpsimd)
 """)
     group_loops(out, k, G)
     out.add(f"""\
@@ -125,15 +135,17 @@ for qb in range(0, {k.sq}, {QUERY_BLOCK}):
     score_chunk(out, k, f"c * {BANK_KEYS}", f"min({BANK_KEYS}, kend - c * {BANK_KEYS})")
     out.add("nisa.tensor_reduce(dst=nparts[:, c:c + 1], op=nl.maximum, data=s_ps, axis=1, negate=True)")
     out.depth -= 1
-    # negated maxima combine with min; the last one is written (rounded) into head hh's column of mx
+    # negated maxima combine with min (fp32); head hh's columns of mx get it as hi = round(max) and lo = round(max - hi):
+    # their sum is within ~2^-17 of the max, so exp(s - max) stays in range for any score (hi alone is off by up to
+    # |max| 2^-9 in bf16: inf at |max| >= 2^15)
     out.add(f"""\
 nmax = nparts[:, 0:1]
 for c in range(1, nch):
-    nm = mx[0:P, it, {d} + hh:{d} + hh + 1] if c == nch - 1 else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=nm, data1=nmax, data2=nparts[:, c:c + 1], op=nl.minimum, engine=nisa.engine.gpsimd)
     nmax = nm
-if nch == 1:
-    nisa.tensor_copy(dst=mx[0:P, it, {d} + hh:{d} + hh + 1], src=nmax, engine=nisa.engine.gpsimd)""")
+nisa.tensor_copy(dst=mx[0:P, it, {d} + hh:{d} + hh + 1], src=nmax, engine=nisa.engine.gpsimd)
+nisa.tensor_tensor(dst=mx[0:P, it, {d + G} + hh:{d + G} + hh + 1], data1=nmax, data2=mx[0:P, it, {d} + hh:{d} + hh + 1], op=nl.subtract, engine=nisa.engine.gpsimd)""")
     out.depth -= 2
     out.add(f"""\
 # every head's negated maxima onto partitions d.. of its Q^T: transpose, copy, broadcast over the heads

@@ -264,3 +264,21 @@ def test_bf16_scores_as_precise_as_eager(d: int, gain: float, unshifted: bool) -
     ref = fn(q.float(), k.float(), v.float())
     eager_err = (fn(q, k, v).float() - ref).abs().max().item()
     assert (out.float() - ref).abs().max().item() <= 1.25 * eager_err + 1e-3
+
+
+@pytest.mark.parametrize("unshifted", [True, False], ids=["unshifted", "exact"])
+@pytest.mark.parametrize("gain", [100.0, 150.0])
+def test_bf16_huge_scores_stay_finite(gain: float, unshifted: bool) -> None:
+    """bf16, d = 64, scores beyond 2^15: the transposed-scores kernel (alone, or as the unshifted kernel's rerun) shifts
+    by its row max as two bf16 parts (hi, lo); the max rounded to one bf16 value was off by up to |max| 2^-9 and
+    made exp overflow (NaN rows). Eager bf16's precision either way."""
+    q, k, v = _qkv(1, 2, 200, 200, 64, dtype=torch.float32, seed=5)
+    q, k, v = (q * gain).bfloat16(), (k * gain).bfloat16(), v.bfloat16()
+    fn = _sdpa(is_causal=True)
+    with config.patch(attention_unshifted=unshifted):
+        out, _, t = _run_traced(fn, q, k, v)
+    assert _exact_ran(t)
+    ref = fn(q.float(), k.float(), v.float())
+    eager_err = (fn(q, k, v).float() - ref).abs().max().item()
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max().item() <= 1.25 * eager_err + 1e-3
