@@ -1,8 +1,10 @@
 """Kernel body of the fused attention family (``attention.nki.j2``) from an :class:`AttentionKernel`.
 
-Heads of 32, 64 or 96 without an additive mask use the transposed-scores kernel
-(:mod:`render_attention_t`: no transpose of P at all) in bf16/fp32. Everything else (d = 128, masks,
-fp16 operands) uses the standard flash-attention kernel below. Per batch element and head group (the heads whose rows fit
+Without an additive mask (bf16/fp32), :func:`attention_body` first renders the unshifted softmax
+(:mod:`render_attention_u`: no row max, checked on chip) with the exact kernel as its rerun. The exact
+kernel is the transposed-scores one (:mod:`render_attention_t`: no transpose of P at all) for heads of 32,
+64 or 96 without a mask in bf16/fp32, and the standard flash-attention kernel below for everything else
+(d = 128, masks, fp16 operands). Per batch element and head group (the heads whose rows fit
 ``GROUP_ROWS_BYTES``), unrolled:
 
 1. Q, K, V rows of all the group's heads are loaded with one DMA each (rows on partitions,
