@@ -1,0 +1,220 @@
+"""Run PyTorch's OpInfo database through ``torch.compile(backend="neuron")`` and classify every op.
+
+Usage: ``python tools/opinfo_sweep.py [--workers N] [--samples K] [--dtype float32] [--ops a,b] [--json out.json]``
+
+Each op's first K sample inputs are compiled as a one-op function and compared with eager:
+``pass`` (every sample matches), ``refused`` (an UnsupportedOpError/DynamicShapeError names the op),
+``crash`` (any other exception), ``wrong`` (a result differs from eager). Ops run in worker
+processes so a crash or a hang in one op cannot stop the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+SKIP_FAMILIES = ("linalg.", "fft.", "special.")  # reported separately: outside the op surface targeted
+
+
+def excluded(name: str) -> str | None:
+    """Why an op is outside the targeted surface (linalg, fft, complex-only), or None."""
+    if name.startswith(("linalg.", "fft.")) or name in {"cholesky", "cholesky_inverse", "cholesky_solve",
+                                                        "lu", "lu_solve", "lu_unpack", "qr", "svd", "pinverse",
+                                                        "inverse", "det", "logdet", "slogdet", "eig", "eigvals",
+                                                        "symeig", "triangular_solve", "geqrf", "ormqr",
+                                                        "householder_product", "matrix_exp", "svd_lowrank",
+                                                        "pca_lowrank", "ormqr", "lstsq", "stft", "istft",
+                                                        "view_as_complex", "view_as_real", "complex", "polar",
+                                                        "real", "imag", "angle", "conj", "conj_physical",
+                                                        "resolve_conj", "resolve_neg", "_linalg_svd"}:
+        return "linalg/fft/complex"
+    return None
+
+
+def _leaves(sample: Any) -> tuple[list[Any], Any]:
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    tensors = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+    def rebuild(*ts: Any) -> Any:
+        f = list(flat)
+        for i, t in zip(tensors, ts, strict=True):
+            f[i] = t
+        return tree_unflatten(f, spec)
+
+    return [flat[i] for i in tensors], rebuild
+
+
+def _compare(actual: Any, expected: Any, atol: float, rtol: float) -> str | None:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    a_flat, _ = tree_flatten(actual)
+    e_flat, _ = tree_flatten(expected)
+    if len(a_flat) != len(e_flat):
+        return f"{len(a_flat)} outputs, eager has {len(e_flat)}"
+    for a, e in zip(a_flat, e_flat, strict=True):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                return f"got {type(a).__name__}, eager gives a tensor"
+            if a.shape != e.shape or a.dtype != e.dtype:
+                return f"got {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}"
+            try:
+                torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True, check_stride=False)
+            except AssertionError as exc:
+                return str(exc).splitlines()[1] if len(str(exc).splitlines()) > 1 else str(exc)
+        elif isinstance(e, (int, float, bool)) and a != e and not (e != e and a != a):
+            return f"got {a!r}, eager {e!r}"
+    return None
+
+
+def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str) -> dict[str, Any]:
+    import warnings
+
+    import torch
+    import torch._dynamo
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    import neuron_compile  # noqa: F401
+    from neuron_compile.config import config
+    from neuron_compile.errors import DynamicShapeError, UnsupportedOpError
+
+    warnings.filterwarnings("ignore")
+    torch._dynamo.config.cache_size_limit = 64
+    dtype = getattr(torch, dtype_name)
+    name, variant = name_variant
+    op = next(o for o in op_db if o.name == name and o.variant_test_name == variant)
+    full = f"{name}.{variant}" if variant else name
+    result: dict[str, Any] = {"op": full, "status": "pass", "detail": "", "samples": 0}
+    if dtype not in op.supported_dtypes("cpu"):
+        result.update(status="n/a", detail=f"no {dtype_name} samples")
+        return result
+    try:
+        gen = op.sample_inputs("cpu", dtype, requires_grad=False)
+        todo = []
+        for s in gen:
+            todo.append(s)
+            if len(todo) >= samples:
+                break
+    except Exception as exc:
+        result.update(status="n/a", detail=f"samples: {exc}")
+        return result
+    atol, rtol = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+    with config.patch(cache=False):
+        for s in todo:
+            leaves, rebuild = _leaves(s)
+
+            def fn(*ts: Any, _rebuild: Any = rebuild) -> Any:
+                inp, args, kwargs = _rebuild(*ts)
+                return op.op(inp, *args, **kwargs)
+
+            try:
+                torch.manual_seed(0)
+                expected = fn(*[t.clone() for t in leaves])
+            except Exception:
+                continue  # eager itself rejects the sample
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend="neuron", dynamic=False)
+            try:
+                torch.manual_seed(0)
+                actual = compiled(*[t.clone() for t in leaves])
+            except (UnsupportedOpError, DynamicShapeError) as exc:
+                result.update(status="refused", detail=str(exc).splitlines()[1:2] or str(exc)[:200])
+                return result
+            except Exception as exc:
+                tb = traceback.format_exc().strip().splitlines()
+                cause = exc
+                while cause.__cause__ is not None or cause.__context__ is not None:
+                    nxt = cause.__cause__ or cause.__context__
+                    if isinstance(nxt, (UnsupportedOpError, DynamicShapeError)):
+                        result.update(status="refused", detail=str(nxt).splitlines()[1:2])
+                        return result
+                    cause = nxt
+                if type(cause).__name__ in ("UnsupportedOpError", "DynamicShapeError"):
+                    result.update(status="refused", detail=str(cause)[:200])
+                    return result
+                result.update(status="crash", detail=f"{type(exc).__name__}: {str(exc)[:300]}", trace=tb[-6:])
+                return result
+            if op.name in NONDETERMINISTIC:
+                result["samples"] += 1
+                continue
+            why = _compare(actual, expected, atol, rtol)
+            if why is not None:
+                result.update(status="wrong", detail=why, sample=repr(s)[:300])
+                return result
+            result["samples"] += 1
+    if result["samples"] == 0:
+        result.update(status="n/a", detail="no sample eager accepts")
+    return result
+
+
+NONDETERMINISTIC = {"bernoulli", "normal", "uniform", "rand_like", "randn_like", "randint_like", "empty",
+                    "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+                    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+                    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "multinomial",
+                    "nn.functional.rrelu", "randint", "randn", "rand", "exponential", "geometric", "cauchy",
+                    "log_normal"}
+
+
+def _worker(args: tuple[tuple[str, str], int, str]) -> dict[str, Any]:
+    try:
+        return run_op(*args)
+    except Exception as exc:  # the harness itself
+        return {"op": ".".join(x for x in args[0] if x), "status": "crash", "detail": f"harness: {exc!r}"}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--ops", default="")
+    p.add_argument("--json", default="")
+    p.add_argument("--timeout", type=float, default=300.0)
+    a = p.parse_args(argv)
+    os.environ.setdefault("NEURON_COMPILE_CACHE", "0")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    wanted = set(a.ops.split(",")) if a.ops else None
+    todo = []
+    for o in op_db:
+        full = f"{o.name}.{o.variant_test_name}" if o.variant_test_name else o.name
+        if wanted and full not in wanted and o.name not in wanted:
+            continue
+        todo.append((o.name, o.variant_test_name))
+    start = time.time()
+    ctx = mp.get_context("spawn")
+    results = []
+    with ctx.Pool(a.workers, maxtasksperchild=20) as pool:
+        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype),))) for t in todo]
+        for t, f in futs:
+            try:
+                r = f.get(timeout=a.timeout)
+            except mp.TimeoutError:
+                r = {"op": ".".join(x for x in t if x), "status": "crash", "detail": "timeout"}
+            r["excluded"] = excluded(t[0])
+            results.append(r)
+            print(f"{r['status']:8s} {r['op']:45s} {str(r.get('detail'))[:150]}", flush=True)
+    counts = Counter(r["status"] for r in results)
+    inside = [r for r in results if not r["excluded"] and r["status"] != "n/a"]
+    ic = Counter(r["status"] for r in inside)
+    print(f"\nall: {dict(counts)}  ({time.time() - start:.0f} s)")
+    print(f"outside linalg/fft/complex: {dict(ic)}; pass {ic['pass']}/{len(inside)} = "
+          f"{100 * ic['pass'] / max(len(inside), 1):.1f}%")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
