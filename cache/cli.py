@@ -30,6 +30,7 @@ from neuron_compile.cache.store import CacheStore, check_root, default_root
 from neuron_compile.cache.transfer import ArchiveError, entry_info, export_entries, import_archive
 
 from neuron_compile.config import config
+from neuron_compile.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ def _emit(data: object) -> None:
 
 
 def _store(args: argparse.Namespace) -> CacheStore:
-    return CacheStore(Path(os.path.abspath(os.path.expanduser(args.cache_dir))) if args.cache_dir else default_root())
+    cache_dir = getattr(args, "cache_dir", None)
+    return CacheStore(Path(os.path.abspath(os.path.expanduser(cache_dir))) if cache_dir else default_root())
 
 
 def _writable_store(args: argparse.Namespace) -> CacheStore:
@@ -271,11 +273,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Compile time spent", f"{totals['compile_seconds_spent']:.2f} s"),
         ("Average hit load time", f"{avg_load:.1f} ms"),
         ("Bytes written", human_size(totals["bytes_written"])),
+        ("Whole-graph hits", str(totals["whole_graph_hits"])),
         ("Corrupt entries quarantined", str(totals["corrupt"])),
         ("Lock wait timeouts", str(totals["lock_timeouts"])),
         ("Write errors", str(totals["write_errors"])),
         ("Since", iso(totals["since"]) or "-"),
     ]
+    remote = totals["remote"]
+    if any(remote.values()) or config.remote_cache:
+        rows += [
+            ("Remote cache", config.remote_cache or "(not configured now)"),
+            ("Remote hits", str(remote["hits"])),
+            ("Remote misses", str(remote["misses"])),
+            ("Remote published", str(remote["published"])),
+            ("Remote rejected", str(remote["rejected"])),
+            ("Remote errors", str(remote["errors"])),
+        ]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -286,21 +299,40 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args)
     digests = store.digests()
     bad: list[dict[str, Any]] = []
+    unverifiable: list[dict[str, str]] = []
+    recompile = None
+    if args.recompile:
+        from neuron_compile.rebuild import VerificationFailed, verify_by_recompiling
+
+        recompile = verify_by_recompiling
     for digest in digests:
         try:
-            verify_entry(store.entry_path(digest), digest, check_parts=True)
+            manifest, data = verify_entry(store.entry_path(digest), digest, check_parts=True)
+            if recompile is not None:
+                try:
+                    recompile(manifest, data)
+                except VerificationFailed as exc:
+                    if not exc.unverifiable:
+                        raise CorruptEntry(exc.reason) from None
+                    unverifiable.append({"key": digest, "reason": exc.reason})
         except CorruptEntry as exc:
             moved = store.quarantine(digest, exc.reason) if args.quarantine else None
             bad.append({"key": digest, "reason": exc.reason, "quarantined": str(moved) if moved else None})
     remaining = [b for b in bad if not b["quarantined"]]
     if args.json:
-        _emit({"checked": len(digests), "ok": len(digests) - len(bad), "bad": bad})
+        out: dict[str, Any] = {"checked": len(digests), "ok": len(digests) - len(bad), "bad": bad}
+        if args.recompile:
+            out["unverifiable"] = unverifiable
+        _emit(out)
     else:
         for b in bad:
             where = f" -> moved to {b['quarantined']}" if b["quarantined"] else ""
             print(f"BAD  {b['key'][:12]}  {b['reason']}{where}")
+        for u in unverifiable:
+            print(f"SKIP {u['key'][:12]}  not recompiled: {u['reason']}")
         print(f"{len(digests)} entries checked, {len(digests) - len(bad)} ok, {len(bad)} bad"
-              + (f", {len(bad) - len(remaining)} quarantined" if args.quarantine else ""))
+              + (f", {len(bad) - len(remaining)} quarantined" if args.quarantine else "")
+              + (f", {len(unverifiable)} not recompilable here" if args.recompile else ""))
         if remaining:
             print("run `neuron-compile cache verify --quarantine` to move the bad entries aside", file=sys.stderr)
     return 1 if remaining else 0
@@ -377,8 +409,17 @@ def cmd_clear(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("Aborted")
             return 1
-    size = sum(entry_info(store, d)["size"] for d in digests)
-    removed = sum(store.remove(d) for d in digests)
+    size = 0
+    removed = 0
+    failures: list[str] = []
+    for d in digests:
+        entry_size = entry_info(store, d)["size"]
+        problem = store.remove_reason(d)
+        if problem is None:
+            removed += 1
+            size += entry_size
+        else:
+            failures.append(problem)
     size += _clean_aside(store, 0.0)
     for lock in (store.root / "locks").glob("*.lock"):
         if not is_held(lock):
@@ -387,9 +428,12 @@ def cmd_clear(args: argparse.Namespace) -> int:
             except OSError:
                 pass
     if args.json:
-        _emit({"removed": removed, "freed_bytes": size})
+        _emit({"removed": removed, "freed_bytes": size, "failed": len(failures),
+               "error": failures[0] if failures else None})
     else:
         print(f"Removed {removed} entries ({human_size(size)}) from {store.root}")
+    if failures:
+        raise CliError(f"could not remove {len(failures)} of {len(digests)} entries from {store.root} ({failures[0]})")
     return 0
 
 
@@ -452,17 +496,30 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not src.is_file():
         raise CliError(f"{src}: no such file")
     store = _writable_store(args)
+    verifier = None
+    if args.trust:
+        print("WARNING: --trust: imported entries are NOT verified by recompiling them. Their kernels are Python "
+              "code this machine will execute; import only archives from people you trust to run code here.",
+              file=sys.stderr)
+    else:
+        from neuron_compile.rebuild import verify_by_recompiling
+
+        verifier = verify_by_recompiling
     try:
-        report = import_archive(store, src)
+        report = import_archive(store, src, verifier)
     except ArchiveError as exc:
         raise CliError(f"refusing {src}: {exc}; nothing imported") from None
     if args.json:
-        _emit({"imported": report.imported, "skipped": report.skipped, "rejected": report.rejected})
+        _emit({"imported": report.imported, "skipped": report.skipped, "rejected": report.rejected,
+               "unverified": report.unverified, "verified": not args.trust})
     else:
         for r in report.rejected:
             print(f"rejected {r['key'][:12]}: {r['reason']}", file=sys.stderr)
-        print(f"Imported {len(report.imported)} entries, skipped {len(report.skipped)} already present, "
-              f"rejected {len(report.rejected)}")
+        for r in report.unverified:
+            print(f"not imported {r['key'][:12]}: {r['reason']} (--trust imports it unverified)", file=sys.stderr)
+        print(f"Imported {len(report.imported)} entries{'' if args.trust else ' (each verified by recompiling)'}, "
+              f"skipped {len(report.skipped)} already present, rejected {len(report.rejected)}"
+              + (f", not verifiable here {len(report.unverified)}" if report.unverified else ""))
     return 1 if report.rejected else 0
 
 
@@ -470,14 +527,18 @@ def cmd_import(args: argparse.Namespace) -> int:
 # argparse wiring
 
 
+_CACHE_DIR_HELP = "cache root (default: NEURON_COMPILE_CACHE_DIR, else $XDG_CACHE_HOME/neuron-compile)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", metavar="DIR", help="cache root (default: NEURON_COMPILE_CACHE_DIR, "
-                        "else $XDG_CACHE_HOME/neuron-compile)")
+    # SUPPRESS: given before or after the verb, the value survives (a verb's default can't erase it).
+    parser.add_argument("--cache-dir", metavar="DIR", default=argparse.SUPPRESS, help=_CACHE_DIR_HELP)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     def verb(name: str, fn: Any, help_text: str, json_flag: bool = True) -> argparse.ArgumentParser:
         p = verbs.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_verb=fn, parser=p)
+        p.add_argument("--cache-dir", metavar="DIR", default=argparse.SUPPRESS, help=_CACHE_DIR_HELP)
         if json_flag:
             p.add_argument("--json", action="store_true", help="machine-readable output (see docs/cache.md)")
         return p
@@ -492,6 +553,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--zero", action="store_true", help="reset the statistics")
     p = verb("verify", cmd_verify, "check every entry's content hashes; exit 1 if bad entries remain")
     p.add_argument("--quarantine", action="store_true", help="move bad entries to quarantine/")
+    p.add_argument("--recompile", action="store_true", help="also recompile each entry's stored graph and compare "
+                   "the artifacts byte for byte (catches edited kernels whose manifest hashes were recomputed)")
     p = verb("prune", cmd_prune, "remove least recently used entries")
     p.add_argument("--max-size", type=parse_size, metavar="SIZE", help="shrink to at most SIZE (e.g. 500M, 2G)")
     p.add_argument("--older-than", type=parse_age, metavar="AGE", help="remove entries unused for AGE (e.g. 7d, 12h)")
@@ -504,8 +567,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = verb("export", cmd_export, "write entries to a tar.gz archive")
     p.add_argument("file", metavar="FILE")
     p.add_argument("keys", metavar="KEY_PREFIX", nargs="*", help="entries to export (default: all)")
-    p = verb("import", cmd_import, "import entries from a tar.gz archive (verified; existing ones skipped)")
+    p = verb("import", cmd_import, "import entries from a tar.gz archive (each verified by recompiling it; "
+             "existing ones skipped)")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--trust", action="store_true", help="skip the recompile-and-compare verification (kernels "
+                   "are executed code: only for archives from people you trust)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -516,7 +582,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return int(fn(args))
-    except CliError as exc:
+    except (CliError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `neuron-compile cache list | head`

@@ -152,18 +152,29 @@ def reset_source_fingerprint() -> None:
 # Canonical graph
 
 
-def _tensor_digest(t: torch.Tensor) -> str:
+def real_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor (a Parameter unwrapped), safe to read inside a FakeTensorMode."""
     import torch
 
-    t = t.detach()
-    if t.is_meta or type(t).__name__ == "FakeTensor":
-        return "unmaterialized"
-    t = t.to("cpu").contiguous()
-    raw = t.view(torch.uint8) if t.numel() and t.element_size() else t
-    h = hashlib.sha256()
-    h.update(f"{t.dtype}|{list(t.shape)}|".encode())
-    h.update(raw.numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    return t.data if isinstance(t, torch.nn.Parameter) else t
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # Backend compilers run inside AOTAutograd's FakeTensorMode, where touching a real tensor (a
+    # graph constant such as `x * torch.tensor(2.0)`) raises; hashing its bytes needs the mode off.
+    with unset_fake_temporarily(), torch.no_grad():
+        t = real_tensor(t).detach()
+        if t.is_meta or type(t).__name__ == "FakeTensor":
+            return "unmaterialized"
+        t = t.to("cpu").contiguous()
+        raw = t.view(torch.uint8) if t.numel() and t.element_size() else t
+        h = hashlib.sha256()
+        h.update(f"{t.dtype}|{list(t.shape)}|".encode())
+        h.update(raw.numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()
 
 
 def _dim(d: object) -> object:

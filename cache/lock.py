@@ -6,6 +6,13 @@ recovered with no staleness heuristics; on NFS, Linux maps flock onto byte-range
 lock managers share across hosts. The holder writes ``{"pid", "host", "since"}`` into the file for
 diagnostics only (waiting messages, ``neuron-compile cache``); that content is never trusted.
 
+Lock files are opened with ``O_NOFOLLOW`` and checked after opening (a regular file with one link,
+owned by this user) before anything is written into them, so a symlink or a hard link planted at
+``locks/<key>.lock`` can't make the compiler truncate or overwrite a file outside the cache; such a
+lock file is refused (:class:`UnsafeLockFile`) and the compile proceeds without the lock. (Why not
+``filelock``: it also refuses symlinks since 3.20.1, but not hard links, and it neither records the
+holder for the waiting message nor removes lock files, which this class does safely.)
+
 Lock files are unlinked by their holder on release. A waiter that wins the lock on an inode that
 was unlinked (or replaced) meanwhile notices it (``fstat`` vs ``stat``) and retries, so removing a
 lock file never lets two processes hold the "same" lock.
@@ -19,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -26,6 +34,32 @@ log = logging.getLogger(__name__)
 
 _POLL_MIN = 0.005
 _POLL_MAX = 0.1
+
+
+class UnsafeLockFile(OSError):
+    """The lock file is a symlink, a hard link, not a regular file, or owned by someone else."""
+
+
+def open_lock_file(path: Path) -> int:
+    """Open (creating) a lock file without following links; refuse anything but our own plain file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeLockFile(errno.ELOOP, "it is a symbolic link", str(path)) from None
+        raise
+    st = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif st.st_nlink > 1:  # 0 is fine: its holder just unlinked it (the caller retries on a fresh file)
+        problem = f"has {st.st_nlink} hard links"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}"
+    if problem:
+        os.close(fd)
+        raise UnsafeLockFile(errno.EPERM, f"it {problem}", str(path))
+    return fd
 
 
 class LockTimeout(Exception):
@@ -47,7 +81,11 @@ def describe_holder(holder: dict[str, object]) -> str:
 def read_holder(path: Path) -> dict[str, object] | None:
     """The diagnostic record a holder wrote into ``path`` (None if absent or unreadable)."""
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            data = json.loads(os.read(fd, 4096))
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -56,7 +94,7 @@ def read_holder(path: Path) -> dict[str, object] | None:
 def is_held(path: Path) -> bool:
     """Whether some live process holds the flock on ``path`` right now."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -89,7 +127,7 @@ class KeyLock:
         delay = _POLL_MIN
         announced = False
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_lock_file(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:

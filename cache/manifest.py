@@ -7,15 +7,18 @@ canonical graph text, creation/last-use times, compile time, and the size and sh
 
 :func:`verify_entry` is the one integrity check used by lookups, ``verify`` and ``import``: it
 raises :class:`CorruptEntry` with a one-line reason (missing or garbage manifest, digest mismatch,
-missing, truncated or garbled file).
+missing, truncated or garbled file, a file present but not listed, a symlink or special file, a
+file its kind requires missing from the manifest). The manifest lists exactly the files present.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +30,9 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _RESERVED = {MANIFEST}
+# Files an entry of these kinds cannot work without (the backend's runner plan).
+REQUIRED_FILES: dict[str, tuple[str, ...]] = {kind: ("plan.json",) for kind in
+                                              ("forward", "backward", "inference", "dynamo-inference")}
 
 
 class CorruptEntry(Exception):
@@ -71,7 +77,7 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
     """Parse and shape-check ``entry_dir/manifest.json`` (raises :class:`CorruptEntry`)."""
     path = entry_dir / MANIFEST
     try:
-        raw = path.read_bytes()
+        raw = _read_nofollow(path)
     except FileNotFoundError:
         raise CorruptEntry("manifest.json is missing") from None
     except OSError as exc:
@@ -114,10 +120,18 @@ def verify_entry(entry_dir: Path, digest: str | None = None, *, check_parts: boo
             raise CorruptEntry("key parts are not canonical JSON") from None
         if derived != digest:
             raise CorruptEntry(f"key parts hash to {derived[:16]}…, not to the entry's key {digest[:16]}…")
+    kind = manifest["key_parts"].get("kind")
+    for name in REQUIRED_FILES.get(kind, ()) if isinstance(kind, str) else ():
+        if name not in manifest["files"]:
+            raise CorruptEntry(f"manifest.json does not list {name!r}, which a {kind} entry needs")
+    present = present_files(entry_dir)
+    unlisted = sorted(set(present) - set(manifest["files"]) - {MANIFEST})
+    if unlisted:
+        raise CorruptEntry(f"file {unlisted[0]!r} ({present[unlisted[0]]} bytes) is not listed in manifest.json")
     data: dict[str, bytes] = {}
     for name, meta in manifest["files"].items():
         try:
-            blob = (entry_dir / name).read_bytes()
+            blob = _read_nofollow(entry_dir / name)
         except FileNotFoundError:
             raise CorruptEntry(f"file {name!r} is missing") from None
         except OSError as exc:
@@ -128,6 +142,46 @@ def verify_entry(entry_dir: Path, digest: str | None = None, *, check_parts: boo
             raise CorruptEntry(f"file {name!r} fails its content hash (garbled)")
         data[name] = blob
     return manifest, data
+
+
+def _read_nofollow(path: Path) -> bytes:
+    """A file's bytes; a symlink or special file in its place is a :class:`CorruptEntry`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptEntry(f"file {path.name!r} is a symbolic link; entries hold only plain files") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptEntry(f"file {path.name!r} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def present_files(entry_dir: Path) -> dict[str, int]:
+    """``{relative POSIX name: size}`` of every file under ``entry_dir`` (links are not followed).
+
+    Raises :class:`CorruptEntry` for a symlink or a special file anywhere in the entry.
+    """
+    found: dict[str, int] = {}
+    for dirpath, dirs, names in os.walk(entry_dir, followlinks=False):
+        for name in [*dirs, *names]:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, entry_dir).replace(os.sep, "/")
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise CorruptEntry(f"{rel!r} is a symbolic link; entries hold only plain files")
+            if stat.S_ISREG(st.st_mode):
+                found[rel] = st.st_size
+            elif not stat.S_ISDIR(st.st_mode):
+                raise CorruptEntry(f"{rel!r} is a special file; entries hold only plain files")
+    return found
 
 
 def last_used(entry_dir: Path) -> float:

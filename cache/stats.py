@@ -7,8 +7,11 @@ the last ``zero`` record. ``zero_stats`` replaces the file with a single ``zero`
 file outgrows :data:`COMPACT_BYTES` it is rewritten as one ``totals`` record (an event appended
 during that instant may be lost: statistics, not bookkeeping).
 
-Events: ``hit`` (saved: the entry's compile seconds, load: lookup+read seconds), ``miss``
-(compile: seconds, bytes: published bytes or 0), ``corrupt``, ``lock_timeout``, ``write_error``.
+Events: ``hit`` (saved: the entry's compile seconds, load: lookup+read seconds, ``whole_graph``:
+a whole Dynamo graph served without tracing, ``origin: remote`` when fetched from the remote tier),
+``miss`` (compile: seconds, bytes: published bytes or 0), ``corrupt``, ``lock_timeout``,
+``write_error``; the remote tier's ``remote_hits``/``remote_misses``/``remote_errors``/
+``remote_published``/``remote_rejected`` (bytes where data moved) feed the ``remote`` section.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ log = logging.getLogger(__name__)
 STATS_FILE = "stats.jsonl"
 COMPACT_BYTES = 4 << 20
 
-_COUNTERS = ("hits", "misses", "corrupt", "lock_timeouts", "write_errors")
+_COUNTERS = ("hits", "misses", "corrupt", "lock_timeouts", "write_errors", "whole_graph_hits")
+_REMOTE = ("hits", "misses", "errors", "published", "rejected", "bytes_fetched", "bytes_published")
 _SUMS = ("compile_seconds_saved", "compile_seconds_spent", "load_seconds", "bytes_written")
 _EVENT_COUNTER = {"hit": "hits", "miss": "misses", "corrupt": "corrupt", "lock_timeout": "lock_timeouts",
                   "write_error": "write_errors"}
@@ -36,6 +40,7 @@ def _empty() -> dict[str, Any]:
     out.update({name: 0.0 for name in _SUMS})
     out["bytes_written"] = 0
     out["since"] = None
+    out["remote"] = {name: 0 for name in _REMOTE}
     return out
 
 
@@ -68,14 +73,27 @@ def _apply(totals: dict[str, Any], ev: dict[str, Any]) -> None:
         for name in (*_COUNTERS, *_SUMS):
             if isinstance(ev.get(name), (int, float)):
                 totals[name] += ev[name]
+        remote = ev.get("remote") if isinstance(ev.get("remote"), dict) else {}
+        for name in _REMOTE:
+            if isinstance(remote.get(name), (int, float)):
+                totals["remote"][name] += remote[name]
         if totals["since"] is None:
             totals["since"] = ev.get("since")
         return
     if totals["since"] is None:
         totals["since"] = ev.get("t")
+    if isinstance(kind, str) and kind.startswith("remote_"):
+        name = kind.removeprefix("remote_")
+        if name in _REMOTE:
+            totals["remote"][name] += 1
+            totals["remote"]["bytes_fetched" if name == "hits" else "bytes_published"] += \
+                int(ev.get("bytes", 0)) if name in ("hits", "published") else 0
+        return
     counter = _EVENT_COUNTER.get(str(kind))
     if counter:
         totals[counter] += 1
+    if kind == "hit" and ev.get("whole_graph"):
+        totals["whole_graph_hits"] += 1
     if kind == "hit":
         totals["compile_seconds_saved"] += float(ev.get("saved", 0.0))
         totals["load_seconds"] += float(ev.get("load", 0.0))

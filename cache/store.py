@@ -18,6 +18,7 @@ process; exceptions raised by ``compile_fn`` itself propagate unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -34,9 +35,10 @@ from typing import Any
 
 from neuron_compile.cache import stats
 from neuron_compile.cache.key import CacheKey
-from neuron_compile.cache.lock import KeyLock, LockTimeout, describe_holder
+from neuron_compile.cache.lock import KeyLock, LockTimeout, UnsafeLockFile, describe_holder
 from neuron_compile.cache.manifest import (
     MANIFEST,
+    REQUIRED_FILES,
     CorruptEntry,
     build_manifest,
     check_file_name,
@@ -45,6 +47,7 @@ from neuron_compile.cache.manifest import (
 )
 
 from neuron_compile.config import config
+from neuron_compile.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,21 @@ def reset_process_state() -> None:
         _defaults.clear()
 
 
+def cache_settings() -> dict[str, Any]:
+    """Every cache knob, read once; a malformed environment value raises ``ConfigError`` (one line)."""
+    return {name: getattr(config, name) for name in ("cache", "cache_dir", "cache_lock_timeout", "cache_allow_shared",
+                                                     "remote_cache", "remote_cache_timeout", "remote_cache_secret")}
+
+
+def cache_enabled() -> bool:
+    """``config.cache``, with a malformed NEURON_COMPILE_CACHE reported once (WARNING) as disabled."""
+    try:
+        return bool(config.cache)
+    except ConfigError as exc:
+        warn_once(f"config:{exc}", "neuron-compile cache disabled: %s", exc)
+        return False
+
+
 def default_root() -> Path:
     """``config.cache_dir``, else ``$XDG_CACHE_HOME/neuron-compile``, else ``~/.cache/neuron-compile``."""
     configured = config.cache_dir
@@ -97,60 +115,100 @@ def _is_private_group(gid: int, uid: int) -> bool:
     return group.gr_name == user.pw_name and not [m for m in group.gr_mem if m != user.pw_name]
 
 
-def check_root(root: Path, *, allow_shared: bool, create: bool = True) -> str | None:
-    """Why ``root`` can't hold a cache, or None. With ``create``, makes the folders it needs."""
+def _permission_problem(path: Path, st: os.stat_result, uid: int) -> str | None:
+    if st.st_uid != uid:
+        return (f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}); cache entries hold code "
+                "that is executed, so a cache other users control is refused. Use your own "
+                "NEURON_COMPILE_CACHE_DIR, or set NEURON_COMPILE_CACHE_ALLOW_SHARED=1 for a team cache")
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _is_private_group(st.st_gid, uid)):
+        return (f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); cache entries "
+                f"hold code that is executed, so it is refused. Fix with `chmod go-w {path}`, or set "
+                "NEURON_COMPILE_CACHE_ALLOW_SHARED=1 for a deliberately shared team cache")
+    return None
+
+
+def inspect_root(root: Path, *, allow_shared: bool, create: bool = True) -> tuple[str | None, str | None]:
+    """``(problem, write_problem)`` of a cache root.
+
+    ``problem``: why the root can't be used at all (not creatable, not a folder, a subfolder that is
+    a symlink or a file, a folder other users control). ``write_problem``: why nothing can be added
+    (read-only, full disk) while existing entries stay usable. With ``create``, makes the folders.
+    """
     try:
         if create:
             fresh = not root.exists()
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             for sub in _SUBDIRS:
-                (root / sub).mkdir(exist_ok=True)
+                if not os.path.lexists(root / sub):
+                    with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+                        (root / sub).mkdir()
             if fresh or not (root / "CACHEDIR.TAG").exists():
                 (root / "CACHEDIR.TAG").write_text(_CACHEDIR_TAG)
         elif not root.is_dir():
-            return f"{root} does not exist"
+            return f"{root} does not exist", None
     except OSError as exc:
-        return f"cannot create the cache directory {root}: {exc.strerror or exc}"
+        if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES) and _has_layout(root):
+            return None, f"the cache directory {root} is not writable: {exc.strerror or exc}"
+        return f"cannot create the cache directory {root}: {exc.strerror or exc}", None
     if not root.is_dir():
-        return f"{root} is not a directory"
-    if not allow_shared:
-        uid = os.geteuid()
-        for path in (root, root / "entries"):
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            if st.st_uid != uid:
-                return (f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}); cache entries hold code "
-                        "that is executed, so a cache other users control is refused. Use your own "
-                        "NEURON_COMPILE_CACHE_DIR, or set NEURON_COMPILE_CACHE_ALLOW_SHARED=1 for a team cache")
-            shared = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _is_private_group(st.st_gid, uid))
-            if shared:
-                return (f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); cache entries "
-                        f"hold code that is executed, so it is refused. Fix with `chmod go-w {path}`, or set "
-                        "NEURON_COMPILE_CACHE_ALLOW_SHARED=1 for a deliberately shared team cache")
+        return f"{root} is not a directory", None
+    uid = os.geteuid()
+    for path in (root, *(root / sub for sub in _SUBDIRS)):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"cannot inspect {path}: {exc.strerror or exc}", None
+        if path != root and stat.S_ISLNK(st.st_mode):
+            return (f"{path} is a symbolic link; the cache's own folders must be real folders (a link could "
+                    f"redirect writes outside the cache). Remove it: `rm {path}`"), None
+        if path != root and not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a folder; remove it (`rm {path}`) and the cache recreates it", None
+        if not allow_shared:
+            problem = _permission_problem(path, st, uid)
+            if problem:
+                return problem, None
     if create:
         probe = root / "tmp" / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        created = False
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            created = True
             try:
-                os.write(fd, b"ok")
+                os.write(fd, b"ok" * 2048)  # a few KiB: a full disk refuses this, not only the inode
+                os.fsync(fd)
             finally:
                 os.close(fd)
-            os.unlink(probe)
         except OSError as exc:
-            return f"the cache directory {root} is not writable: {exc.strerror or exc}"
-    return None
+            return None, f"the cache directory {root} is not writable: {exc.strerror or exc}"
+        finally:
+            if created:
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
+    return None, None
+
+
+def _has_layout(root: Path) -> bool:
+    return (root / "entries").is_dir()
+
+
+def check_root(root: Path, *, allow_shared: bool, create: bool = True) -> str | None:
+    """Why ``root`` can't hold (or accept new) cache entries, or None. With ``create``, makes its folders."""
+    problem, write_problem = inspect_root(root, allow_shared=allow_shared, create=create)
+    return problem or write_problem
 
 
 class CacheEntry:
     """A verified cache entry: ``key`` (digest), ``path`` (its folder), ``manifest``."""
 
-    def __init__(self, key: str, path: Path, manifest: dict[str, Any], data: dict[str, bytes] | None = None) -> None:
+    def __init__(self, key: str, path: Path, manifest: dict[str, Any], data: dict[str, bytes] | None = None,
+                 origin: str = "local") -> None:
         self.key = key
         self.path = path
         self.manifest = manifest
         self._data = data
+        self.origin = origin  # "local", or "remote" when it was just fetched from the remote tier
 
     def names(self) -> list[str]:
         return sorted(self.manifest["files"])
@@ -176,25 +234,41 @@ class CacheEntry:
 class CacheStore:
     """A cache root. Build it with :meth:`default` (checked) or ``CacheStore(root)`` (tools, tests)."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         self.root = Path(root)
-        self._write_disabled = False
+        self._write_disabled = read_only
+        self.remote: Any = None  # a RemoteTier (neuron_compile.cache.remote) when one is configured
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def default(cls) -> CacheStore | None:
-        """The configured store, or None when disabled or unusable (one WARNING per process)."""
-        if not config.cache:
+        """The configured store, or None when disabled or unusable (one WARNING per process).
+
+        A root that exists but can't take new entries (read-only, full disk) is used read-only.
+        """
+        try:
+            settings = cache_settings()
+        except ConfigError as exc:
+            warn_once(f"config:{exc}", "neuron-compile cache disabled: %s", exc)
+            return None
+        if not settings["cache"]:
             log.debug("neuron-compile cache disabled (NEURON_COMPILE_CACHE=0)")
             return None
         root = default_root()
-        memo = (str(root), bool(config.cache_allow_shared))
+        memo = (str(root), bool(settings["cache_allow_shared"]), settings["remote_cache"])
         if memo in _defaults:
             return _defaults[memo]
-        problem = check_root(root, allow_shared=memo[1])
-        store = None if problem else cls(root)
+        problem, write_problem = inspect_root(root, allow_shared=memo[1])
+        store = None if problem else cls(root, read_only=write_problem is not None)
         if problem:
             warn_once(f"root:{root}", "neuron-compile cache disabled: %s", problem)
+        elif write_problem:
+            warn_once(f"root:{root}", "neuron-compile cache: %s; using its existing entries, adding none",
+                      write_problem)
+        if store is not None and settings["remote_cache"]:
+            from neuron_compile.cache.remote import make_remote
+
+            store.remote = make_remote(settings["remote_cache"], store)
         _defaults[memo] = store
         return store
 
@@ -217,10 +291,23 @@ class CacheStore:
     # -- reading -------------------------------------------------------------------------------
     def lookup(self, key: CacheKey) -> CacheEntry | None:
         """The verified entry for ``key``; a corrupt one is quarantined (WARNING) and None returned."""
+        entry = self.lookup_local(key)
+        if entry is None and self.remote is not None:
+            entry = self.remote.fetch(key)
+        return entry
+
+    def lookup_local(self, key: CacheKey) -> CacheEntry | None:
+        """Like :meth:`lookup`, this root only."""
         path = self.entry_path(key.digest)
-        if not path.is_dir():
+        try:
+            st = os.lstat(path)
+        except OSError:
             return None
         try:
+            if stat.S_ISLNK(st.st_mode):
+                raise CorruptEntry("entries/<key> is a symbolic link, not a folder")
+            if not stat.S_ISDIR(st.st_mode):
+                raise CorruptEntry("entries/<key> is a file, not a folder")
             manifest, data = verify_entry(path, key.digest)
         except CorruptEntry as exc:
             self.quarantine(key.digest, exc.reason)
@@ -262,11 +349,17 @@ class CacheStore:
                 if not isinstance(blob, (bytes, bytearray, memoryview)):
                     raise ValueError(f"artifact {name!r} is {type(blob).__name__}, expected bytes")
             files = {name: bytes(blob) for name, blob in files.items()}
+            kind = key.parts.get("kind")
+            missing = [n for n in REQUIRED_FILES.get(kind, ()) if n not in files] if isinstance(kind, str) else []
+            if missing:
+                raise ValueError(f"a {kind} entry needs {missing[0]!r}")
             manifest = build_manifest(key, files, summary, compile_seconds)
         except (ValueError, TypeError) as exc:
             log.warning("neuron-compile cache: not caching graph %s: %s", key.short, exc)
             return None
         final = self.entry_path(key.digest)
+        if os.path.lexists(final) and not (final.is_dir() and not final.is_symlink()):
+            self.quarantine(key.digest, "entries/<key> is a file or link, not a folder")
         tmp = self.root / "tmp" / f"{key.digest[:16]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         try:
             os.mkdir(tmp)  # honours the umask (mkdtemp's 0700 would hide entries of a team cache)
@@ -294,14 +387,20 @@ class CacheStore:
 
     def remove(self, digest: str) -> bool:
         """Delete an entry: renamed into ``tmp/`` first, so readers never see it half-removed."""
+        return self.remove_reason(digest) is None
+
+    def remove_reason(self, digest: str) -> str | None:
+        """:meth:`remove`, returning None on success or why the entry could not be removed."""
         src = self.entry_path(digest)
         doomed = self.root / "tmp" / f"{digest[:16]}.deleting.{uuid.uuid4().hex[:8]}"
         try:
             os.replace(src, doomed)
-        except OSError:
-            return False
+        except FileNotFoundError:
+            return None  # removed concurrently
+        except OSError as exc:
+            return str(exc.strerror or exc)
         shutil.rmtree(doomed, ignore_errors=True)
-        return True
+        return None
 
     # -- the backend's entry point ---------------------------------------------------------------
     def get_or_compile(self, key: CacheKey, compile_fn: CompileFn) -> tuple[dict[str, bytes], bool]:
@@ -311,7 +410,11 @@ class CacheStore:
         if entry is not None:
             return self._hit(entry, start), True
         lock: KeyLock | None = KeyLock(self.root / "locks" / f"{key.digest}.lock")
-        timeout = float(config.cache_lock_timeout)
+        try:
+            timeout = float(config.cache_lock_timeout)
+        except ConfigError as exc:
+            warn_once(f"config:{exc}", "neuron-compile cache: %s; not waiting for other processes", exc)
+            timeout = 0.0
         try:
             lock.acquire(timeout)
         except LockTimeout as exc:
@@ -319,6 +422,10 @@ class CacheStore:
             log.warning("neuron-compile cache: waited %.1f s for %s compiling graph %s; compiling without "
                         "waiting (NEURON_COMPILE_CACHE_LOCK_TIMEOUT=%g)", exc.waited, describe_holder(exc.holder),
                         key.short, timeout)
+            lock = None
+        except UnsafeLockFile as exc:
+            warn_once(f"lockfile:{self.root}", "neuron-compile cache: refusing the lock file %s (%s); compiling "
+                      "without the lock. Remove it if you did not put it there", exc.filename or "", exc.strerror)
             lock = None
         except Exception as exc:  # no locks on this filesystem, locks/ removed, ...: still correct, may compile twice
             log.debug("neuron-compile cache: no lock for %s: %s", key.short, exc)
@@ -332,6 +439,8 @@ class CacheStore:
             files, summary = compile_fn()
             seconds = time.perf_counter() - t0
             published = self._try(self.publish, key, files, summary, seconds)
+            if published is not None and self.remote is not None:
+                self.remote.publish(key, published)
             size = sum(len(b) for b in files.values()) if published is not None else 0
             stats.record(self.root, "miss", key=key.digest[:16], compile=round(seconds, 6), bytes=size)
             return dict(files), False
@@ -339,12 +448,17 @@ class CacheStore:
             if lock is not None:
                 lock.release()
 
-    def _hit(self, entry: CacheEntry, start: float) -> dict[str, bytes]:
-        load = time.perf_counter() - start
-        stats.record(self.root, "hit", key=entry.key[:16], saved=float(entry.manifest.get("compile_seconds", 0.0)),
-                     load=round(load, 6))
-        log.debug("neuron-compile cache hit %s (%.1f ms)", entry.key[:12], load * 1e3)
+    def _hit(self, entry: CacheEntry, start: float, **fields: object) -> dict[str, bytes]:
+        self.record_hit(entry, start, **fields)
         return entry.files()
+
+    def record_hit(self, entry: CacheEntry, start: float, **fields: object) -> None:
+        """Count a hit in ``stats.jsonl`` (``whole_graph=True`` for a whole Dynamo graph served at once)."""
+        load = time.perf_counter() - start
+        origin = entry.origin
+        stats.record(self.root, "hit", key=entry.key[:16], saved=float(entry.manifest.get("compile_seconds", 0.0)),
+                     load=round(load, 6), **({"origin": origin} if origin != "local" else {}), **fields)
+        log.debug("neuron-compile cache hit %s (%.1f ms)", entry.key[:12], load * 1e3)
 
     def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

@@ -11,17 +11,27 @@ Also owns :func:`entry_info`, the readable summary of an entry shared by ``list`
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
 import shutil
 import tarfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_compile.cache.manifest import CorruptEntry, dir_size, last_used, read_manifest, verify_entry
+from neuron_compile.cache.manifest import (
+    MANIFEST,
+    CorruptEntry,
+    dir_size,
+    last_used,
+    read_manifest,
+    verify_entry,
+)
 from neuron_compile.cache.store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -38,6 +48,7 @@ class ImportReport:
     imported: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
+    unverified: list[dict[str, str]] = field(default_factory=list)
 
 
 def _short_dtype(dtype: object) -> str:
@@ -149,8 +160,55 @@ def _scan(tar: tarfile.TarFile) -> dict[str, list[tuple[str, tarfile.TarInfo]]]:
     return groups
 
 
-def import_archive(store: CacheStore, archive: Path) -> ImportReport:
-    """Import every valid entry of ``archive`` not already present. Raises :class:`ArchiveError`."""
+Verifier = Callable[[dict[str, Any], dict[str, bytes]], None]
+_MAX_MANIFEST = 64 << 20
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _manifest_member(tar: tarfile.TarFile, members: list[tuple[str, tarfile.TarInfo]]) -> dict[str, Any]:
+    """The entry's manifest, read from the archive before anything is extracted."""
+    found = [m for rel, m in members if rel == MANIFEST]
+    if not found:
+        raise _Rejected("manifest.json is missing")
+    if found[0].size > _MAX_MANIFEST:
+        raise _Rejected(f"manifest.json is {found[0].size} bytes")
+    src = tar.extractfile(found[0])
+    if src is None:
+        raise _Rejected("manifest.json has no data")
+    try:
+        manifest = json.loads(src.read())
+    except (ValueError, UnicodeDecodeError):
+        raise _Rejected("manifest.json is not valid JSON") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise _Rejected("manifest.json lacks a valid 'files' field")
+    return manifest
+
+
+def _check_members(manifest: dict[str, Any], members: list[tuple[str, tarfile.TarInfo]]) -> None:
+    """Every member is listed with its size (a file the manifest doesn't list is never extracted)."""
+    listed = manifest["files"]
+    for rel, member in members:
+        if rel == MANIFEST:
+            continue
+        meta = listed.get(rel)
+        if not isinstance(meta, dict):
+            raise _Rejected(f"file {rel!r} ({member.size} bytes) is not listed in manifest.json")
+        if meta.get("size") != member.size:
+            raise _Rejected(f"file {rel!r} is {member.size} bytes, manifest says {meta.get('size')}")
+
+
+def import_archive(store: CacheStore, archive: Path, verifier: Verifier | None = None) -> ImportReport:
+    """Import every valid entry of ``archive`` not already present. Raises :class:`ArchiveError`.
+
+    ``verifier(manifest, files)`` (the recompile-and-compare check; None with ``--trust``) raises
+    to refuse an entry; a refused entry is moved to ``quarantine/`` with a one-line WARNING, except
+    an entry that merely can't be verified here (listed in ``report.unverified``, not imported).
+    """
     try:
         tar = tarfile.open(archive, "r:*")
     except (OSError, tarfile.TarError) as exc:
@@ -162,11 +220,13 @@ def import_archive(store: CacheStore, archive: Path) -> ImportReport:
         except tarfile.TarError as exc:
             raise ArchiveError(f"cannot read {archive}: {exc}") from None
         for digest, members in sorted(groups.items()):
-            if store.entry_path(digest).exists():
+            if os.path.lexists(store.entry_path(digest)):
                 report.skipped.append(digest)
                 continue
             tmp = store.root / "tmp" / f"{digest[:16]}.import.{uuid.uuid4().hex[:8]}"
             try:
+                manifest = _manifest_member(tar, members)
+                _check_members(manifest, members)
                 os.mkdir(tmp)
                 for rel, member in members:
                     src = tar.extractfile(member)
@@ -174,20 +234,48 @@ def import_archive(store: CacheStore, archive: Path) -> ImportReport:
                         raise CorruptEntry(f"member {rel!r} has no data")
                     dest = tmp / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    with src, open(dest, "wb") as out:
+                    with src, open(dest, "xb") as out:
                         shutil.copyfileobj(src, out)
-                verify_entry(tmp, digest, check_parts=True)
+                manifest, data = verify_entry(tmp, digest, check_parts=True)
+                if verifier is not None:
+                    verifier(manifest, data)
                 os.replace(tmp, store.entry_path(digest))
                 report.imported.append(digest)
-            except CorruptEntry as exc:
+            except (_Rejected, CorruptEntry) as exc:
                 report.rejected.append({"key": digest, "reason": exc.reason})
-            except OSError as exc:
-                if store.entry_path(digest).exists():
-                    report.skipped.append(digest)  # published concurrently
+                _quarantine_import(store, tmp, digest, exc.reason)
+            except Exception as exc:
+                reason = getattr(exc, "reason", None)
+                if reason is None:
+                    if isinstance(exc, OSError):
+                        if os.path.lexists(store.entry_path(digest)):
+                            report.skipped.append(digest)  # published concurrently
+                        else:
+                            report.rejected.append({"key": digest, "reason": f"cannot write: {exc.strerror or exc}"})
+                        continue
+                    if isinstance(exc, tarfile.TarError):
+                        report.rejected.append({"key": digest, "reason": f"archive data unreadable: {exc}"})
+                        continue
+                    reason = f"verification failed ({type(exc).__name__}: {exc})"
+                if getattr(exc, "unverifiable", False):
+                    report.unverified.append({"key": digest, "reason": reason})
                 else:
-                    report.rejected.append({"key": digest, "reason": f"cannot write: {exc.strerror or exc}"})
-            except tarfile.TarError as exc:
-                report.rejected.append({"key": digest, "reason": f"archive data unreadable: {exc}"})
+                    report.rejected.append({"key": digest, "reason": reason})
+                    _quarantine_import(store, tmp, digest, reason)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def _quarantine_import(store: CacheStore, tmp: Path, digest: str, reason: str) -> None:
+    """Keep a refused entry for inspection under ``quarantine/`` and say so in one line."""
+    dest = store.root / "quarantine" / f"{digest}.{int(time.time())}.{uuid.uuid4().hex[:6]}"
+    moved = False
+    if tmp.is_dir():
+        try:
+            os.replace(tmp, dest)
+            moved = True
+        except OSError:
+            pass
+    log.warning("neuron-compile cache: refused imported entry %s (%s)%s", digest[:12], reason,
+                f"; kept in {dest}" if moved else "")

@@ -201,7 +201,7 @@ def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
     """Lower, render and load one ATen graph (or take it from the cache); returns the runner."""
     from neuron_compile import metrics
     from neuron_compile.cache.key import compute_key
-    from neuron_compile.cache.store import get_or_compile
+    from neuron_compile.cache.store import cache_enabled, get_or_compile
     from neuron_compile.runtime import CompiledGraph
 
     check_lowerable(gm, f"{kind} graph")
@@ -210,6 +210,7 @@ def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
 
     def build() -> tuple[dict[str, bytes], dict[str, Any]]:
         files, summary, plan = build_artifacts(gm, example_inputs)
+        files.update(stored_graph(gm, example_inputs))
         built["plan"] = plan
         return files, summary
 
@@ -220,13 +221,20 @@ def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
     except Exception as exc:  # a failing cache never fails a compile
         log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
     lookup_start = time.perf_counter()
-    if key is None or not config.cache:
+    if key is None or not cache_enabled():
         files, hit = build()[0], False
     else:
         with metrics.phase("cache_lookup"):
             files, hit = get_or_compile(key, build)
     with metrics.phase("load"):
-        plan, sources = load_artifacts(files)
+        try:
+            plan, sources = load_artifacts(files)
+        except Exception as exc:  # an entry that passed its hashes but can't be loaded: never fail the compile
+            if not hit:
+                raise
+            _quarantine_unloadable(key, exc)
+            files, hit = build()[0], False
+            plan, sources = load_artifacts(files)
         compiled = CompiledGraph(plan, sources)
     cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
     ms = (time.perf_counter() - start) * 1000
@@ -238,13 +246,35 @@ def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
     return compiled
 
 
+def stored_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, bytes]:
+    """``{"graph.json": ...}``: the graph an entry is compiled from, so an importer can recompile and
+    compare (``neuron_compile.rebuild``); empty when the graph can't be stored exactly."""
+    from neuron_compile.cache.graph_codec import GRAPH_FILE, GraphCodecError, encode_graph
+
+    try:
+        return {GRAPH_FILE: encode_graph(gm, example_inputs)}
+    except GraphCodecError as exc:
+        log.debug("graph not stored in its cache entry (it can't be verified by recompiling): %s", exc)
+        return {}
+
+
+def _quarantine_unloadable(key: Any, exc: Exception) -> None:
+    from neuron_compile.cache.store import CacheStore
+
+    store = CacheStore.default()
+    if store is not None and key is not None:
+        store.quarantine(key.digest, f"its artifacts can't be loaded ({type(exc).__name__}: {exc})")
+
+
 def inference_whole_graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """Cache key of a whole Dynamo graph compiled for inference (None when not eligible or caching is off).
 
     A custom backend gets nothing from AOTAutogradCache, and Dynamo capture + AOT tracing dominate a
     warm start; for inference graphs whose AOT wrapper is a pass-through the cache can skip AOT too.
     """
-    if not config.cache or torch.is_grad_enabled() or symbolic_dims(gm, example_inputs):
+    from neuron_compile.cache.store import cache_enabled
+
+    if not cache_enabled() or torch.is_grad_enabled() or symbolic_dims(gm, example_inputs):
         return None
     if config.check or config.fallback == "eager" or config.debug_dir:
         return None  # these modes need the ATen graph (eager reference, segments, dumps)
@@ -304,8 +334,9 @@ def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], override
             plan, sources = load_artifacts(entry.files())
             compiled = CompiledGraph(plan, sources)
         except Exception as exc:  # never fail a compile because of the cache
-            log.warning("neuron-compile cache: entry %s unusable (%s); compiling", key.digest[:12], exc)
+            _quarantine_unloadable(key, exc)
             return None
+        store.record_hit(entry, start, whole_graph=True)
     ms = (time.perf_counter() - start) * 1000
     log.info("neuron: whole inference graph from the cache (%d kernels, %.1f ms)", len(sources), ms)
     _STATS.append({"kind": "inference", "kernels": len(sources), "plan": plan, "sources": sources,

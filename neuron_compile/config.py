@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -34,24 +35,29 @@ class Knob:
     env: str | None = None
     codegen: bool = False
     choices: tuple[Any, ...] | None = None
+    bounds: tuple[float, float] | None = None  # inclusive range of a numeric knob
+    unit: str = ""
 
 
 _KNOBS: dict[str, Knob] = {}
 
 
 def _knob(name: str, type_: type, default: Any, doc: str, *, env: bool = True, codegen: bool = False,
-          choices: tuple[Any, ...] | None = None) -> None:
+          choices: tuple[Any, ...] | None = None, bounds: tuple[float, float] | None = None, unit: str = "") -> None:
     _KNOBS[name] = Knob(name, type_, default, doc, f"NEURON_COMPILE_{name.upper()}" if env else None,
-                        codegen, choices)
+                        codegen, choices, bounds, unit)
 
 
 # Code generation (feed the cache key).
 _knob("target", str, "trn2", "Trainium generation kernels are generated and simulated for.",
       codegen=True, choices=TARGETS)
-_knob("matmul_tile_n", int, 512, "Free size of a matmul moving tile (<= gemm_moving_fmax).", codegen=True)
-_knob("free_tile", int, 2048, "Free-dim elements per tile in elementwise/row kernels.", codegen=True)
+_knob("matmul_tile_n", int, 512, "Free size of a matmul moving tile (<= gemm_moving_fmax).", codegen=True,
+      bounds=(1, 1 << 16))
+_knob("free_tile", int, 2048, "Free-dim elements per tile in elementwise/row kernels.", codegen=True,
+      bounds=(1, 1 << 20))
 _knob("row_resident_bytes", int, 96 * 1024,
-      "SBUF bytes per partition a row kernel may keep resident before it is split.", codegen=True)
+      "SBUF bytes per partition a row kernel may keep resident before it is split.", codegen=True,
+      bounds=(1, 1 << 24), unit="bytes")
 _knob("fuse", bool, True, "Fuse elementwise prologues/epilogues into neighbouring kernels.", codegen=True)
 _knob("fuse_matmul_norm", bool, True, "Let a reduction over a matmul's whole output row (N <= 2048, e.g. a "
       "LayerNorm after a residual add) join the matmul kernel's epilogue.", codegen=True)
@@ -65,8 +71,14 @@ _knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with 
 # Cache.
 _knob("cache", bool, True, "Use the persistent artifact cache.")
 _knob("cache_dir", str, "", "Cache root (default $XDG_CACHE_HOME/neuron-compile or ~/.cache/neuron-compile).")
-_knob("cache_lock_timeout", float, 600.0, "Seconds to wait for another process compiling the same graph.")
+_knob("cache_lock_timeout", float, 600.0, "Seconds to wait for another process compiling the same graph.",
+      bounds=(0.0, 86400.0), unit="seconds")
 _knob("cache_allow_shared", bool, False, "Accept a cache directory writable by other users (team caches).")
+_knob("remote_cache", str, "", "A shared cache tier behind the local one: redis://host:port/db (empty: none).")
+_knob("remote_cache_timeout", float, 2.0, "Seconds a remote cache operation may take before the remote is "
+      "skipped for the rest of the process.", bounds=(0.01, 600.0), unit="seconds")
+_knob("remote_cache_secret", str, "", "Team secret: remote entries are signed with HMAC-SHA256 under it and "
+      "used at once; without it a remote entry is verified by recompiling it the first time this host uses it.")
 # Debugging.
 _knob("debug_dir", str, "", "Write per-graph debug dumps (graphs, IR, kernels) under this folder.")
 # Migration evaluation (see neuron_compile.fallback / neuron_compile.check).
@@ -91,16 +103,31 @@ def _parse(knob: Knob, raw: str, source: str) -> Any:
             else:
                 raise ValueError(raw)
         else:
-            value = knob.type(raw)
+            value = knob.type(raw.strip() if knob.type in (int, float) else raw)
     except ValueError:
-        raise ConfigError(f"{source}={raw}: expected {knob.type.__name__}") from None
-    _check_choice(knob, value, source)
+        expected = "a boolean (1/0, true/false, yes/no, on/off)" if knob.type is bool else \
+            f"{'an integer' if knob.type is int else 'a number' if knob.type is float else knob.type.__name__}"
+        raise ConfigError(f"{source}={raw}: expected {expected}{_range_text(knob)}") from None
+    _check_choice(knob, value, source, shown=raw)
     return value
 
 
-def _check_choice(knob: Knob, value: Any, source: str) -> None:
+def _range_text(knob: Knob) -> str:
+    if knob.bounds is None:
+        return ""
+    lo, hi = (int(b) if knob.type is int or float(b).is_integer() else b for b in knob.bounds)
+    return f" in [{lo}, {hi}]" + (f" ({knob.unit})" if knob.unit else "")
+
+
+def _check_choice(knob: Knob, value: Any, source: str, shown: object = None) -> None:
+    shown = value if shown is None else shown
     if knob.choices is not None and value not in knob.choices:
-        raise ConfigError(f"{source}={value}: expected one of {', '.join(map(str, knob.choices))}")
+        raise ConfigError(f"{source}={shown}: expected one of {', '.join(map(str, knob.choices))}")
+    if knob.bounds is not None and knob.type in (int, float):
+        lo, hi = knob.bounds
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+            kind = "an integer" if knob.type is int else "a finite number"
+            raise ConfigError(f"{source}={shown}: expected {kind}{_range_text(knob)}")
 
 
 class _Config:

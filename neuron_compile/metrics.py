@@ -210,7 +210,9 @@ def finish(rec: GraphRecord, gm: fx.GraphModule, runner: Callable[..., Any]) -> 
         return runner
     rec.kernels = sum(int(u.stats.get("kernels", 0)) for u in rec.units)
     hits = [bool(u.stats.get("cache_hit")) for u in rec.units]
-    if not config.cache:
+    from neuron_compile.cache.store import cache_enabled
+
+    if not cache_enabled():
         rec.cache = "off"
     elif hits and all(hits):
         rec.cache = "hit"

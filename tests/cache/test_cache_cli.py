@@ -162,7 +162,7 @@ def test_prune(cache_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
     keys = [synthetic_key(f"p{i}") for i in range(4)]
     for i, k in enumerate(keys):
-        store.publish(k, {"blob.bin": bytes(10_000)}, SUMMARY, 1.0)
+        store.publish(k, {"plan.json": bytes(10_000)}, SUMMARY, 1.0)
         t = now - (4 - i) * 86400  # keys[0] least recently used (4 days), keys[3] 1 day
         os.utime(store.entry_path(k.digest) / "manifest.json", (t, t))
     dry = _json(capsys, "prune", "--older-than", "2.5d", "--dry-run")
@@ -249,10 +249,16 @@ def test_export_import_roundtrip(two: tuple[CacheKey, CacheKey], tmp_path: Path,
     res = _json(capsys, "export", str(archive))
     assert sorted(res["exported"]) == sorted(k.digest for k in two) and res["skipped"] == []
     other = tmp_path / "other"
+    # Synthetic artifacts can't be verified by recompiling: without --trust nothing is imported.
     res = _json(capsys, "--cache-dir", str(other), "import", str(archive))
-    assert sorted(res["imported"]) == sorted(k.digest for k in two) and res["rejected"] == []
+    assert res["imported"] == [] and res["rejected"] == [] and res["verified"] is True
+    assert {u["reason"] for u in res["unverified"]} == {"it does not store the graph it was compiled from"}
+    code, out, err = _run(capsys, "import", "--trust", str(archive), "--cache-dir", str(other), "--json")
+    res = json.loads(out)
+    assert code == 0 and sorted(res["imported"]) == sorted(k.digest for k in two) and res["rejected"] == []
+    assert res["verified"] is False and "WARNING: --trust: imported entries are NOT verified" in err
     assert _run(capsys, "--cache-dir", str(other), "verify")[0] == 0
-    code, out, _ = _run(capsys, "--cache-dir", str(other), "import", str(archive))
+    code, out, _ = _run(capsys, "--cache-dir", str(other), "import", "--trust", str(archive))
     assert code == 0 and "Imported 0 entries, skipped 2 already present, rejected 0" in out
     # An imported entry is a hit for the same key.
     assert CacheStore(other).get_or_compile(two[0], lambda: ({}, {})) == (ARTIFACTS, True)

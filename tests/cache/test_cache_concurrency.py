@@ -95,8 +95,8 @@ def test_lock_of_killed_process_is_recovered(cache_root: Path) -> None:
     calls = []
     t0 = time.monotonic()
     with config.patch(cache_lock_timeout=30.0):
-        files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"a.py": b"x"}, {}))
-    assert time.monotonic() - t0 < 5.0 and (files, hit, calls) == ({"a.py": b"x"}, False, [1])
+        files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"plan.json": b"x"}, {}))
+    assert time.monotonic() - t0 < 5.0 and (files, hit, calls) == ({"plan.json": b"x"}, False, [1])
     assert not lock_path.exists()
 
 
@@ -105,7 +105,7 @@ def test_stale_lock_file_with_dead_pid(cache_root: Path) -> None:
     lock_path.write_text(json.dumps({"pid": 999999, "host": "gone", "since": 0}))
     with config.patch(cache_lock_timeout=30.0):
         t0 = time.monotonic()
-        assert get_or_compile(synthetic_key(), lambda: ({"a.py": b"x"}, {})) == ({"a.py": b"x"}, False)
+        assert get_or_compile(synthetic_key(), lambda: ({"plan.json": b"x"}, {})) == ({"plan.json": b"x"}, False)
     assert time.monotonic() - t0 < 5.0
 
 
@@ -117,16 +117,16 @@ def test_lock_timeout_compiles_without_waiting_forever(cache_root: Path, caplog:
         calls = []
         t0 = time.monotonic()
         with config.patch(cache_lock_timeout=0.3):
-            files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"a.py": b"x"}, {}))
+            files, hit = get_or_compile(synthetic_key(), lambda: (calls.append(1) or {"plan.json": b"x"}, {}))
         waited = time.monotonic() - t0
-        assert (files, hit, calls) == ({"a.py": b"x"}, False, [1])
+        assert (files, hit, calls) == ({"plan.json": b"x"}, False, [1])
         assert 0.3 <= waited < 5.0
         (msg,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert f"for pid {proc.pid} on host" in msg and "compiling without waiting" in msg  # type: ignore[attr-defined]
         assert "NEURON_COMPILE_CACHE_LOCK_TIMEOUT=0.3" in msg
         assert stats.read_stats(cache_root)["lock_timeouts"] == 1
         # Its result was still published (atomically), so the next process hits without the lock.
-        assert get_or_compile(synthetic_key(), lambda: ({}, {})) == ({"a.py": b"x"}, True)
+        assert get_or_compile(synthetic_key(), lambda: ({}, {})) == ({"plan.json": b"x"}, True)
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
         proc.wait()  # type: ignore[attr-defined]

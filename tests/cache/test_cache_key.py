@@ -310,3 +310,31 @@ def test_real_aot_graphs_parameter_values_and_symbolic_sizes() -> None:
     sym = [s for s in d1[0][1].parts["inputs"] if s["kind"] == "sym"]  # type: ignore[union-attr,index]
     assert len(sym) == 1 and sym[0]["expr"].startswith("s")
     assert d1[0][1].digest != a[0][1].digest
+
+
+def test_real_tensor_constants_hash_inside_fake_mode() -> None:
+    """Issue 15: graphs with real tensor constants (``x * torch.tensor(2.0)``, every HF model) failed with
+    "Please convert all Tensors to FakeTensors first" because backend compilers run in a FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from neuron_compile.cache.graph_codec import decode_graph, encode_graph
+
+    def build(c: float) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        k = g.get_attr("_tensor_constant0")
+        g.output(g.call_function(torch.ops.aten.mul.Tensor, (x, k)))
+        root = torch.nn.Module()
+        root.register_buffer("_tensor_constant0", torch.tensor(c))
+        return torch.fx.GraphModule(root, g)
+
+    x = torch.randn(3)
+    two, three = build(2.0), build(3.0)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        a = compute_key(two, [x], kind="inference")
+        b = compute_key(three, [x], kind="inference")
+        blob = encode_graph(two, [x])
+    assert a.digest != b.digest  # the constant's value is in the key
+    gm, inputs = decode_graph(blob)
+    assert compute_key(gm, [x], kind="inference").digest == a.digest
+    assert gm._tensor_constant0.item() == 2.0
