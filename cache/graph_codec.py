@@ -118,7 +118,7 @@ def _constant(t: torch.Tensor) -> dict[str, object]:
             raise GraphCodecError("a graph constant has no data (FakeTensor)")
         t = t.detach().to("cpu")
         dense = t.contiguous()
-        raw = dense.view(torch.uint8) if dense.numel() and dense.element_size() else dense
+        raw = dense.reshape(-1).view(torch.uint8) if dense.numel() and dense.element_size() else dense
         data = raw.numpy().tobytes() if dense.numel() else b""
     if len(data) > _MAX_CONSTANT_BYTES:
         raise GraphCodecError(f"a graph constant is {len(data)} bytes (limit {_MAX_CONSTANT_BYTES})")

@@ -170,7 +170,7 @@ def _tensor_digest(t: torch.Tensor) -> str:
         if t.is_meta or type(t).__name__ == "FakeTensor":
             return "unmaterialized"
         t = t.to("cpu").contiguous()
-        raw = t.view(torch.uint8) if t.numel() and t.element_size() else t
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.element_size() else t
         h = hashlib.sha256()
         h.update(f"{t.dtype}|{list(t.shape)}|".encode())
         h.update(raw.numpy().tobytes() if t.numel() else b"")
