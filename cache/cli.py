@@ -267,7 +267,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Cache directory", str(store.root) + ("" if config.cache else "  (disabled: NEURON_COMPILE_CACHE=0)")),
         ("Entries", str(len(infos))),
         ("Size on disk", human_size(report["size_bytes"])),
-        ("Hits", f"{totals['hits']}{rate}"),
+        ("Hits", f"{totals['hits']}{rate}" + (f", {totals['local_hits']} local" if totals["remote"]["hits"] else "")),
         ("Misses", str(totals["misses"])),
         ("Compile time saved", f"{totals['compile_seconds_saved']:.2f} s"),
         ("Compile time spent", f"{totals['compile_seconds_spent']:.2f} s"),

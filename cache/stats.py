@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 STATS_FILE = "stats.jsonl"
 COMPACT_BYTES = 4 << 20
 
-_COUNTERS = ("hits", "misses", "corrupt", "lock_timeouts", "write_errors", "whole_graph_hits")
+_COUNTERS = ("hits", "local_hits", "misses", "corrupt", "lock_timeouts", "write_errors", "whole_graph_hits")
 _REMOTE = ("hits", "misses", "errors", "published", "rejected", "bytes_fetched", "bytes_published")
 _SUMS = ("compile_seconds_saved", "compile_seconds_spent", "load_seconds", "bytes_written")
 _EVENT_COUNTER = {"hit": "hits", "miss": "misses", "corrupt": "corrupt", "lock_timeout": "lock_timeouts",
@@ -94,6 +94,8 @@ def _apply(totals: dict[str, Any], ev: dict[str, Any]) -> None:
         totals[counter] += 1
     if kind == "hit" and ev.get("whole_graph"):
         totals["whole_graph_hits"] += 1
+    if kind == "hit" and ev.get("origin") != "remote":
+        totals["local_hits"] += 1
     if kind == "hit":
         totals["compile_seconds_saved"] += float(ev.get("saved", 0.0))
         totals["load_seconds"] += float(ev.get("load", 0.0))

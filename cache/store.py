@@ -58,6 +58,9 @@ _CACHEDIR_TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                  "# For information about cache directory tags see https://bford.info/cachedir/\n")
 _SUBDIRS = ("entries", "tmp", "locks", "quarantine")
 
+# Set by neuron_compile.cache.remote on import: builds the remote tier for NEURON_COMPILE_REMOTE_CACHE.
+REMOTE_FACTORY: Callable[[str, CacheStore], Any] | None = None
+
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 _defaults: dict[tuple[str, bool], CacheStore | None] = {}
@@ -265,10 +268,8 @@ class CacheStore:
         elif write_problem:
             warn_once(f"root:{root}", "neuron-compile cache: %s; using its existing entries, adding none",
                       write_problem)
-        if store is not None and settings["remote_cache"]:
-            from neuron_compile.cache.remote import make_remote
-
-            store.remote = make_remote(settings["remote_cache"], store)
+        if store is not None and settings["remote_cache"] and REMOTE_FACTORY is not None:
+            store.remote = REMOTE_FACTORY(settings["remote_cache"], store)
         _defaults[memo] = store
         return store
 
@@ -378,12 +379,15 @@ class CacheStore:
                 return CacheEntry(key.digest, final, manifest, files)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            self._write_disabled = True
+            self._write_disabled = True  # (set before the warning: a full disk stays full)
             stats.record(self.root, "write_error", key=key.digest[:16])
             warn_once(f"write:{self.root}", "neuron-compile cache: cannot write to %s (%s); compiling without "
                       "caching for the rest of this process", self.root, exc.strerror or exc)
             return None
-        return CacheEntry(key.digest, final, manifest, files)
+        entry = CacheEntry(key.digest, final, manifest, files)
+        if self.remote is not None:
+            self.remote.publish(key, entry)  # write-behind: queued, sent by a background thread
+        return entry
 
     def remove(self, digest: str) -> bool:
         """Delete an entry: renamed into ``tmp/`` first, so readers never see it half-removed."""
@@ -431,16 +435,14 @@ class CacheStore:
             log.debug("neuron-compile cache: no lock for %s: %s", key.short, exc)
             lock = None
         try:
-            if lock is not None:
-                entry = self._try(self.lookup, key)
+            if lock is not None:  # another local process may have published it meanwhile
+                entry = self._try(self.lookup_local, key)
                 if entry is not None:
                     return self._hit(entry, start), True
             t0 = time.perf_counter()
             files, summary = compile_fn()
             seconds = time.perf_counter() - t0
             published = self._try(self.publish, key, files, summary, seconds)
-            if published is not None and self.remote is not None:
-                self.remote.publish(key, published)
             size = sum(len(b) for b in files.values()) if published is not None else 0
             stats.record(self.root, "miss", key=key.digest[:16], compile=round(seconds, 6), bytes=size)
             return dict(files), False

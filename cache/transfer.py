@@ -125,12 +125,7 @@ def export_entries(store: CacheStore, digests: list[str], dest: Path) -> tuple[l
                 except CorruptEntry as exc:
                     skipped.append({"key": digest, "reason": exc.reason})
                     continue
-                for name, blob in [("manifest.json", (path / "manifest.json").read_bytes()), *sorted(data.items())]:
-                    info = tarfile.TarInfo(f"entries/{digest}/{name}")
-                    info.size = len(blob)
-                    info.mtime = int(manifest["created"])
-                    info.mode = 0o644
-                    tar.addfile(info, io.BytesIO(blob))
+                _add_entry(tar, digest, manifest, (path / MANIFEST).read_bytes(), data)
                 exported.append(digest)
         os.replace(tmp, dest)
     finally:
@@ -202,23 +197,45 @@ def _check_members(manifest: dict[str, Any], members: list[tuple[str, tarfile.Ta
             raise _Rejected(f"file {rel!r} is {member.size} bytes, manifest says {meta.get('size')}")
 
 
-def import_archive(store: CacheStore, archive: Path, verifier: Verifier | None = None) -> ImportReport:
+def entry_archive(store: CacheStore, digest: str) -> bytes:
+    """One verified entry as an in-memory tar.gz (the remote tier's value format). Raises CorruptEntry."""
+    path = store.entry_path(digest)
+    manifest, data = verify_entry(path, digest)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        _add_entry(tar, digest, manifest, (path / MANIFEST).read_bytes(), data)
+    return buf.getvalue()
+
+
+def _add_entry(tar: tarfile.TarFile, digest: str, manifest: dict[str, Any], manifest_bytes: bytes,
+               data: dict[str, bytes]) -> None:
+    for name, blob in [(MANIFEST, manifest_bytes), *sorted(data.items())]:
+        info = tarfile.TarInfo(f"entries/{digest}/{name}")
+        info.size = len(blob)
+        info.mtime = int(manifest["created"])
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(blob))
+
+
+def import_archive(store: CacheStore, archive: Path | bytes, verifier: Verifier | None = None) -> ImportReport:
     """Import every valid entry of ``archive`` not already present. Raises :class:`ArchiveError`.
 
     ``verifier(manifest, files)`` (the recompile-and-compare check; None with ``--trust``) raises
     to refuse an entry; a refused entry is moved to ``quarantine/`` with a one-line WARNING, except
     an entry that merely can't be verified here (listed in ``report.unverified``, not imported).
     """
+    what = "the archive" if isinstance(archive, bytes) else str(archive)
     try:
-        tar = tarfile.open(archive, "r:*")
+        tar = tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") if isinstance(archive, bytes) \
+            else tarfile.open(archive, "r:*")
     except (OSError, tarfile.TarError) as exc:
-        raise ArchiveError(f"cannot read {archive}: {exc}") from None
+        raise ArchiveError(f"cannot read {what}: {exc}") from None
     report = ImportReport()
     with tar:
         try:
             groups = _scan(tar)
         except tarfile.TarError as exc:
-            raise ArchiveError(f"cannot read {archive}: {exc}") from None
+            raise ArchiveError(f"cannot read {what}: {exc}") from None
         for digest, members in sorted(groups.items()):
             if os.path.lexists(store.entry_path(digest)):
                 report.skipped.append(digest)

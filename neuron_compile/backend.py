@@ -391,6 +391,21 @@ def load_artifacts(files: dict[str, bytes]) -> tuple[Any, list[tuple[str, str]]]
     return plan, sources
 
 
+def verify_entry_by_recompiling(manifest: dict[str, Any], files: dict[str, bytes]) -> None:
+    """Recompile an untrusted entry's stored graph and compare bytes (raises ``VerificationFailed``)."""
+    from neuron_compile.rebuild import verify_by_recompiling
+
+    verify_by_recompiling(manifest, files)
+
+
+def _register_cache_hooks() -> None:
+    from neuron_compile.cache import remote
+
+    remote.set_verifier(verify_entry_by_recompiling)  # unsigned remote entries are verified this way
+
+
+_register_cache_hooks()
+
 _STATS: list[dict[str, Any]] = []  # per compiled graph (read by examples/tests through compiled_graphs())
 
 

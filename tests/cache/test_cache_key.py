@@ -315,9 +315,8 @@ def test_real_aot_graphs_parameter_values_and_symbolic_sizes() -> None:
 def test_real_tensor_constants_hash_inside_fake_mode() -> None:
     """Issue 15: graphs with real tensor constants (``x * torch.tensor(2.0)``, every HF model) failed with
     "Please convert all Tensors to FakeTensors first" because backend compilers run in a FakeTensorMode."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from neuron_compile.cache.graph_codec import decode_graph, encode_graph
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     def build(c: float) -> torch.fx.GraphModule:
         g = torch.fx.Graph()
