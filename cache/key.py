@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: int = 1
-KINDS = ("forward", "backward", "inference", "dynamo-inference")
+SCHEMA_VERSION: int = 2
+KINDS = ("forward", "backward", "inference", "dynamo-inference", "dynamo-train")
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 

@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 _RESERVED = {MANIFEST}
 # Files an entry of these kinds cannot work without (the backend's runner plan).
-REQUIRED_FILES: dict[str, tuple[str, ...]] = {kind: ("plan.json",) for kind in
-                                              ("forward", "backward", "inference", "dynamo-inference")}
+REQUIRED_FILES: dict[str, tuple[str, ...]] = {
+    **{kind: ("plan.json",) for kind in ("forward", "backward", "inference")},
+    **{kind: ("aot_autograd.pkl", "children.json") for kind in ("dynamo-inference", "dynamo-train")},
+}
 
 
 class CorruptEntry(Exception):

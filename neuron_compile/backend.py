@@ -266,91 +266,6 @@ def _quarantine_unloadable(key: Any, exc: Exception) -> None:
         store.quarantine(key.digest, f"its artifacts can't be loaded ({type(exc).__name__}: {exc})")
 
 
-def inference_whole_graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    """Cache key of a whole Dynamo graph compiled for inference (None when not eligible or caching is off).
-
-    A custom backend gets nothing from AOTAutogradCache, and Dynamo capture + AOT tracing dominate a
-    warm start; for inference graphs whose AOT wrapper is a pass-through the cache can skip AOT too.
-    """
-    from neuron_compile.cache.store import cache_enabled
-
-    if not cache_enabled() or torch.is_grad_enabled() or symbolic_dims(gm, example_inputs):
-        return None
-    if config.check or config.fallback == "eager" or config.debug_dir:
-        return None  # these modes need the ATen graph (eager reference, segments, dumps)
-    if any(isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled() for x in example_inputs):
-        return None
-    try:
-        from neuron_compile.cache.key import compute_key
-
-        return compute_key(gm, list(example_inputs), kind="dynamo-inference")
-    except Exception as exc:  # a failing cache never fails a compile
-        log.debug("no whole-graph cache key: %s", exc)
-        return None
-
-
-def _aot_is_passthrough(gm: fx.GraphModule, igm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """AOT's runtime wrapper adds nothing: same inputs, same outputs (no mutations, no aliases of inputs)."""
-    phs = [n for n in igm.graph.nodes if n.op == "placeholder"]
-    if len(phs) != len(example_inputs):
-        return False
-    dyn_out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    aot_out = next(n for n in igm.graph.nodes if n.op == "output").args[0]
-    dyn_out = dyn_out if isinstance(dyn_out, (list, tuple)) else (dyn_out,)
-    if len(dyn_out) != len(aot_out):
-        return False
-    plan = _STATS[-1]["plan"]
-    input_buffers = {i for i, b in enumerate(plan.buffers) if b.kind == "input"}
-    return all(o.buffer not in input_buffers for o in plan.outputs)
-
-
-def publish_whole_graph(key: Any, stats: dict[str, Any]) -> None:
-    from neuron_compile.cache.store import CacheStore
-
-    store = CacheStore.default()
-    files = stats.get("files")
-    if store is None or files is None:
-        return
-    store.publish(key, files, {"kernels": [n for n, _ in stats["sources"]], "whole_graph": True},
-                  stats["ms"] / 1000)
-
-
-def load_whole_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], overrides: dict[str, Any]) -> Any:
-    """A runner straight from the cache for a whole inference graph, or None."""
-    import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
-    from neuron_compile.cache.store import CacheStore
-    from neuron_compile.runtime import CompiledGraph
-
-    with config.patch(**overrides):
-        start = time.perf_counter()
-        key = inference_whole_graph_key(gm, example_inputs)
-        if key is None:
-            return None
-        store = CacheStore.default()
-        entry = store.lookup(key) if store is not None else None
-        if entry is None:
-            return None
-        try:
-            plan, sources = load_artifacts(entry.files())
-            compiled = CompiledGraph(plan, sources)
-        except Exception as exc:  # never fail a compile because of the cache
-            _quarantine_unloadable(key, exc)
-            return None
-        store.record_hit(entry, start, whole_graph=True)
-    ms = (time.perf_counter() - start) * 1000
-    log.info("neuron: whole inference graph from the cache (%d kernels, %.1f ms)", len(sources), ms)
-    _STATS.append({"kind": "inference", "kernels": len(sources), "plan": plan, "sources": sources,
-                   "cache_hit": True, "ms": ms, "cache_load_ms": ms, "key": key.digest, "whole_graph": True})
-    from neuron_compile import metrics
-
-    metrics.record_whole_graph(_STATS[-1], gm, example_inputs)
-
-    def run(*args: Any) -> tuple[Any, ...]:
-        return tuple(compiled(*args))
-
-    return run
-
-
 def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[dict[str, bytes], dict[str, Any], Any]:
     """Lower and render: the files a cache entry holds (kernel sources + runner plan) and a summary."""
     import json
@@ -413,6 +328,11 @@ def compiled_graphs() -> list[dict[str, Any]]:
     return list(_STATS)
 
 
+def record_stats(stats: dict[str, Any]) -> None:
+    """Add a compiled graph's record (the warm start records the graphs it loads)."""
+    _STATS.append(stats)
+
+
 def reset() -> None:
     _STATS.clear()
 
@@ -441,12 +361,13 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)
 
-    def with_config(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def with_config(fn: Callable[..., Any], boxed: bool = True) -> Callable[..., Any]:
         from torch._functorch.aot_autograd import make_boxed_func
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             with config.patch(**overrides):
-                return make_boxed_func(fn(*args, **kwargs))  # AOT's calling convention: f(list_of_args)
+                compiled = fn(*args, **kwargs)
+            return make_boxed_func(compiled) if boxed else compiled  # AOT's calling convention: f(list_of_args)
 
         return inner
 
@@ -456,14 +377,8 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         return compile_aten_graph(bgm, inputs, "backward")
 
-    with config.patch(**overrides):
-        whole_graph_key = inference_whole_graph_key(gm, example_inputs)
-
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        compiled = compile_aten_graph(igm, inputs, "inference")
-        if whole_graph_key is not None and _aot_is_passthrough(gm, igm, example_inputs):
-            publish_whole_graph(whole_graph_key, _STATS[-1])
-        return compiled
+        return compile_aten_graph(igm, inputs, "inference")
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().
@@ -473,25 +388,38 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
             check_lowerable(joint, "training graph (forward + backward)")
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
-    def make_backend() -> Callable[..., Any]:
+    def make_backend(serializable: bool = False) -> Callable[..., Any]:
+        compilers = {"fw_compiler": (fw_compiler, "forward"), "bw_compiler": (bw_compiler, "backward"),
+                     "inference_compiler": (inference_compiler, "inference")}
+        if serializable:  # results AOTAutograd can bundle into a warm-start entry (neuron_compile.warm_start)
+            from neuron_compile.warm_start import serializable_compiler
+
+            wrapped = {name: serializable_compiler(with_config(fn, boxed=False), kind)
+                       for name, (fn, kind) in compilers.items()}
+        else:
+            wrapped = {name: with_config(fn) for name, (fn, _kind) in compilers.items()}
         return aot_autograd(
-            fw_compiler=with_config(fw_compiler),
-            bw_compiler=with_config(bw_compiler),
-            inference_compiler=with_config(inference_compiler),
+            **wrapped,
             partition_fn=partition_fn,
             decompositions=decomposition_table(),
             keep_inference_input_mutations=False,
         )
 
     dims = symbolic_dims(gm, example_inputs)
-    if not dims:
-        cached = load_whole_graph(gm, example_inputs, overrides)
-        if cached is not None:
-            return cached
     if dims:
         if dynamic_requested(gm):
             raise refuse_dynamic(dims)
         # Dynamo's automatic dynamic shapes: stay static, one compile per concrete shape.
         return StaticShapeDispatcher(gm, make_backend)
+    from neuron_compile import warm_start
+
     with config.patch(**overrides):
-        return make_backend()(gm, example_inputs)
+        key = warm_start.warm_key(gm, example_inputs)
+        if key is None:
+            return make_backend()(gm, example_inputs)
+        cached = warm_start.load(gm, example_inputs, key)
+        if cached is not None:
+            return cached
+        start = time.perf_counter()
+        with warm_start.capturing(key, lambda entry: warm_start.publish_entry(key, entry, time.perf_counter() - start)):
+            return make_backend(serializable=True)(gm, example_inputs)
