@@ -1,0 +1,207 @@
+"""Warm start: a fresh process rebuilds a whole Dynamo graph from the cache without AOTAutograd.
+
+Each test runs a cold process and a warm process on the same cache root and compares them with
+eager and with each other: training graphs (forward and backward, optimizer-free), input
+mutations (in-place ops on user inputs, BatchNorm running statistics), outputs aliasing inputs,
+duplicated/aliased inputs, inference under ``no_grad``; then a corrupt warm entry and a missing
+child entry. ``aot_autograd`` counters prove the warm process did not trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from cache_helpers import run_py
+
+_MODEL = r"""
+import json, logging, sys, torch
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 24)
+        self.bn = torch.nn.BatchNorm1d(24)
+        self.out = torch.nn.Linear(24, 8)
+    def forward(self, x, state):
+        h = torch.relu(self.bn(self.lin(x)))
+        state.mul_(0.5).add_(h.mean(0).detach()[:8])   # mutates a user input
+        y = self.out(h)
+        return y, y.view(-1)[:4], state.view(2, 4)     # a view of an output, a view of a mutated input
+
+def run(fn, model, x, state, train):
+    model.train(train)
+    with torch.set_grad_enabled(train):
+        y, head, st = fn(x, state)
+        loss = y.float().pow(2).mean() + head.sum()
+        if train:
+            loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), st.detach().clone(), grads, {k: v.clone() for k, v in model.state_dict().items()}
+
+torch.manual_seed(0)
+ref = Net()
+model = Net()
+model.load_state_dict(ref.state_dict())
+x = torch.randn(6, 16)
+compiled = torch.compile(model, backend="neuron", dynamic=False)
+results = {}
+for train in (True, False):
+    s_ref, s_cmp = torch.zeros(8), torch.zeros(8)
+    for m in (ref, model):
+        m.zero_grad(set_to_none=True)
+    a = run(ref, ref, x, s_ref, train)
+    b = run(compiled, model, x, s_cmp, train)
+    torch.testing.assert_close(b[0], a[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b[1], a[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s_cmp, s_ref, rtol=1e-4, atol=1e-4)   # the input really was mutated
+    for n in a[2]:
+        torch.testing.assert_close(b[2][n], a[2][n], rtol=1e-3, atol=1e-4, msg=n)
+    for k in a[3]:
+        torch.testing.assert_close(b[3][k], a[3][k], rtol=1e-4, atol=1e-4, msg=k)  # BN running stats
+    results["train" if train else "eval"] = float(b[0])
+print(json.dumps({"loss": results, "aot_calls": counters["aot_autograd"]["total"],
+                  "graphs": [[g["kind"], g["cache_hit"], bool(g.get("whole_graph"))] for g in B.compiled_graphs()]}))
+"""
+
+
+def _run(root: Path, code: str = _MODEL) -> dict[str, object]:
+    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(root)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")] == [], proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cold_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """One cold run of the model (shared: each test copies the root it damages)."""
+    root = tmp_path_factory.mktemp("warm") / "cache"
+    return root, _run(root)
+
+
+def _copy(cold_root: tuple[Path, dict[str, object]], tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    shutil.copytree(cold_root[0], root, symlinks=True)
+    return root
+
+
+def _warm_entries(root: Path) -> dict[str, Path]:
+    out = {}
+    for d in os.listdir(root / "entries"):
+        kind = json.loads((root / "entries" / d / "manifest.json").read_text())["key_parts"]["kind"]
+        if kind.startswith("dynamo-"):
+            out[kind] = root / "entries" / d
+    return out
+
+
+def test_training_and_inference_warm_start_without_tracing(cold_root: tuple[Path, dict[str, object]],
+                                                           tmp_path: Path) -> None:
+    """Cold: AOTAutograd traces both graphs. Warm (fresh process): no AOTAutograd call at all, the
+    same losses, gradients, mutated input, aliasing views and BatchNorm statistics as eager."""
+    root = _copy(cold_root, tmp_path)
+    cold = cold_root[1]
+    assert cold["aot_calls"] == 2
+    assert cold["graphs"] == [["forward", False, False], ["backward", False, False], ["inference", False, False]]
+    assert set(_warm_entries(root)) == {"dynamo-train", "dynamo-inference"}
+    warm = _run(root)
+    assert warm["aot_calls"] == 0
+    assert warm["graphs"] == [["forward", True, True], ["backward", True, True], ["inference", True, True]]
+    assert warm["loss"] == cold["loss"]
+
+
+_ALIASED = r"""
+import json, torch
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+def f(a, b):
+    a.add_(1.0)
+    return a * b + 1
+fc = torch.compile(f, backend="neuron", dynamic=False)
+out = []
+for same in (False, True):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    args = (a, a) if same else (a, b)
+    ea = tuple(t.clone() for t in args) if not same else (a.clone(),) * 2
+    if same:
+        ea = (ea[0], ea[0])
+    expect = f(*ea)
+    got = fc(*args)
+    torch.testing.assert_close(got, expect)
+    torch.testing.assert_close(args[0], ea[0])
+    out.append(float(got.sum()))
+print(json.dumps({"sums": out, "aot_calls": counters["aot_autograd"]["total"],
+                  "hits": [bool(g.get("whole_graph")) for g in B.compiled_graphs()]}))
+"""
+
+
+def test_aliased_inputs_are_part_of_the_key(tmp_path: Path) -> None:
+    """f(a, a) and f(a, b) give AOTAutograd different wrappers (dedupe): each has its own warm entry."""
+    root = tmp_path / "cache"
+    cold = _run(root, _ALIASED)
+    warm = _run(root, _ALIASED)
+    assert warm["sums"] == cold["sums"] and warm["aot_calls"] == 0 and all(warm["hits"])
+
+
+def test_corrupt_warm_state_is_quarantined(cold_root: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    """A warm entry whose pickled AOTAutograd state is damaged (manifest hashes recomputed, so it
+    passes the integrity check): quarantined with one warning, traced again, right numbers."""
+    root = _copy(cold_root, tmp_path)
+    entry = _warm_entries(root)["dynamo-train"]
+    blob = b"\x80\x05not a pickle"
+    (entry / "aot_autograd.pkl").write_bytes(blob)
+    man = json.loads((entry / "manifest.json").read_text())
+    man["files"]["aot_autograd.pkl"] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    (entry / "manifest.json").write_text(json.dumps(man))
+    proc = run_py(_MODEL, env={"NEURON_COMPILE_CACHE_DIR": str(root)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warns = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
+    assert len(warns) == 1 and f"entry {entry.name[:12]} is corrupt (its warm-start state can't be loaded" in warns[0]
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["aot_calls"] == 1  # training traced again; inference still warm
+    assert data["graphs"][:2] == [["forward", True, False], ["backward", True, False]]
+    assert any(p.startswith(entry.name) for p in os.listdir(root / "quarantine"))
+    assert (entry / "aot_autograd.pkl").read_bytes() != blob  # republished by the traced compile
+
+
+def test_missing_child_entry_traces_again(cold_root: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    root = _copy(cold_root, tmp_path)
+    children = json.loads((_warm_entries(root)["dynamo-train"] / "children.json").read_text())
+    backward = next(c["digest"] for c in children if c["kind"] == "backward")
+    shutil.rmtree(root / "entries" / backward)
+    data = _run(root)
+    assert data["aot_calls"] == 1
+    assert data["graphs"][:2] == [["forward", True, False], ["backward", False, False]]
+
+
+def test_warm_entry_pickle_holds_no_graph_module_or_kernels(cold_root: tuple[Path, dict[str, object]]) -> None:
+    """The stored state is AOTAutograd's metadata and our digests: no pickled GraphModule (code),
+    no kernel source."""
+    root = cold_root[0]
+    blob = (_warm_entries(root)["dynamo-train"] / "aot_autograd.pkl").read_bytes()
+    assert b"reduce_graph_module" not in blob and b"nki" not in blob.lower()
+    entry = pickle.loads(blob)
+    assert entry.serialized_bw_module is None
+    assert {entry.compiled_fw.result.kind, entry.compiled_bw.result.kind} == {"forward", "backward"}
+
+
+def test_import_never_brings_warm_state(cold_root: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    """Warm state is a pickle: `cache import` (verified) leaves it out; the ATen entries come in."""
+    from neuron_compile.cli import main
+
+    root = cold_root[0]
+    archive = tmp_path / "a.tgz"
+    assert main(["cache", "export", str(archive), "--cache-dir", str(root)]) == 0
+    other = tmp_path / "other"
+    assert main(["cache", "import", str(archive), "--cache-dir", str(other)]) == 0
+    kinds = sorted(json.loads((other / "entries" / d / "manifest.json").read_text())["key_parts"]["kind"]
+                   for d in os.listdir(other / "entries"))
+    assert kinds == ["backward", "forward", "inference"]
