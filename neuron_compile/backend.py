@@ -184,8 +184,10 @@ class StaticShapeDispatcher:
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     """Compile one ATen graph into a runner (with eager fallback / check mode / metrics when enabled)."""
-    from neuron_compile import metrics
+    from neuron_compile import metrics, precompile
 
+    if precompile.capture_dir() is not None:  # `neuron-compile precompile`: record the graph, run nothing
+        return precompile.capture(gm, list(example_inputs), kind)
     with metrics.graph(gm, example_inputs, kind) as rec:
         if config.fallback == "eager" and unsupported_nodes(gm):
             from neuron_compile.fallback import compile_with_fallback

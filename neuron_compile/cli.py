@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ops": ("neuron_compile.support_matrix", "list the supported ATen ops and dtypes"),
     "check": ("neuron_compile.evaluate_cli", "run a script in fallback + numeric-check mode; print a readiness report"),
     "explain": ("neuron_compile.explain", "run a script; per graph and kernel: estimated vs roofline time, fusion"),
+    "precompile": ("neuron_compile.precompile", "capture a script's graphs (no kernel runs), compile them in "
+                   "parallel into the cache"),
 }
 
 

@@ -235,7 +235,10 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
     from neuron_compile import backend, metrics
     from neuron_compile.cache.key import CacheKey
     from neuron_compile.cache.store import CacheStore
+    from neuron_compile.precompile import capture_dir
 
+    if capture_dir() is not None:
+        return None  # precompile's capture phase runs no kernel: it traces (and records) every graph
     start = time.perf_counter()
     store = CacheStore.default()
     entry = store.lookup(key) if store is not None else None

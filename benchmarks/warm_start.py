@@ -1,0 +1,142 @@
+"""Warm start without tracing: a fresh process's first call, cold vs warm, neuron vs Inductor.
+
+For each workload a fresh process runs the first call twice per backend on one cache folder:
+``cold`` (empty cache) then ``warm`` (the cache the cold run filled). The first call is what a user
+waits for: Dynamo capture + (AOTAutograd + compile | cache load) + the first run.
+
+Workloads: ``quickstart`` (examples/quickstart.py's GPT, inference under no_grad), ``train``
+(examples/train.py's GPT + cross-entropy: the first training step, forward and backward, and an
+AdamW step), ``gpt2`` (a Hugging Face GPT-2 with a tiny config, inference; skipped without
+``transformers``). Targets (issue 15): neuron warm <= 0.5x neuron cold, and <= 0.75x Inductor's
+warm first call measured in the same run.
+
+Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+sys.path.insert(0, %(examples)r)
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+workload, backend = %(workload)r, %(backend)r
+torch.manual_seed(0)
+if workload == "quickstart":
+    from models import GPT, GPTConfig
+    cfg = GPTConfig(vocab=512, seq=64, d_model=128, n_heads=4, n_layers=2)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    def first():
+        with torch.no_grad():
+            return compiled(idx)
+elif workload == "train":
+    from models import GPT, GPTConfig
+    from train import LMLoss
+    cfg = GPTConfig(vocab=128, seq=32, d_model=64, n_heads=2, n_layers=2)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq + 1))
+    compiled = torch.compile(LMLoss(model), backend=backend, dynamic=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    def first():
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        opt.step()
+        return loss
+else:
+    import transformers
+    transformers.logging.set_verbosity_error()
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64, bos_token_id=0,
+                     eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    idx = torch.randint(0, 256, (2, 32))
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    def first():
+        with torch.no_grad():
+            return compiled(idx).logits
+t1 = time.perf_counter()
+first()
+t2 = time.perf_counter()
+graphs = B.compiled_graphs()
+print(json.dumps({"first_call_s": t2 - t1, "setup_s": t1 - t0, "aot_calls": counters["aot_autograd"]["total"],
+                  "graphs": len(graphs), "hits": sum(1 for g in graphs if g.get("cache_hit")),
+                  "whole": sum(1 for g in graphs if g.get("whole_graph"))}))
+"""
+
+
+def run_child(workload: str, backend: str, env: dict[str, str]) -> dict:
+    code = CHILD % {"examples": str(REPO / "examples"), "workload": workload, "backend": backend}
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800,
+                         cwd=REPO)
+    if res.returncode != 0:
+        raise SystemExit(f"{workload}/{backend} child failed:\n{res.stderr[-3000:]}")
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    data["wall_s"] = time.perf_counter() - start
+    return data
+
+
+def measure(workload: str, backend: str, repeat: int) -> tuple[dict, dict]:
+    """Best (lowest first call) cold and warm runs over ``repeat`` fresh cache folders."""
+    colds, warms = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}
+            env.update(NEURON_COMPILE_CACHE_DIR=str(Path(tmp) / "neuron"), TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+            colds.append(run_child(workload, backend, env))
+            warms.append(run_child(workload, backend, env))
+    return min(colds, key=lambda d: d["first_call_s"]), min(warms, key=lambda d: d["first_call_s"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workloads", default="quickstart,train,gpt2")
+    parser.add_argument("--no-inductor", action="store_true")
+    args = parser.parse_args()
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if "gpt2" in workloads and importlib.util.find_spec("transformers") is None:
+        print("gpt2: skipped (transformers is not installed: pip install transformers)")
+        workloads.remove("gpt2")
+    backends = ["neuron"] + ([] if args.no_inductor else ["inductor"])
+    print(f"first call in a fresh process, best of {args.repeat}; cold = empty cache, warm = the cache the cold run filled")
+    header = (f"{'workload':11} {'backend':9} {'cold':>8} {'warm':>8} {'warm/cold':>9} {'AOT calls warm':>15} "
+              f"{'graphs warm (hit/whole)':>24}")
+    print(header)
+    verdicts = []
+    for workload in workloads:
+        rows = {b: measure(workload, b, args.repeat) for b in backends}
+        for backend, (cold, warm) in rows.items():
+            hits = f"{warm['hits']}/{warm['whole']} of {warm['graphs']}" if backend == "neuron" else "-"
+            print(f"{workload:11} {backend:9} {cold['first_call_s']:7.2f}s {warm['first_call_s']:7.2f}s "
+                  f"{warm['first_call_s'] / cold['first_call_s']:8.2f}x {warm['aot_calls']:>15} {hits:>24}", flush=True)
+        n_cold, n_warm = rows["neuron"]
+        ratio = n_warm["first_call_s"] / n_cold["first_call_s"]
+        line = f"{workload}: neuron warm/cold {ratio:.2f}x (target <= 0.5: {'met' if ratio <= 0.5 else 'MISSED'})"
+        if "inductor" in rows:
+            vs = n_warm["first_call_s"] / rows["inductor"][1]["first_call_s"]
+            line += f"; neuron warm / Inductor warm {vs:.2f}x (target <= 0.75: {'met' if vs <= 0.75 else 'MISSED'})"
+        verdicts.append(line)
+    print("\n".join(verdicts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
