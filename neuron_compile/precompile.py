@@ -283,8 +283,13 @@ def precompile(script: Path, script_args: list[str], folder: Path, *, workers: i
         else:
             import multiprocessing
 
+            import neuron_compile.backend  # noqa: F401  (imported once here; forked workers inherit it)
+
+            # fork: a spawned worker would re-import torch and the compiler (seconds each); this
+            # process has run no torch op and started no thread, so forking it is safe.
+            context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
             with ProcessPoolExecutor(max_workers=min(workers, len(records)), initializer=_init_worker,
-                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+                                     mp_context=context) as pool:
                 results = list(pool.map(compile_record, [str(p) for p in records]))
     compile_s = time.perf_counter() - t1
     unique = {c["key"] for c in calls if c.get("key")}
