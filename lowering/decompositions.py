@@ -120,6 +120,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     table.update(OWN)
     from neuron_compile.lowering.decomp_attention import ATTENTION
+    from neuron_compile.lowering.decomp_nn import NN
 
     table.update(ATTENTION)
+    table.update(NN)
     return table

@@ -19,6 +19,7 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
 from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
@@ -65,6 +66,7 @@ class GraphLowering:
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
+        self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
@@ -167,6 +169,11 @@ class GraphLowering:
             LoopGroupEmitter(self, g).emit()
         else:
             node = g.members[0]
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.numel() == 0:  # nothing to compute or move
+                buf = self._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(val.dtype) or "float32"))
+                self.views[node] = View(buf, node_shape(node), contiguous_strides(node_shape(node)), 0, val.dtype)
+                return
             rule = lookup(node.target)
             assert rule is not None
             rule.fn(self, node)
@@ -334,6 +341,9 @@ class LoopGroupEmitter:
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))
             self.values[node] = val
+        # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
+        # index is only known now.
+        kernel_index = len(self.gl.kernels)
         # Stores: values used outside the group (or as graph outputs).
         results: list[int] = []
         widened = self._widened_stores()

@@ -184,7 +184,25 @@ class StaticShapeDispatcher:
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     """Compile one ATen graph into a runner (with eager fallback / check mode / metrics when enabled)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls its compilers with its FakeTensorMode active; graph constants are real tensors.
+    with unset_fake_temporarily():
+        return _compile_aten_graph(gm, example_inputs, kind)
+
+
+def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     from neuron_compile import metrics
+    from neuron_compile.lowering.graph_passes import lift_constants
+
+    gm, constants = lift_constants(gm)
+    if constants:  # tensor literals of the graph: passed after the real inputs on every call
+        inner = _compile_aten_graph(gm, [*example_inputs, *constants], kind)
+
+        def with_constants(*args: Any) -> Any:
+            return inner(*args, *constants)
+
+        return with_constants
 
     with metrics.graph(gm, example_inputs, kind) as rec:
         if config.fallback == "eager" and unsupported_nodes(gm):
