@@ -21,8 +21,8 @@ import math
 import torch
 from neuron_compile.lowering import mathlib
 from neuron_compile.lowering.builder import TileVal
-from neuron_compile.lowering.ranges import lower_bound
 from neuron_compile.lowering.intmath import INTS, int_refusal, is_int_compute
+from neuron_compile.lowering.ranges import lower_bound
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 

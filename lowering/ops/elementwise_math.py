@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering import mathlib as m
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
-from neuron_compile.lowering.intmath import INTS, dtype_of, int_refusal, is_int_compute
+from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
