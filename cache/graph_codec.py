@@ -8,7 +8,8 @@ archive or a remote cache is untrusted data, and decoding it must never run code
   op name such as ``aten::add.Tensor``, or one of a few Python operators), ``args``/``kwargs``
   (tagged JSON values, nodes referenced by name) and ``val`` (the tensor metadata: shape, stride,
   dtype, storage offset, or a tuple of them, or a scalar);
-- ``constants``: tensors behind ``get_attr`` nodes, by value (dtype, shape, stride, hex bytes);
+- ``constants``: tensors behind ``get_attr`` nodes, by value (dtype, shape, stride, hex bytes), and
+  the values of lifted constants (placeholders marked ``neuron_constant``) in their node record;
 - ``inputs``: the example inputs' metadata (tensors are rebuilt as FakeTensors, never allocated).
 
 :func:`decode_graph` resolves targets only among ``torch.ops`` overloads and the allowlisted
@@ -149,9 +150,11 @@ def encode_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> 
             raise GraphCodecError(f"{node.op} nodes cannot be stored")
         else:
             rec["target"] = node.target
+            if node.op == "placeholder" and node.meta.get("neuron_constant"):  # a lifted tensor constant
+                rec["constant"] = _constant(node.meta["val"])
         rec["args"] = _value(tuple(node.args), names)
         rec["kwargs"] = _value(dict(node.kwargs), names)
-        if "val" in node.meta:
+        if "val" in node.meta and "constant" not in rec:
             rec["val"] = _meta(node.meta["val"])
         nodes.append(rec)
     inputs = [_meta(x) for x in example_inputs]
@@ -346,7 +349,10 @@ def decode_graph(blob: bytes) -> tuple[torch.fx.GraphModule, list[object]]:
             node = graph.output(args[0] if len(args) == 1 else args)
         else:
             raise GraphCodecError(f"node {name}: op {op!r} is not allowed")
-        if "val" in rec:
+        if op == "placeholder" and "constant" in rec:
+            node.meta["val"] = _decode_constant(rec["constant"])
+            node.meta["neuron_constant"] = True
+        elif "val" in rec:
             node.meta["val"] = _decode_meta(rec["val"], fake_mode)
         env[name] = node
     try:
@@ -357,4 +363,9 @@ def decode_graph(blob: bytes) -> tuple[torch.fx.GraphModule, list[object]]:
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise GraphCodecError("bad inputs")
-    return gm, [_decode_meta(x, fake_mode) for x in raw_inputs]
+    inputs = [_decode_meta(x, fake_mode) for x in raw_inputs]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders[: len(inputs)]):
+        if node.meta.get("neuron_constant"):
+            inputs[i] = node.meta["val"]  # lifted constants are passed as real tensors
+    return gm, inputs

@@ -306,6 +306,8 @@ def canonical_graph(gm: torch.fx.GraphModule) -> str:
             names[node] = f"n{n_ops}"
             n_ops += 1
         record: dict[str, object] = {"op": node.op}
+        if node.op == "placeholder" and node.meta.get("neuron_constant"):  # a lifted tensor constant
+            record["const"] = {"tensor": _tensor_digest(node.meta["val"]), **_tensor_meta(node.meta["val"])}
         if node.op == "get_attr":
             value = _resolve_attr(gm, node.target)
             if isinstance(value, torch.Tensor):

@@ -60,6 +60,7 @@ class NeuronOutputCode(OutputCode):
 
     kind: str = ""
     digest: str | None = None
+    constants: list[Any] = dataclasses.field(default_factory=list, repr=False)  # lifted tensor constants
     runner: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +97,8 @@ def serializable_compiler(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], ki
         runner = fn(gm, inputs)
         stats = compiled_graphs()[before:]
         digest = stats[-1].get("key") if len(stats) == 1 and not stats[-1].get("fallback") else None
-        return NeuronOutputCode(kind=kind, digest=digest, runner=runner)
+        constants = list(getattr(runner, "neuron_constants", ()))
+        return NeuronOutputCode(kind=kind, digest=digest, constants=constants, runner=runner)
 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_one)
 
@@ -268,7 +270,7 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
             if not isinstance(code, NeuronOutputCode) or code.digest not in loaded:
                 raise ValueError(f"its AOTAutograd result refers to a graph it does not list ({code!r})")
             _kind, plan, sources, _files = loaded[code.digest]
-            code.runner = CompiledGraph(plan, sources)
+            code.runner = _with_constants(CompiledGraph(plan, sources), code.constants)
         fn = _rebuild(result)
     except Exception as exc:  # never fail a compile because of the cache
         store.quarantine(key.digest, f"its warm-start state can't be loaded ({type(exc).__name__}: {exc})")
@@ -284,6 +286,17 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
         backend.record_stats(stats)
         metrics.record_whole_graph(stats, gm, example_inputs)
     return fn
+
+
+def _with_constants(graph: Any, constants: list[Any]) -> Callable[..., Any]:
+    """The compiled graph, fed the graph's lifted tensor constants after the real inputs."""
+    if not constants:
+        return graph
+
+    def run(*args: Any) -> Any:
+        return graph(*args, *constants)
+
+    return run
 
 
 def _rebuild(result: Any) -> Callable[..., Any]:
