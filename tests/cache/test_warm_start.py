@@ -205,3 +205,40 @@ def test_import_never_brings_warm_state(cold_root: tuple[Path, dict[str, object]
     kinds = sorted(json.loads((other / "entries" / d / "manifest.json").read_text())["key_parts"]["kind"]
                    for d in os.listdir(other / "entries"))
     assert kinds == ["backward", "forward", "inference"]
+
+
+_CONSTANTS = r"""
+import json, torch
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.lin(x) * torch.tensor([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # a real tensor constant
+torch.manual_seed(0)
+m = M()
+x = torch.randn(4, 8)
+f = torch.compile(m, backend="neuron", dynamic=False)
+f(x).sum().backward()
+grad = m.lin.weight.grad.clone()
+m.zero_grad()
+m(x).sum().backward()
+torch.testing.assert_close(grad, m.lin.weight.grad)
+print(json.dumps({"aot_calls": counters["aot_autograd"]["total"],
+                  "hits": [bool(g.get("whole_graph")) for g in B.compiled_graphs()]}))
+"""
+
+
+def test_graph_constants_warm_start_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15: graphs with real tensor constants (every HF model) were never cached. Now they are,
+    warm-start (the lifted constants travel with the warm entry) and recompile to the same bytes."""
+    from neuron_compile.cli import main
+
+    root = tmp_path / "cache"
+    assert _run(root, _CONSTANTS) == {"aot_calls": 1, "hits": [False, False]}
+    assert _run(root, _CONSTANTS) == {"aot_calls": 0, "hits": [True, True]}
+    assert main(["cache", "verify", "--recompile", "--json", "--cache-dir", str(root)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bad"] == [] and report["ok"] == 3 and len(report["unverifiable"]) == 1  # the warm entry
