@@ -174,8 +174,12 @@ def capturing(key: Any, publish: Callable[[Any], None]) -> Iterator[None]:
     real_save = AOTAutogradCache.save
 
     def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kw: Any) -> tuple[None, Any]:
-        info = AOTAutogradCacheInfo(ours, time.time_ns(), forward_symints=[])
-        return None, dataclasses.replace(aot_config, cache_info=info)
+        try:  # ask AOTAutograd to hand its result to `save` below (cache_info set), never to look anything up
+            info = AOTAutogradCacheInfo(ours, time.time_ns(), forward_symints=[])
+            return None, dataclasses.replace(aot_config, cache_info=info)
+        except Exception as exc:  # another torch: compile without a warm entry rather than fail
+            log.debug("warm start unavailable with this torch (%s: %s)", type(exc).__name__, exc)
+            return None, aot_config
 
     def save(cache_key: str, entry: Any, remote: bool) -> None:
         if cache_key != ours:
@@ -187,9 +191,13 @@ def capturing(key: Any, publish: Callable[[Any], None]) -> Iterator[None]:
                         type(exc).__name__, exc)
         return None
 
-    patch = fconfig.patch(enable_autograd_cache=True, bundled_autograd_cache=True,
-                          force_non_lazy_backward_lowering=True)
-    with patch, _swap(AOTAutogradCache, "try_load", staticmethod(try_load)), \
+    knobs = {"enable_autograd_cache": True, "bundled_autograd_cache": True, "force_non_lazy_backward_lowering": True}
+    if not all(hasattr(fconfig, k) for k in knobs) or not all(
+            isinstance(AOTAutogradCache.__dict__.get(name), staticmethod) for name in ("try_load", "save")):
+        log.debug("warm start unavailable with this torch (AOTAutograd cache hooks changed)")
+        yield
+        return
+    with fconfig.patch(**knobs), _swap(AOTAutogradCache, "try_load", staticmethod(try_load)), \
             _swap(AOTAutogradCache, "save", staticmethod(save)):
         yield
 
