@@ -24,9 +24,12 @@ import atexit
 import hashlib
 import hmac
 import logging
+import os
 import queue
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +202,43 @@ class RemoteTier:
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
         return not self._queue.unfinished_tasks
+
+
+CLAIM_PREFIX = "neuron-compile:v1:compiling:"
+
+
+class Claim:
+    """A cluster-wide claim on compiling one key (``SET NX EX`` on a token), for ``precompile``."""
+
+    def __init__(self, tier: RemoteTier, digest: str, ttl: float) -> None:
+        self.tier = tier
+        self.key = CLAIM_PREFIX + digest
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}".encode()
+        self.ttl = max(1, int(ttl))
+
+    def acquire(self) -> bool | None:
+        """True: ours to compile; False: another host is compiling it; None: the remote is unusable."""
+        got = self.tier._call("SET", lambda: self.tier._client.set_nx(self.key, self.token, self.ttl))
+        return None if got is None else bool(got)
+
+    def release(self) -> None:
+        def drop() -> None:
+            if self.tier._client.get(self.key) == self.token:  # never another host's claim after ours expired
+                self.tier._client.delete(self.key)
+
+        self.tier._call("DEL", drop)
+
+
+def wait_for_remote(tier: RemoteTier, key: CacheKey, timeout: float, poll: float = 0.25) -> CacheEntry | None:
+    """Poll the remote until another host publishes ``key`` (or its claim disappears, or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and tier.disabled is None:
+        published = tier._call("EXISTS", lambda: tier._client.call("EXISTS", KEY_PREFIX + key.digest))
+        claimed = tier._call("GET", lambda: tier._client.get(CLAIM_PREFIX + key.digest))
+        if published or claimed is None:  # published, or its holder gave up (then fetch() finds nothing)
+            return tier.fetch(key)
+        time.sleep(poll)
+    return None
 
 
 def make_remote(url: str, store: CacheStore) -> RemoteTier | None:

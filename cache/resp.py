@@ -1,7 +1,7 @@
-"""A minimal Redis client: the five commands the remote cache tier needs, over RESP2.
+"""A minimal Redis client: the few commands the remote cache tier needs, over RESP2.
 
 Owns :class:`RedisClient` and :func:`parse_redis_url`. Why not the ``redis`` package: the tier
-needs GET, SET (NX, EX), PING, AUTH and SELECT on one connection with a hard deadline on every
+needs GET, SET (NX, EX), DEL, EXISTS, PING, AUTH and SELECT on one connection with a hard deadline on every
 operation (connect, send and receive share one timeout), and nothing else; a dependency on every
 host of a fleet for that is more to install and audit than these ~150 lines. ``rediss://`` uses
 the standard library's TLS with certificate verification.
@@ -208,6 +208,10 @@ class RedisClient:
         if value is not None and not isinstance(value, bytes):
             raise RedisError(f"GET returned {type(value).__name__}")
         return value
+
+    def delete(self, key: str) -> int:
+        value = self.call("DEL", key)
+        return int(value) if isinstance(value, int) else 0
 
     def set_nx(self, key: str, value: bytes, ttl_seconds: int | None = None) -> bool:
         """SET key value NX [EX ttl]: True when stored, False when the key already existed."""

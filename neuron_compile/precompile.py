@@ -189,15 +189,41 @@ def compile_record(path: str) -> dict[str, Any]:
                     files.update(stored_graph(gm, inputs))
                 return files, summary
 
-            _files, hit = store.get_or_compile(key, build)
-            if store.remote is not None:
-                store.remote.flush()
-        out["status"] = "compiled" if compiled else ("waited" if hit else "compiled")
+            out["status"] = _compile_once(store, key, build, compiled)
     except Exception as exc:  # reported per graph; the others still compile
         out["status"] = "failed"
         out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     out["seconds"] = round(time.perf_counter() - start, 3)
     return out
+
+
+def _compile_once(store: Any, key: Any, build: Any, compiled: list[int]) -> str:
+    """Compile ``key`` unless a worker, rank or host sharing the cache does: ``compiled``/``cached``/``waited``.
+
+    Hosts sharing only the remote tier coordinate through a claim in Redis: the first claims and
+    compiles, the others wait for its entry (then fetch it) instead of compiling it again.
+    """
+    from neuron_compile.cache.remote import Claim, wait_for_remote
+    from neuron_compile.config import config
+
+    if store.lookup(key) is not None:
+        return "cached"
+    claim = None
+    remote = store.remote
+    if remote is not None and remote.disabled is None:
+        claim = Claim(remote, key.digest, ttl=float(config.cache_lock_timeout))
+        if claim.acquire() is False:
+            if wait_for_remote(remote, key, float(config.cache_lock_timeout)) is not None:
+                return "waited"
+            claim = None  # its holder gave up or is too slow: compile it here
+    try:
+        _files, hit = store.get_or_compile(key, build)
+        if remote is not None:
+            remote.flush()
+    finally:
+        if claim is not None:
+            claim.release()
+    return "compiled" if compiled else ("waited" if hit else "compiled")
 
 
 def _init_worker() -> None:

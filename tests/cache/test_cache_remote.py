@@ -13,12 +13,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cache_helpers import ARTIFACTS, LIGHT_IMPORT, run_py, spawn_py, synthetic_key
+from cache_helpers import ARTIFACTS, LIGHT_IMPORT, REPO, run_py, spawn_py, synthetic_key
 from neuron_compile.cache import remote as remote_mod
 from neuron_compile.cache import stats
 from neuron_compile.cache.resp import RedisClient, RedisError, parse_redis_url
@@ -245,3 +246,30 @@ def test_resp_client_refuses_oversized_replies(redis: RedisServer) -> None:
     with pytest.raises(RedisError, match="reply of 5000 bytes exceeds the 1000 byte limit"):
         small.get("big")
     assert small.get("missing") is None  # reconnects after the refused reply
+
+
+def test_precompile_hosts_sharing_only_redis_compile_each_graph_once(redis: RedisServer, tmp_path: Path) -> None:
+    """Two precompiles with separate local roots (two hosts) and one Redis: a claim in Redis makes
+    each graph compiled once; the other host waits for it and fetches it (signed)."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+        "f = torch.compile(m, backend='neuron', dynamic=False)\n"
+        "x = torch.randn(4, 8)\n"
+        "for _ in range(3):\n"
+        "    f(x).sum().backward()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}
+    env.update(NEURON_COMPILE_REMOTE_CACHE=redis.url, NEURON_COMPILE_REMOTE_CACHE_SECRET=SECRET)
+    procs = [subprocess.Popen([sys.executable, "-m", "neuron_compile", "precompile", "--workers", "1", "--json",
+                               str(script)], env={**env, "NEURON_COMPILE_CACHE_DIR": str(tmp_path / f"host{i}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for i in range(2)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        reports.append(json.loads(out))
+    assert [r["unique"] for r in reports] == [2, 2]
+    assert sum(r["compiled"] for r in reports) == 2 and sum(r["waited"] for r in reports) == 2
+    assert not any(r["failed"] for r in reports)
+    assert not [k for k in redis.keys() if b":compiling:" in k]  # claims released
