@@ -20,7 +20,8 @@ Two phases (like ``neuron_parallel_compile``):
    the ranks split the work. A following real run is all cache hits.
 
 Report (text or ``--json``): graphs found (compile calls seen), unique, already cached, compiled
-here, waited for (another worker or rank compiled them), failed, and seconds per phase.
+here, waited for (another worker, rank or host was compiling them), fetched (published by another
+meanwhile), failed, and seconds per phase.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def compile_record(path: str) -> dict[str, Any]:
 
 
 def _compile_once(store: Any, key: Any, build: Any, compiled: list[int]) -> str:
-    """Compile ``key`` unless a worker, rank or host sharing the cache does: ``compiled``/``cached``/``waited``.
+    """Compile ``key`` unless a worker, rank or host sharing the cache does: ``compiled``/``fetched``/``waited``.
 
     Hosts sharing only the remote tier coordinate through a claim in Redis: the first claims and
     compiles, the others wait for its entry (then fetch it) instead of compiling it again.
@@ -207,7 +208,7 @@ def _compile_once(store: Any, key: Any, build: Any, compiled: list[int]) -> str:
     from neuron_compile.config import config
 
     if store.lookup(key) is not None:
-        return "cached"
+        return "fetched"  # published meanwhile (another rank or host), locally or in the remote tier
     claim = None
     remote = store.remote
     if remote is not None and remote.disabled is None:
@@ -326,6 +327,7 @@ def precompile(script: Path, script_args: list[str], folder: Path, *, workers: i
         "already_cached": len({c["key"] for c in calls if c.get("status") == "cached"}),
         "compiled": sum(1 for r in results if r["status"] == "compiled"),
         "waited": sum(1 for r in results if r["status"] == "waited"),
+        "fetched": sum(1 for r in results if r["status"] == "fetched"),
         "failed": [r for r in results if r["status"] == "failed"],
         "not_storable": sorted({c["status"] for c in calls if str(c.get("status", "")).startswith("not-storable")}),
         "workers": workers, "steps": steps,
@@ -340,8 +342,8 @@ def render(report: dict[str, Any]) -> str:
              + (f" (rank {report['rank']} of {report['world_size']})" if report["world_size"] > 1 else ""),
              f"  graphs found:   {report['graphs_found']} ({report['unique']} unique, {report['already_cached']} "
              "already cached)",
-             f"  compiled:       {report['compiled']} here, {report['waited']} by another worker/rank, "
-             f"{len(report['failed'])} failed",
+             f"  compiled:       {report['compiled']} here, {report['waited'] + report['fetched']} by another "
+             f"worker/rank/host, {len(report['failed'])} failed",
              f"  seconds:        {report['seconds']:.1f} (capture {report['capture_seconds']:.1f}, compile "
              f"{report['compile_seconds']:.1f} with {report['workers']} worker(s))"]
     for r in report["failed"]:

@@ -62,7 +62,7 @@ def test_precompile_then_a_real_run_is_all_hits(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     report, err = _precompile(script, root, "--workers", "2", "--steps", "2")
     assert (report["graphs_found"], report["unique"], report["already_cached"]) == (3, 3, 0)  # fw, bw, no_grad
-    assert (report["compiled"], report["waited"], report["failed"]) == (3, 0, [])
+    assert (report["compiled"], report["waited"], report["fetched"], report["failed"]) == (3, 0, 0, [])
     assert report["script_ok"] and report["workers"] == 2
     # Bounded: the script ran two steps, then capture stopped it (no kernel ran: losses were zeros).
     assert "step 0 done" in err and "step 1 done" in err and "step 2 done" not in err
@@ -97,8 +97,10 @@ def test_torchrun_ranks_split_the_work(tmp_path: Path) -> None:
     reports = [json.loads((tmp_path / f"report-{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world_size"], r["unique"]) for r in reports] == [(0, 2, 3), (1, 2, 3)]
     assert sum(r["compiled"] for r in reports) == 3  # each graph once
-    assert all(r["compiled"] >= 1 for r in reports)  # both ranks did a share
-    assert sum(r["compiled"] + r["waited"] for r in reports) == 6 and not any(r["failed"] for r in reports)
+    # (How the 3 split between the ranks depends on timing: each starts at its own offset of the sorted
+    # list, and a rank that is ahead takes over graphs nobody has claimed yet.)
+    assert sum(r["compiled"] + r["waited"] + r["fetched"] for r in reports) == 6
+    assert not any(r["failed"] for r in reports)
 
 
 def test_precompile_usage_errors(tmp_path: Path) -> None:
