@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering import mathlib
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
@@ -346,6 +347,9 @@ class LoopGroupEmitter:
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))
+            elif node_dtype(node) in _NARROW_INTS and val.dtype == "int32" and rule.kind == "pointwise":
+                b.int_mode = True
+                val = mathlib.wrap_int(b, val, node_dtype(node))  # torch wraps 8/16-bit integers
             self.values[node] = val
         # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
         # index is only known now.
@@ -498,6 +502,7 @@ class LoopGroupEmitter:
 
 
 _INT_STORAGE = ("int32", "int16", "int8", "uint8")
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
 
 
 def _short(g: Group) -> str:
