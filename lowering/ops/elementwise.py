@@ -57,7 +57,14 @@ _NARROW = (torch.int8, torch.int16, torch.uint8)
 
 
 def _int_arith(node: fx.Node) -> str | None:
-    return None  # 8/16-bit results are computed in int32 and wrapped to their width (LoopGroupEmitter)
+    """8/16-bit results are computed in int32 and wrapped to their width (LoopGroupEmitter); integer
+    scalars must be int32 values (NeuronCores hold integers as int32)."""
+    if is_int_compute(node):
+        for a in list(node.args) + list(node.kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
+                return int_refusal(str(node.target), _dtype(node), f"the integer scalar {a} is outside int32, the "
+                                   "range NeuronCores compute integers in", "keep integer constants below 2**31")
+    return None
 
 
 def _low_precision(node: fx.Node) -> str | None:
