@@ -212,7 +212,9 @@ class CompiledGraph:
         """Device-side assertions (index bounds, int32 overflow): raise before any output is returned."""
         for check in self.plan.checks:
             flag = bufs[check.buffer]
-            if flag is not None and flag.size and not flag.reshape(-1)[check.offset]:
+            if flag is None or not flag.size:
+                continue
+            if (check.whole and np.any(flag)) or (not check.whole and not flag.reshape(-1)[check.offset]):
                 cls = IndexOutOfRangeError if check.kind == "index" else DeviceAssertionError
                 raise cls(check.message)
 
