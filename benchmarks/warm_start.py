@@ -7,7 +7,8 @@ waits for: Dynamo capture + (AOTAutograd + compile | cache load) + the first run
 Workloads: ``quickstart`` (examples/quickstart.py's GPT, inference under no_grad), ``train``
 (examples/train.py's GPT + cross-entropy: the first training step, forward and backward, and an
 AdamW step), ``gpt2`` (a Hugging Face GPT-2 with a tiny config, inference; skipped without
-``transformers``). Targets (issue 15): neuron warm <= 0.5x neuron cold, and <= 0.75x Inductor's
+``transformers``), ``zoo:NAME`` / ``zoo:NAME:train`` (a model of tests/models/zoo.py, inference or
+one training step, e.g. ``zoo:llama:train``). Targets (issue 15): neuron warm <= 0.5x neuron cold, and <= 0.75x Inductor's
 warm first call measured in the same run.
 
 Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor]``
@@ -59,6 +60,25 @@ elif workload == "train":
         loss.backward()
         opt.step()
         return loss
+elif workload.startswith("zoo:"):
+    sys.path.insert(0, %(zoo)r)
+    import transformers
+    transformers.logging.set_verbosity_error()
+    from zoo import ZOO, loss_of
+    _, name, *mode = workload.split(":")
+    entry = next(e for e in ZOO if e.name == name)
+    model, inputs = entry.build()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    if mode == ["train"]:
+        model.train()
+        def first():
+            loss = loss_of(compiled(**inputs))
+            loss.backward()
+            return loss
+    else:
+        def first():
+            with torch.no_grad():
+                return compiled(**inputs)
 else:
     import transformers
     transformers.logging.set_verbosity_error()
@@ -82,7 +102,8 @@ print(json.dumps({"first_call_s": t2 - t1, "setup_s": t1 - t0, "aot_calls": coun
 
 
 def run_child(workload: str, backend: str, env: dict[str, str]) -> dict:
-    code = CHILD % {"examples": str(REPO / "examples"), "workload": workload, "backend": backend}
+    code = CHILD % {"examples": str(REPO / "examples"), "workload": workload, "backend": backend,
+                    "zoo": str(REPO / "tests" / "models")}
     start = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800,
                          cwd=REPO)
@@ -112,12 +133,13 @@ def main() -> int:
     parser.add_argument("--no-inductor", action="store_true")
     args = parser.parse_args()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if "gpt2" in workloads and importlib.util.find_spec("transformers") is None:
-        print("gpt2: skipped (transformers is not installed: pip install transformers)")
-        workloads.remove("gpt2")
+    if importlib.util.find_spec("transformers") is None:
+        for w in [w for w in workloads if w == "gpt2" or w.startswith("zoo:")]:
+            print(f"{w}: skipped (transformers is not installed: pip install transformers)")
+            workloads.remove(w)
     backends = ["neuron"] + ([] if args.no_inductor else ["inductor"])
     print(f"first call in a fresh process, best of {args.repeat}; cold = empty cache, warm = the cache the cold run filled")
-    header = (f"{'workload':11} {'backend':9} {'cold':>8} {'warm':>8} {'warm/cold':>9} {'AOT calls warm':>15} "
+    header = (f"{'workload':18} {'backend':9} {'cold':>8} {'warm':>8} {'warm/cold':>9} {'AOT calls warm':>15} "
               f"{'graphs warm (hit/whole)':>24}")
     print(header)
     verdicts = []
@@ -125,7 +147,7 @@ def main() -> int:
         rows = {b: measure(workload, b, args.repeat) for b in backends}
         for backend, (cold, warm) in rows.items():
             hits = f"{warm['hits']}/{warm['whole']} of {warm['graphs']}" if backend == "neuron" else "-"
-            print(f"{workload:11} {backend:9} {cold['first_call_s']:7.2f}s {warm['first_call_s']:7.2f}s "
+            print(f"{workload:18} {backend:9} {cold['first_call_s']:7.2f}s {warm['first_call_s']:7.2f}s "
                   f"{warm['first_call_s'] / cold['first_call_s']:8.2f}x {warm['aot_calls']:>15} {hits:>24}", flush=True)
         n_cold, n_warm = rows["neuron"]
         ratio = n_warm["first_call_s"] / n_cold["first_call_s"]

@@ -79,6 +79,11 @@ _knob("remote_cache_timeout", float, 2.0, "Seconds a remote cache operation may 
       "skipped for the rest of the process.", bounds=(0.01, 600.0), unit="seconds")
 _knob("remote_cache_secret", str, "", "Team secret: remote entries are signed with HMAC-SHA256 under it and "
       "used at once; without it a remote entry is verified by recompiling it the first time this host uses it.")
+# Precompile (set by `neuron-compile precompile` for the script it captures; see neuron_compile.precompile).
+_knob("capture_dir", str, "", "Capture mode: record every ATen graph under this folder instead of compiling it, and "
+      "run no kernel (outputs are zeros of the right shapes).")
+_knob("capture_steps", int, 2, "Capture mode: stop the script after this many calls of its first compiled graph.",
+      bounds=(1, 1_000_000))
 # Debugging.
 _knob("debug_dir", str, "", "Write per-graph debug dumps (graphs, IR, kernels) under this folder.")
 # Migration evaluation (see neuron_compile.fallback / neuron_compile.check).

@@ -56,21 +56,17 @@ _first: list[str] = []
 
 
 def capture_dir() -> Path | None:
-    value = os.environ.get(CAPTURE_ENV, "")
+    """The capture folder (``config.capture_dir``, ``NEURON_COMPILE_CAPTURE_DIR``), or None outside capture mode."""
+    from neuron_compile.config import config
+
+    value = config.capture_dir
     return Path(value) if value else None
 
 
 def _steps() -> int:
-    raw = os.environ.get(STEPS_ENV, "2")
-    try:
-        steps = int(raw)
-    except ValueError:
-        steps = -1
-    if steps < 1:
-        from neuron_compile.errors import ConfigError
+    from neuron_compile.config import config
 
-        raise ConfigError(f"{STEPS_ENV}={raw}: expected an integer >= 1")
-    return steps
+    return int(config.capture_steps)
 
 
 def capture(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Any:
