@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-compile", description="neuron-compile: torch.compile for Trainium")
+    parser.add_argument("--cache-dir", metavar="DIR", default=argparse.SUPPRESS,
+                        help="cache root for this command and the scripts it runs (sets NEURON_COMPILE_CACHE_DIR)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         try:
@@ -46,4 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return 2
+    if getattr(args, "cache_dir", None):  # also for scripts run by check/explain/precompile (child processes too)
+        os.environ["NEURON_COMPILE_CACHE_DIR"] = os.path.abspath(os.path.expanduser(args.cache_dir))
     return int(args._run(args))

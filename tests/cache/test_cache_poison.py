@@ -494,14 +494,19 @@ def test_stats_count_whole_graph_hits(cache_root: Path, capsys: pytest.CaptureFi
     assert code == 0 and "Whole-graph hits             1" in out
 
 
-def test_cache_dir_option_anywhere(cache_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 15: --cache-dir worked only between `cache` and the verb."""
+def test_cache_dir_option_anywhere(cache_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: --cache-dir worked only between `cache` and the verb. Now also after the verb and
+    before `cache` (there it applies to every command, e.g. `neuron-compile --cache-dir D precompile ...`)."""
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(cache_root))  # restored after the test
     other = tmp_path / "other"
     store = CacheStore(other)
     assert store_mod.check_root(other, allow_shared=False) is None
     store.publish(synthetic_key(), ARTIFACTS, SUMMARY, 0.1)
-    for argv in (["--cache-dir", str(other), "list", "--json"], ["list", "--cache-dir", str(other), "--json"],
-                 ["list", "--json", "--cache-dir", str(other)]):
-        code, out, err = _run(capsys, *argv)
+    for argv in (["cache", "--cache-dir", str(other), "list", "--json"], ["cache", "list", "--cache-dir", str(other),
+                 "--json"], ["cache", "list", "--json", "--cache-dir", str(other)],
+                 ["--cache-dir", str(other), "cache", "list", "--json"]):
+        code = main(argv)
+        out, err = capsys.readouterr()
         assert code == 0, err
         assert [e["key"] for e in json.loads(out)] == [synthetic_key().digest]
