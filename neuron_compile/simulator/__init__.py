@@ -112,7 +112,7 @@ nki = Namespace("nki", {"jit": jit, "simulate": simulate, "language": nl, "isa":
 
 
 def implemented_names() -> dict[str, list[str]]:
-    """Module -> implemented public names (computed from the namespaces, checked against api_names.json)."""
+    """Module -> implemented public names (computed from the namespaces, checked against neuron_compile.nki_api)."""
     out = {ns.__name__: ns.implemented() for ns in (nki, nl, nisa)}
     members = API["members"].get("nki.language.NkiTensor", [])
     out["nki.language.NkiTensor"] = sorted(

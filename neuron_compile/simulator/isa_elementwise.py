@@ -45,7 +45,7 @@ def _alu(api: str, param: str, op: Any) -> str:
         if n in O.V4_ONLY:
             C.need_version(f"{api} (op={n})", 4)
         if n in O.HW_UNSUPPORTED:
-            C.warn(f"{api}: op=nl.{n} has no hardware ALU instruction (REFERENCE 0.1); simulated only")
+            C.warn(f"{api}: op=nl.{n} has no hardware ALU instruction (NKI Release Notes, known issues); simulated only")
         return n  # type: ignore[return-value]
     raise SimulatorConstraintError(api, param, n or op, "an ALU operator (nl.add, nl.multiply, nl.maximum, ...)")
 
@@ -265,7 +265,7 @@ def _activation(api: str, instr: str, dst: NkiTensor, op: Any, data: NkiTensor, 
                 reduce_op: Any, reduce_res: NkiTensor | None, cmd: Any) -> None:
     n = O.opname(op)
     if n not in O.ACTIVATIONS:
-        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (REFERENCE 2.6): "
+        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (NKI API reference, "Supported Activation Functions"): "
                                        + ", ".join(sorted(O.ACTIVATIONS)))
     p, f = C.onchip(api, "dst", dst)
     C.same_pf(api, "data", C.onchip(api, "data", data), "dst", (p, f))

@@ -1,4 +1,4 @@
-"""Static hardware/API rules for rendered NKI kernel source, beyond the name check of ``nki_api_check``.
+"""Static hardware/API rules for rendered NKI kernel source, beyond the name check of ``neuron_compile.nki_api.checker``.
 
 :func:`check_kernel_rules` parses a kernel's source and reports (as a list of messages, empty when
 clean): kernel outputs not allocated in ``nl.shared_hbm``; ``nisa.*`` calls that don't pass ``dst=``
@@ -11,13 +11,10 @@ a name assigned ``min(<int>, ...)`` / an int literal; anything else is reported 
 from __future__ import annotations
 
 import ast
-import functools
-import json
 import logging
 from dataclasses import dataclass
 
-from nki_api_check import API_JSON_PATH
-
+from neuron_compile import nki_api
 from neuron_compile.simulator_limits import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
@@ -26,13 +23,9 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1, 
              "uint32": 4, "uint16": 2}
 
 
-@functools.lru_cache(maxsize=1)
 def dst_first_isa_ops() -> frozenset[str]:
-    """``nki.isa`` functions whose first parameter is ``dst`` (from api.json)."""
-    data = json.loads(API_JSON_PATH.read_text())
-    return frozenset(e["qualname"] for e in data["entries"]
-                     if e["module"] == "nki.isa" and e["kind"] == "function" and e.get("params")
-                     and e["params"][0]["name"] == "dst")
+    """``nki.isa`` functions whose first parameter is ``dst`` (from the NKI 0.6 listing)."""
+    return nki_api.dst_first_isa_ops()
 
 
 @dataclass(frozen=True)
