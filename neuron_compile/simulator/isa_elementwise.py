@@ -265,7 +265,7 @@ def _activation(api: str, instr: str, dst: NkiTensor, op: Any, data: NkiTensor, 
                 reduce_op: Any, reduce_res: NkiTensor | None, cmd: Any) -> None:
     n = O.opname(op)
     if n not in O.ACTIVATIONS:
-        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (NKI API reference, "Supported Activation Functions"): "
+        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (NKI API reference, 'Supported Activation Functions'): "
                                        + ", ".join(sorted(O.ACTIVATIONS)))
     p, f = C.onchip(api, "dst", dst)
     C.same_pf(api, "data", C.onchip(api, "data", data), "dst", (p, f))
