@@ -110,7 +110,7 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
         from neuron_compile import simulator
 
         glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
-        return simulator.simulate(glb[name])
+        return simulator.simulate(glb[name], strict_capacity=True)
     nki = real_nki()
     assert nki is not None
     folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))

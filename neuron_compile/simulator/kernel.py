@@ -2,8 +2,11 @@
 
 NumPy arrays and CPU torch tensors become HBM tensors (copies); other arguments pass through. The
 kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
-run one after the other). Returned tensors must be in ``nl.shared_hbm``; they come back as arrays
-of the caller's kind. HBM arguments the kernel wrote are copied back into the caller's arrays.
+run one after the other). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
+kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
+comes back as the caller's own object). HBM arguments the kernel wrote are copied back into the
+caller's arrays. On-chip capacity is strict (over-budget allocations raise) for the backend's own
+kernels (``simulate(k, strict_capacity=True)``) and a warning otherwise, as in AWS's simulator.
 """
 
 from __future__ import annotations
@@ -102,18 +105,25 @@ def _write_back(a: _Arg) -> None:
         a.orig[...] = vals.astype(a.orig.dtype) if vals.dtype != a.orig.dtype else vals
 
 
-def _result(r: Any, as_torch: bool) -> Any:
+def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg]) -> Any:
     if isinstance(r, NkiTensor):
+        arg = by_storage.get(id(r.storage))
+        if arg is not None:
+            if r.offset == 0 and r.shape == arg.tensor.shape and r.strides == arg.tensor.strides:
+                return arg.orig  # an in-place kernel returning the argument it wrote (written back above)
+            a = to_numpy(r)  # a view of an argument: its values
+            return _numpy_to_torch(a) if as_torch else a
         if r.buffer is not SHARED_HBM:
             raise SimulatorError(f"kernel returned tensor '{r.name}' in nl.{r.buffer.value}: returned tensors must be "
                                  "allocated with buffer=nl.shared_hbm (copy SBUF/PSUM results there with "
-                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0)")
+                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0) or be "
+                                 "one of the kernel's arguments")
         a = to_numpy(r)
         return _numpy_to_torch(a) if as_torch else a
     if isinstance(r, (tuple, list)):
-        return type(r)(_result(v, as_torch) for v in r)
+        return type(r)(_result(v, as_torch, by_storage) for v in r)
     if isinstance(r, dict):
-        return {k: _result(v, as_torch) for k, v in r.items()}
+        return {k: _result(v, as_torch, by_storage) for k, v in r.items()}
     return r
 
 
@@ -138,7 +148,8 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
-def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = ()) -> Any:
+def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = (),
+        strict_capacity: bool = False) -> Any:
     """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind."""
     conv: list[_Arg] = []
     cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
@@ -149,7 +160,7 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     result = None
     shared: list[Any] = []
     for pid in range(math.prod(grid) if grid else 1):
-        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid)
+        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid, strict_capacity=strict_capacity)
         st.shared_replay = shared if pid else None
         _state.push(st)
         try:
@@ -163,26 +174,28 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     for a in conv:
         if a.tensor.storage.written:
             _write_back(a)
-    return _result(result, as_torch)
+    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv})
 
 
 class Kernel:
     """A ``@nki.jit`` kernel: calling it with arrays simulates it; inside a kernel it is inlined."""
 
-    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), options: dict[str, Any] | None = None):
+    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), options: dict[str, Any] | None = None,
+                 strict_capacity: bool = False):
         self.fn = fn
         self.grid = grid
         self.options = dict(options or {})
+        self.strict_capacity = strict_capacity
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid: Any) -> Kernel:
         g = tuple(int(x) for x in grid) if isinstance(grid, (tuple, list)) else (int(grid),)
-        return Kernel(self.fn, g, self.options)
+        return Kernel(self.fn, g, self.options, self.strict_capacity)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _state.in_kernel():
             return self.fn(*args, **kwargs)
-        return run(self.fn, args, kwargs, self.grid)
+        return run(self.fn, args, kwargs, self.grid, self.strict_capacity)
 
     def with_schedule(self, edges: Any) -> Kernel:
         return self
@@ -205,12 +218,15 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return Kernel(fn.fn if isinstance(fn, Kernel) else fn, options=kwargs)
 
 
-def simulate(kernel: Any) -> Callable[..., Any]:
-    """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator."""
+def simulate(kernel: Any, strict_capacity: bool = False) -> Callable[..., Any]:
+    """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator.
+
+    ``strict_capacity=True`` (the backend's own kernels) makes over-budget SBUF/PSUM allocations raise
+    instead of warning."""
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
     @functools.wraps(k.fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return run(k.fn, args, kwargs, k.grid)
+        return run(k.fn, args, kwargs, k.grid, strict_capacity or k.strict_capacity)
 
     return call

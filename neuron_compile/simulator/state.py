@@ -28,9 +28,10 @@ class Pool:
 
 
 class SimState:
-    __slots__ = ("sbuf", "psum", "act_acc", "dve_acc", "program_id", "grid", "seed", "shared", "shared_replay")
+    __slots__ = ("sbuf", "psum", "act_acc", "dve_acc", "program_id", "grid", "seed", "shared", "shared_replay",
+                 "strict_capacity", "capacity_warned", "rng_state", "peers")
 
-    def __init__(self, program_id: tuple[int, ...] = (), grid: tuple[int, ...] = ()) -> None:
+    def __init__(self, program_id: tuple[int, ...] = (), grid: tuple[int, ...] = (), strict_capacity: bool = True) -> None:
         self.sbuf = Pool("sbuf")
         self.psum = Pool("psum")
         # 128 per-lane fp32 accumulators per engine (ScalarE: activation family; VectorE: exponential,
@@ -43,6 +44,14 @@ class SimState:
         # shared_hbm allocations of SPMD program 0, replayed (same storages) by programs 1..n-1.
         self.shared: list[object] = []
         self.shared_replay: list[object] | None = None
+        # Over-budget on-chip allocations raise when strict (the backend's kernels, unit tests) and
+        # warn once otherwise (kernels run through nki.simulate / @nki.jit, like AWS's simulator).
+        self.strict_capacity = strict_capacity
+        self.capacity_warned = False
+        # Per-engine PRNG state (nisa.rng / dropout / rand2 / rand_set_state), seeded lazily.
+        self.rng_state: dict[str, object] = {}
+        # LNC peers: (barrier, exchange dict) shared by the programs of one kernel[n] launch.
+        self.peers: object = None
 
 
 _DEFAULT = SimState()

@@ -525,7 +525,13 @@ class NkiTensor:
                 raise SimulatorError("NkiTensor.ap: vector_offset indexes an HBM tensor only")
             if indirect_dim != 0:
                 raise SimulatorError("NkiTensor.ap: vector_offset supports indirect_dim=0 only")
-            if vector_offset.shape[0] != pat[0][1]:
+            n_cols = vector_offset.shape[1] if vector_offset.ndim >= 2 else 1
+            if n_cols > 1:  # [P, N] indices are read column by column (index i*P + p is at [p, i])
+                if vector_offset.size < pat[0][1]:
+                    raise SimulatorError(f"NkiTensor.ap: vector_offset {vector_offset.shape} holds "
+                                         f"{vector_offset.size} indices but the indirect pattern pair counts "
+                                         f"{pat[0][1]}")
+            elif vector_offset.shape[0] != pat[0][1]:
                 raise SimulatorError(f"NkiTensor.ap: vector_offset has {vector_offset.shape[0]} indices but the "
                                      f"indirect pattern pair counts {pat[0][1]}")
             t._indirect = (vector_offset, math.prod(st.shape[1:]), st.shape[0])
@@ -594,8 +600,16 @@ def _nocopy_strides(old_shape: Sequence[int], old_strides: Sequence[int], new_sh
 # ---------------------------------------------------------------------------------------- allocation
 
 def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api: str = "nl.ndarray",
-             fill: float | None = None) -> NkiTensor:
-    """A fresh storage + full view, filled with the uninitialised-memory sentinel (or ``fill``)."""
+             fill: float | None = None, address: Any = None) -> NkiTensor:
+    """A fresh storage + full view, filled with the uninitialised-memory sentinel (or ``fill``).
+
+    On-chip allocations are charged to the per-partition budget of the current simulation, except
+    those placed by hand with ``address=(partition_offset, byte_offset)``: they are checked to lie
+    inside the memory (and, in PSUM, to start on a bank) and occupy the place they name, which other
+    such tiles may share (that is how kernels reuse a bank). Going over the budget raises in strict
+    mode (our own kernels) and warns otherwise, like AWS's simulator, which leaves capacity to the
+    compiler's spilling.
+    """
     buf = check_buffer(buffer, api)
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
@@ -611,24 +625,26 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
     pool = None
     if buf in ON_CHIP:
         lim = _targets.limits()
-        if len(shp) < 2:
-            raise SimulatorConstraintError(api, "shape", shp, "on-chip tensors are >= 2-D (partition dim first)",
-                                           f"allocation '{label}' in nl.{buf.value}; store a vector as (1, N) or (N, 1)")
+        if not shp:
+            raise SimulatorConstraintError(api, "shape", shp, "at least one dim (the partition dim)",
+                                           f"allocation '{label}' in nl.{buf.value}")
         if shp[0] > lim.pmax:
             raise SimulatorConstraintError(api, "shape", shp, f"partition dim <= {lim.pmax}",
                                            f"allocation '{label}' in nl.{buf.value}")
         if len(shp) > 5:
             raise SimulatorConstraintError(api, "shape", shp, "at most 5 dims (partition + 4 free)",
                                            f"allocation '{label}'")
+        # A 1-D on-chip tensor (the API's own examples use nl.ndarray([1], ...) for registers) is
+        # its partition dim alone: one element per partition.
         nbytes_pp = math.prod(shp[1:]) * info.itemsize
-        st_ = _state.current()
-        pool = st_.sbuf if buf is SBUF else st_.psum
         budget = lim.sbuf_partition_bytes if buf is SBUF else lim.psum_partition_bytes
-        if pool.live + nbytes_pp > budget:
-            raise SimulatorConstraintError(
-                api, "shape", shp, f"live {buf.value.upper()} bytes per partition <= {budget} on {lim.name}",
-                f"allocation '{label}' needs {nbytes_pp} B/partition with {pool.live} B already live; free or "
-                "reuse tiles (allocate inside the loop that uses them)")
+        if address is not None:
+            _check_address(api, label, buf, shp, nbytes_pp, budget, address)
+        else:
+            st_ = _state.current()
+            pool = st_.sbuf if buf is SBUF else st_.psum
+            if pool.live + nbytes_pp > budget:
+                _over_budget(api, label, buf, shp, nbytes_pp, pool.live, budget, lim.name)
     if buf is SHARED_HBM and _state.in_kernel():
         cur = _state.current()
         replay = cur.shared_replay
@@ -647,6 +663,42 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
     elif buf is SHARED_HBM and _state.in_kernel():
         _state.current().shared.append(st)
     return NkiTensor(st, 0, shp, _contig(shp), info, label)
+
+
+def _check_address(api: str, label: str, buf: MemoryRegion, shp: tuple[int, ...], nbytes_pp: int, budget: int,
+                   address: Any) -> None:
+    """``address=(partition_offset, byte_offset)``: inside the memory, PSUM tiles on a bank boundary."""
+    try:
+        part, byte = (int(a) for a in address)
+    except (TypeError, ValueError):
+        raise SimulatorError(f"{api}: address={address!r} must be (partition_offset, byte_offset) ints "
+                             f"(allocation '{label}')") from None
+    where = f"allocation '{label}' {shp} in nl.{buf.value}"
+    if part < 0 or part + shp[0] > 128:
+        raise SimulatorConstraintError(api, "address", (part, byte), f"partition_offset + {shp[0]} partitions <= 128",
+                                       where)
+    if byte < 0 or byte + nbytes_pp > budget:
+        raise SimulatorConstraintError(api, "address", (part, byte),
+                                       f"byte_offset + {nbytes_pp} B/partition <= {budget} B", where)
+    if buf is PSUM and byte % 2048:
+        raise SimulatorConstraintError(api, "address", (part, byte), "PSUM allocations start at a 2 KiB bank "
+                                       "boundary (byte_offset a multiple of 2048)", where)
+
+
+def _over_budget(api: str, label: str, buf: MemoryRegion, shp: tuple[int, ...], nbytes_pp: int, live: int,
+                 budget: int, target: str) -> None:
+    message = (f"allocation '{label}' needs {nbytes_pp} B/partition with {live} B already live; free or reuse "
+               "tiles (allocate inside the loop that uses them)")
+    st = _state.current()
+    if st.strict_capacity:
+        raise SimulatorConstraintError(api, "shape", shp, f"live {buf.value.upper()} bytes per partition <= {budget} "
+                                       f"on {target}", message)
+    if not st.capacity_warned:
+        st.capacity_warned = True
+        from neuron_compile.simulator.checks import warn
+
+        warn(f"{api}: live {buf.value.upper()} bytes per partition exceed {budget} on {target} ({message}); the "
+             "compiler would spill or fail here. Strict mode (the backend's own kernels) raises instead.")
 
 
 def _contig(shp: tuple[int, ...]) -> tuple[int, ...]:

@@ -118,8 +118,10 @@ def test_allocation_errors() -> None:
     with pytest.raises(SimulatorConstraintError) as e:
         nl.ndarray((256, 2), nl.float32)
     assert e.value.operand == "shape" and "<= 128" in str(e.value.limit)
-    with pytest.raises(SimulatorConstraintError, match=">= 2-D"):
-        nl.ndarray((128,), nl.float32)
+    with pytest.raises(SimulatorConstraintError, match="at least one dim"):
+        nl.ndarray((), nl.float32)
+    vec = nl.ndarray((128,), nl.float32)  # 1-D on-chip: the partition dim alone (one element per partition)
+    assert vec.shape == (128,) and vec.pinfo() == (0, 128, 1)
 
 
 @pytest.mark.parametrize(("target", "budget"), [("trn1", 192 * 1024), ("trn2", 208 * 1024), ("trn3", 240 * 1024)])
@@ -156,8 +158,6 @@ def test_removed_and_unimplemented_names() -> None:
         nisa.tensor_copy_dynamic_src  # noqa: B018
     with pytest.raises(NotImplementedError, match="nki.collectives.all_reduce"):
         nki.collectives.all_reduce  # noqa: B018
-    with pytest.raises(NotImplementedError, match="nki.isa.topk"):
-        nisa.topk  # noqa: B018
     with pytest.warns(DeprecationWarning, match="nisa.engine.vector"):
         assert nisa.vector_engine is nisa.engine.vector
     with pytest.warns(DeprecationWarning):
