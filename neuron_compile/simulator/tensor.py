@@ -174,11 +174,18 @@ class NkiTensor:
             self._mmv = m
         return m
 
+    def part_elems(self) -> int:
+        """Elements per partition of the storage, counted in this view's dtype (views may reinterpret)."""
+        st = self.storage
+        if self.info.itemsize == st.info.itemsize:
+            return st.part_elems
+        return st.part_elems * st.info.itemsize // self.info.itemsize
+
     def pinfo(self) -> tuple[int, int, int]:
         """(start partition, partition count, elements per partition) of an on-chip view."""
         p = self._pinfo
         if p is None:
-            pe = self.storage.part_elems
+            pe = self.part_elems()
             n = self.shape[0] if self.shape else 1
             p = (self.offset // pe, n, self.size // n if n else 0)
             self._pinfo = p
@@ -498,26 +505,37 @@ class NkiTensor:
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, scalar_offset: Any = None,
            vector_offset: NkiTensor | None = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
-        """Raw access pattern ``[[stride, count], ...]`` (outer -> inner) against the storage."""
+        """Raw access pattern ``[[stride, count], ...]`` (outer -> inner) against the storage.
+
+        With ``dtype=`` of another size the storage's bytes are reinterpreted: strides, ``offset`` and
+        the partition stride count elements of the new dtype."""
         st = self.storage
         pat = [(int(p[0]), int(p[1])) for p in pattern]
         if not pat:
             raise SimulatorError("NkiTensor.ap: empty pattern")
         off = int(offset or 0)
+        info = self.storage.info if dtype is None else _dt.info(dtype)
+        old, new = st.info.itemsize, info.itemsize
+        if new != old:
+            if st.info.np_dtype.itemsize != old or info.np_dtype.itemsize != new:
+                raise SimulatorError("NkiTensor.ap: reinterpreting bytes (dtype= of another size) is unavailable with "
+                                     "NKI_PRECISE_FP=0")
+            if (st.part_elems * old) % new or (st.data.size * old) % new:
+                raise SimulatorError(f"NkiTensor.ap: {st.info.name} storage '{st.name}' {st.shape} cannot be viewed "
+                                     f"as {info.name} (its size in bytes is not a multiple of {new})")
+        part_elems = st.part_elems * old // new
+        n_elems = st.data.size * old // new
         if st.buffer in ON_CHIP:
-            if pat[0][1] > 1 and pat[0][0] != st.part_elems:
+            if pat[0][1] > 1 and pat[0][0] != part_elems:
                 raise SimulatorConstraintError("NkiTensor.ap", "pattern", pat[0],
-                                               f"partition stride == elements per partition ({st.part_elems})",
+                                               f"partition stride == elements per partition ({part_elems})",
                                                f"tensor '{st.name}'")
             if len(pat) < 2:
                 raise SimulatorError("NkiTensor.ap: on-chip patterns need a partition pair and >= 1 free pair")
-        info = self.storage.info if dtype is None else _dt.info(dtype)
-        if info.itemsize != st.info.itemsize:
-            raise SimulatorError(f"NkiTensor.ap: dtype={info.name} must have the storage's element size")
         if scalar_offset is not None:
             if not 0 <= indirect_dim < len(st.shape):
                 raise SimulatorError(f"NkiTensor.ap: indirect_dim {indirect_dim} out of range")
-            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(st.shape[indirect_dim + 1:])
+            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(st.shape[indirect_dim + 1:]) * old // new
         t = NkiTensor(st, off, tuple(c for _, c in pat), tuple(s for s, _ in pat), info, st.name)
         first = 0
         if vector_offset is not None:
@@ -534,15 +552,15 @@ class NkiTensor:
             elif vector_offset.shape[0] != pat[0][1]:
                 raise SimulatorError(f"NkiTensor.ap: vector_offset has {vector_offset.shape[0]} indices but the "
                                      f"indirect pattern pair counts {pat[0][1]}")
-            t._indirect = (vector_offset, math.prod(st.shape[1:]), st.shape[0])
+            t._indirect = (vector_offset, math.prod(st.shape[1:]) * old // new, st.shape[0])
             first = 1
         lo = off + sum(min(0, (c - 1) * s) for s, c in pat[first:] if c)
         hi = off + sum(max(0, (c - 1) * s) for s, c in pat[first:] if c)
         if any(c == 0 for _, c in pat):
             return t
-        if lo < 0 or hi >= st.data.size:
+        if lo < 0 or hi >= n_elems:
             raise SimulatorError(f"NkiTensor.ap: pattern {pat} with offset {off} addresses elements {lo}..{hi}, "
-                                 f"outside tensor '{st.name}' of {st.data.size} elements")
+                                 f"outside tensor '{st.name}' of {n_elems} elements")
         return t
 
 

@@ -333,3 +333,24 @@ def test_other_bad_calls_quote_the_documented_signature() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nisa.memset(dst=a, value=0.0)  # a correct call raises and warns nothing
+
+
+def test_ap_with_a_dtype_of_another_size_reinterprets_bytes() -> None:
+    """``t.ap(pattern, dtype=...)`` counts strides in the new dtype: a (4, 1) fp32 tile read as 4 x 4 bytes."""
+    def k(a):
+        t = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        out = nl.ndarray((4, 4), dtype=nl.uint8, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t.ap(pattern=[[4, 4], [1, 4]], dtype=nl.uint8))
+        half = nl.ndarray((4, 2), dtype=nl.uint16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=half, src=t.ap(pattern=[[2, 4], [1, 2]], dtype=nl.uint16))
+        return out, half
+    a = np.array([[1.5], [-2.0], [3.25], [1e-3]], np.float32)
+    out, half = simulate(k)(a)
+    np.testing.assert_array_equal(out, a.view(np.uint8).reshape(4, 4))
+    np.testing.assert_array_equal(half, a.view(np.uint16).reshape(4, 2))
+    with pytest.raises(SimulatorConstraintError, match=r"partition stride == elements per partition \(4\)"):
+        def bad(a):
+            t = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
+            t.ap(pattern=[[1, 4], [1, 4]], dtype=nl.uint8)
+        simulate(bad)(a)
