@@ -73,8 +73,9 @@ def test_documented_facts() -> None:
 def test_checker_knows_the_extra_namespaces() -> None:
     source = ("import nki\nimport nki.language as nl\nimport nki.typing as nt\n"
               "from nki.isa.constants import dge_mode, oob_mode\n\n"
+              "import nki.isa as nisa\n"
               "def k(a: nt.tensor[128, 512], dt: nki.dtype = nl.bfloat16):\n"
-              "    return dge_mode.swdge, oob_mode.skip\n")
+              "    return dge_mode.swdge, oob_mode.skip, nisa.constants.dge_mode.hwdge\n")
     assert check_source_against_api(source) == []
     bad = check_source_against_api("from nki.isa.constants import dge_mode\nx = dge_mode.turbo\n")
     assert bad == ["line 2: nki.isa.dge_mode.turbo: not a public name of NKI 0.6"]

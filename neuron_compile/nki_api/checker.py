@@ -198,6 +198,10 @@ class _Checker(ast.NodeVisitor):
             if not rest:
                 return None  # the module object itself
             qual, rest = rest[0], rest[1:]
+            if module == "nki.isa" and qual == "constants":  # nisa.constants.X re-exports nisa.X
+                if not rest:
+                    return None
+                qual, rest = rest[0], rest[1:]
         dotted = f"{module}.{qual}"
         if qual.startswith("_"):
             self._report(node, f"{dotted}: private name, not public API")
