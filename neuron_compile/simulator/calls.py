@@ -18,6 +18,7 @@ from typing import Any
 
 from neuron_compile import nki_api
 from neuron_compile.errors import RemovedAPIError
+from neuron_compile.simulator import state as _state
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,11 @@ def isa(fn: Callable[..., Any], qual: str) -> Callable[..., Any]:
     sig = signature("nki.isa", qual)
     dst_first = qual in nki_api.dst_first_isa_ops()
 
+    clock = _state.CLOCK
+
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 1  # one instruction: its operands' accesses share this tick
         try:
             out = fn(*args, **kwargs)
         except TypeError as exc:

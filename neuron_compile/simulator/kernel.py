@@ -27,7 +27,14 @@ from neuron_compile.errors import RemovedAPIError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
-from neuron_compile.simulator.tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, from_array, to_numpy
+from neuron_compile.simulator.tensor import (
+    PRIVATE_HBM,
+    SHARED_HBM,
+    NkiTensor,
+    check_capacity,
+    from_array,
+    to_numpy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +173,7 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
         try:
             with single_threaded_blas():
                 out = fn(*cargs, **ckw)
+            check_capacity(getattr(fn, "__name__", "kernel"))
         finally:
             _state.pop(st)
         if pid == 0:

@@ -5,7 +5,10 @@ view aliasing the storage, created once per view. Indexing follows the on-chip r
 partition dim and never disappears; on-chip results are never < 2-D) or NumPy rules for HBM. The
 view methods (``slice``, ``permute``, ``broadcast``, ``reshape``, ``rearrange``, ``view``, ``ap`` ...)
 never copy. On-chip allocations are charged to the per-partition SBUF/PSUM budgets of the current
-simulation and released when the storage is garbage-collected.
+simulation by liveness: each one lives from its allocation to its last use (the accesses of its
+views stamp it with the instruction clock of :mod:`state`), as the NKI compiler's allocator sees
+it, so a tile is free once its iteration or block no longer uses it, whether or not a Python name
+still refers to it. :func:`check_capacity` sweeps those lifetimes when a kernel ends.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class Storage:
     """The flat backing array of one allocation (on-chip storages are ``(P, free...)`` row-major)."""
 
     __slots__ = ("data", "shape", "buffer", "dtype", "info", "name", "part_elems", "mm", "written", "_charge",
-                 "__weakref__")
+                 "life", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape: tuple[int, ...], buffer: MemoryRegion, info: _dt.DTypeInfo,
                  name: str) -> None:
@@ -73,6 +76,8 @@ class Storage:
         self.mm: np.ndarray | None = np.zeros(data.shape, dtype=np.int8) if buffer is PSUM else None
         self.written = False
         self._charge: tuple[_state.Pool, int] | None = None
+        # On-chip allocator-managed storages: [allocation tick, last-use tick] (see state.Lifetime).
+        self.life: list[int] | None = None
 
     def __del__(self) -> None:
         charge = self._charge
@@ -154,7 +159,10 @@ class NkiTensor:
 
     @property
     def arr(self) -> np.ndarray:
-        """The NumPy view aliasing the storage (writes go to the storage)."""
+        """The NumPy view aliasing the storage (writes go to the storage); stamps the storage's last use."""
+        life = self.storage.life
+        if life is not None:
+            life[1] = _state.CLOCK[0]
         a = self._arr
         if a is None:
             isz = self.info.np_dtype.itemsize
@@ -661,8 +669,9 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
         else:
             st_ = _state.current()
             pool = st_.sbuf if buf is SBUF else st_.psum
-            if pool.live + nbytes_pp > budget:
-                _over_budget(api, label, buf, shp, nbytes_pp, pool.live, budget, lim.name)
+            if nbytes_pp > budget:
+                raise SimulatorConstraintError(api, "shape", shp, f"{buf.value.upper()} bytes per partition <= {budget} "
+                                               f"on {lim.name}", f"allocation '{label}' alone needs {nbytes_pp} B/partition")
     if buf is SHARED_HBM and _state.in_kernel():
         cur = _state.current()
         replay = cur.shared_replay
@@ -678,6 +687,9 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
     if pool is not None:
         pool.live += nbytes_pp
         st._charge = (pool, nbytes_pp)
+        _state.CLOCK[0] += 1
+        st.life = [_state.CLOCK[0], _state.CLOCK[0]]
+        _state.current().lifetimes.append(_state.Lifetime(st.life, nbytes_pp, buf is SBUF, label, shp, info.name))
     elif buf is SHARED_HBM and _state.in_kernel():
         _state.current().shared.append(st)
     return NkiTensor(st, 0, shp, _contig(shp), info, label)
@@ -703,20 +715,40 @@ def _check_address(api: str, label: str, buf: MemoryRegion, shp: tuple[int, ...]
                                        "boundary (byte_offset a multiple of 2048)", where)
 
 
-def _over_budget(api: str, label: str, buf: MemoryRegion, shp: tuple[int, ...], nbytes_pp: int, live: int,
-                 budget: int, target: str) -> None:
-    message = (f"allocation '{label}' needs {nbytes_pp} B/partition with {live} B already live; free or reuse "
-               "tiles (allocate inside the loop that uses them)")
+def check_capacity(kernel: str) -> None:
+    """Peak live SBUF/PSUM bytes per partition of the current simulation (tiles live from allocation to
+    last use) against the target's budgets: raise in strict mode (the backend's kernels), else warn once,
+    like AWS's simulator, which leaves capacity to the compiler (it would spill or fail)."""
     st = _state.current()
-    if st.strict_capacity:
-        raise SimulatorConstraintError(api, "shape", shp, f"live {buf.value.upper()} bytes per partition <= {budget} "
-                                       f"on {target}", message)
-    if not st.capacity_warned:
-        st.capacity_warned = True
-        from neuron_compile.simulator.checks import warn
+    lim = _targets.limits()
+    for sbuf, budget in ((True, lim.sbuf_partition_bytes), (False, lim.psum_partition_bytes)):
+        lives = [lt for lt in st.lifetimes if lt.sbuf is sbuf]
+        if not lives:
+            continue
+        events = sorted([(lt.life[0], 0, lt.nbytes) for lt in lives] + [(lt.life[1], 1, -lt.nbytes) for lt in lives])
+        cur = peak = 0
+        at = 0
+        for tick, _kind, delta in events:
+            cur += delta
+            if cur > peak:
+                peak, at = cur, tick
+        if peak <= budget:
+            continue
+        name = "SBUF" if sbuf else "PSUM"
+        live = sorted((lt for lt in lives if lt.life[0] <= at <= lt.life[1]), key=lambda lt: -lt.nbytes)
+        shown = ", ".join(f"'{lt.label}' {lt.shape} {lt.dtype} ({lt.nbytes} B)" for lt in live[:6])
+        more = f" and {len(live) - 6} more" if len(live) > 6 else ""
+        detail = (f"kernel {kernel}: {peak} B/partition live at once ({len(live)} tiles: {shown}{more}); a tile lives "
+                  "from its allocation to its last use: allocate tiles in the loop that uses them, or use fewer")
+        if st.strict_capacity:
+            raise SimulatorConstraintError(f"kernel {kernel}", name, peak, f"live {name} bytes per partition <= "
+                                           f"{budget} on {lim.name}", detail)
+        if not st.capacity_warned:
+            st.capacity_warned = True
+            from neuron_compile.simulator.checks import warn
 
-        warn(f"{api}: live {buf.value.upper()} bytes per partition exceed {budget} on {target} ({message}); the "
-             "compiler would spill or fail here. Strict mode (the backend's own kernels) raises instead.")
+            warn(f"{name}: live bytes per partition exceed {budget} on {lim.name} ({detail}); the compiler would "
+                 "spill or fail here. Strict mode (the backend's own kernels) raises instead.")
 
 
 def _contig(shp: tuple[int, ...]) -> tuple[int, ...]:

@@ -145,6 +145,12 @@ def test_static_rules_accept_the_reference_kernel() -> None:
     ("stationary=a", "stationary=in0", "nc_matmul stationary= is not a tile allocated in this kernel"),
     ("stationary=a", "stationary=a[0:P, 0:2 * P]", "nc_matmul stationary=a(128, ?): needs K <= 128"),
     ("stationary=a", "stationary=a[0:P, 3:P]", "nc_matmul stationary=a(128, ?): needs K <= 128"),
+    ("        nisa.tensor_copy(dst=t, src=acc)\n", "        nisa.tensor_copy(dst=t, src=acc)\n        del acc\n",
+     "del statement"),
+    ("out0.ap(pattern=[[F, P], [1, F]], offset=0)", "out0.ap(pattern=[[F, P], [1, F]], offset=0, vector_offset=b)",
+     ".ap(vector_offset=...) indirect pair stride F is not the flat argument's row stride 1"),
+    ("    return out0\n", "    r = nisa.register_alloc(1)\n\n    def body(reg):\n        return nisa.register_alloc(0)\n\n"
+     "    nl.while_loop(r, body)\n    return out0\n", "nl.while_loop body body must return its own register 'reg'"),
 ])
 def test_static_rules_reject_violations(old: str, new: str, expected: str) -> None:
     assert old in _GOOD

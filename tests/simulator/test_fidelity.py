@@ -113,6 +113,11 @@ def test_bad_addresses_are_refused(address: tuple[int, int], message: str) -> No
 
 def _over_budget(a):
     keep = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]  # 9 banks of 8
+    for t in keep:
+        nisa.memset(dst=t, value=1.0)
+    s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    for t in keep:  # every bank is still used here: all 9 are live at once
+        nisa.tensor_copy(dst=s, src=t)
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=a)
     return out, len(keep)
@@ -123,8 +128,38 @@ def test_capacity_warns_like_aws_and_raises_when_strict() -> None:
     with pytest.warns(SimulatorWarning, match="exceed 16384 on trn3"):
         out, n = simulate(_over_budget)(a)
     assert n == 9 and (out == a).all()
-    with pytest.raises(SimulatorConstraintError, match="live PSUM bytes per partition <= 16384"):
+    with pytest.raises(SimulatorConstraintError, match="live PSUM bytes per partition <= 16384") as info:
         simulate(_over_budget, strict_capacity=True)(a)
+    assert "18432 B/partition live at once (9 tiles" in str(info.value)
+
+
+def _tiles_per_iteration(a, hold):
+    """Each iteration allocates 6 PSUM banks; the previous iteration's tiles are dead once it ends
+    (a Python name may still refer to them) unless ``hold`` keeps using the first iteration's."""
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    s = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s, src=a)
+    first = None
+    for _ in range(3):
+        acc = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(6)]
+        for t in acc:
+            nisa.tensor_copy(dst=t, src=s)
+        if first is None:
+            first = acc
+        for t in acc:
+            nisa.tensor_copy(dst=s, src=t)
+        if hold:
+            for t in first:
+                nisa.tensor_copy(dst=s, src=t)
+    nisa.dma_copy(dst=out, src=s)
+    return out
+
+
+def test_tiles_are_freed_after_their_last_use_not_when_their_names_go() -> None:
+    a = np.random.default_rng(5).standard_normal((128, 512)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(_tiles_per_iteration, strict_capacity=True)(a, False), a)
+    with pytest.raises(SimulatorConstraintError, match=r"24576 B/partition live at once \(12 tiles"):
+        simulate(_tiles_per_iteration, strict_capacity=True)(a, True)
 
 
 # ------------------------------------------------------------------------ loops, objects, returns, shapes
