@@ -112,8 +112,10 @@ def _write_back(a: _Arg) -> None:
         a.orig[...] = vals.astype(a.orig.dtype) if vals.dtype != a.orig.dtype else vals
 
 
-def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg]) -> Any:
+def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg], resident: frozenset[int] | None = None) -> Any:
     if isinstance(r, NkiTensor):
+        if resident is not None and (r.buffer is SHARED_HBM or id(r.storage) in resident):
+            return r  # device-resident execution: an output, or a device argument, stays on the device
         arg = by_storage.get(id(r.storage))
         if arg is not None:
             if r.offset == 0 and r.shape == arg.tensor.shape and r.strides == arg.tensor.strides:
@@ -128,9 +130,9 @@ def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg]) -> Any:
         a = to_numpy(r)
         return _numpy_to_torch(a) if as_torch else a
     if isinstance(r, (tuple, list)):
-        return type(r)(_result(v, as_torch, by_storage) for v in r)
+        return type(r)(_result(v, as_torch, by_storage, resident) for v in r)
     if isinstance(r, dict):
-        return {k: _result(v, as_torch, by_storage) for k, v in r.items()}
+        return {k: _result(v, as_torch, by_storage, resident) for k, v in r.items()}
     return r
 
 
@@ -156,8 +158,12 @@ def single_threaded_blas() -> Iterator[None]:
 
 
 def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = (),
-        strict_capacity: bool = False) -> Any:
-    """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind."""
+        strict_capacity: bool = False, resident: bool = False) -> Any:
+    """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind.
+
+    HBM tensors (``NkiTensor``) passed as arguments are used in place: they are the simulated device's
+    memory, which persists across kernel calls. With ``resident=True`` returned HBM tensors stay
+    tensors too (no copy back to the host), so a runner can chain kernels on device memory."""
     conv: list[_Arg] = []
     cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
     ckw = {k: _convert(v, -1, conv) for k, v in kwargs.items()}
@@ -182,7 +188,8 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     for a in conv:
         if a.tensor.storage.written:
             _write_back(a)
-    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv})
+    device_args = frozenset(id(x.storage) for x in (*args, *kwargs.values()) if isinstance(x, NkiTensor))
+    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv}, device_args if resident else None)
 
 
 class Kernel:
@@ -226,15 +233,15 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return Kernel(fn.fn if isinstance(fn, Kernel) else fn, options=kwargs)
 
 
-def simulate(kernel: Any, strict_capacity: bool = False) -> Callable[..., Any]:
+def simulate(kernel: Any, strict_capacity: bool = False, resident: bool = False) -> Callable[..., Any]:
     """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator.
 
     ``strict_capacity=True`` (the backend's own kernels) makes over-budget SBUF/PSUM allocations raise
-    instead of warning."""
+    instead of warning; ``resident=True`` returns HBM tensors instead of host arrays (see :func:`run`)."""
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
     @functools.wraps(k.fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return run(k.fn, args, kwargs, k.grid, strict_capacity or k.strict_capacity)
+        return run(k.fn, args, kwargs, k.grid, strict_capacity or k.strict_capacity, resident)
 
     return call
