@@ -84,9 +84,11 @@ def test_checker_knows_the_extra_namespaces() -> None:
 def test_the_checkout_reads_no_path_outside_itself() -> None:
     # Strings built so this file does not match itself.
     needles = ("/work/" + "shared", "../" + "shared/", "shared/" + "nki/api.json")
-    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    paths = files.stdout.split() if files.returncode == 0 else [
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, timeout=60) \
+        if (ROOT / ".git").exists() else None  # CI tests a copy without .git
+    paths = files.stdout.split() if files is not None and files.returncode == 0 else [
         str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts]
+    assert len(paths) > 100
     offenders = []
     for rel in paths:
         path = ROOT / rel
