@@ -31,6 +31,8 @@ REMOVED_KWARGS = {
     "unique_indices": "nisa.dma_compute(..., unique_indices=) (removed from dma_copy in NKI 0.3.0)",
     "use_gpsimd_dma": "dma_engine=nisa.dma_engine.gpsimd_dma|dma (replaced in NKI 0.3.0)",
     "imm": "src= (renamed in NKI 0.3.0)",
+    "dtype": "dst= allocated with the dtype you want (ISA calls stopped taking dtype= and returning their result in "
+             "NKI 0.2: nisa.op(dst=nl.ndarray(shape, dtype=...), ...))",
 }
 
 

@@ -330,10 +330,11 @@ def test_gpsimd_never_touches_psum() -> None:
     lambda a: nisa.nc_transpose(a),
     lambda a: nisa.tensor_copy(a),
     lambda a: nisa.tensor_reduce(nl.add, a, axis=1),
+    lambda a: nisa.iota(a, [[1, 8]], dtype=nl.float32),
 ])
 def test_value_returning_isa_calls_get_the_migration_hint(call) -> None:  # type: ignore[no-untyped-def]
     a = nl.ndarray((4, 8), dtype=nl.float32)
-    with pytest.raises(RemovedAPIError, match="stopped returning their result in NKI 0.2.*pass it as dst="):
+    with pytest.raises(RemovedAPIError, match="stopped (returning their result|taking dtype=) .*NKI 0.2"):
         call(a)
 
 
