@@ -93,9 +93,12 @@ class SimulatorDevice(Device):
         return out
 
     def flat(self, handle: Any) -> Any:
-        from neuron_compile.simulator.tensor import NkiTensor
+        from neuron_compile.simulator.tensor import PRIVATE_HBM, NkiTensor
 
         if isinstance(handle, NkiTensor):
+            # A finished kernel's shared_hbm output is plain device memory now; the next kernel gets it
+            # as an argument, and kernel arguments arrive in nl.hbm (private), like uploaded inputs.
+            handle.storage.buffer = PRIVATE_HBM
             return handle if handle.ndim == 1 else handle.reshape((handle.size,))
         return super().flat(handle)
 
