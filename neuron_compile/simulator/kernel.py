@@ -5,9 +5,8 @@ kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program f
 run one after the other). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
 kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
 comes back as the caller's own object). HBM arguments the kernel wrote are copied back into the
-caller's arrays. Strict mode (the backend's own kernels, ``simulate(k, strict_capacity=True)``)
-raises where AWS's simulator is lenient and the hardware is not: over-budget SBUF/PSUM and tensors
-returned from outside ``nl.shared_hbm``; otherwise both are a warning.
+caller's arrays. On-chip capacity is strict (over-budget allocations raise) for the backend's own
+kernels (``simulate(k, strict_capacity=True)``) and a warning otherwise, as in AWS's simulator.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from neuron_compile.errors import RemovedAPIError, SimulatorError
-from neuron_compile.simulator import checks as C
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
@@ -114,8 +112,7 @@ def _write_back(a: _Arg) -> None:
         a.orig[...] = vals.astype(a.orig.dtype) if vals.dtype != a.orig.dtype else vals
 
 
-def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg], resident: frozenset[int] | None = None,
-            strict: bool = True) -> Any:
+def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg], resident: frozenset[int] | None = None) -> Any:
     if isinstance(r, NkiTensor):
         if resident is not None and (r.buffer is SHARED_HBM or id(r.storage) in resident):
             return r  # device-resident execution: an output, or a device argument, stays on the device
@@ -126,18 +123,16 @@ def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg], resident: froze
             a = to_numpy(r)  # a view of an argument: its values
             return _numpy_to_torch(a) if as_torch else a
         if r.buffer is not SHARED_HBM:
-            msg = (f"kernel returned tensor '{r.name}' in nl.{r.buffer.value}: returned tensors must be allocated with "
-                   "buffer=nl.shared_hbm (copy SBUF/PSUM results there with nisa.dma_copy; nl.hbm/private_hbm outputs "
-                   "fail to compile since NKI 0.3.0, NKI Migration Guide) or be one of the kernel's arguments")
-            if strict:
-                raise SimulatorError(msg)
-            warnings.warn(msg + "; returned as is, as AWS's simulator does", C.SimulatorWarning, stacklevel=4)
+            raise SimulatorError(f"kernel returned tensor '{r.name}' in nl.{r.buffer.value}: returned tensors must be "
+                                 "allocated with buffer=nl.shared_hbm (copy SBUF/PSUM results there with "
+                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0) or be "
+                                 "one of the kernel's arguments")
         a = to_numpy(r)
         return _numpy_to_torch(a) if as_torch else a
     if isinstance(r, (tuple, list)):
-        return type(r)(_result(v, as_torch, by_storage, resident, strict) for v in r)
+        return type(r)(_result(v, as_torch, by_storage, resident) for v in r)
     if isinstance(r, dict):
-        return {k: _result(v, as_torch, by_storage, resident, strict) for k, v in r.items()}
+        return {k: _result(v, as_torch, by_storage, resident) for k, v in r.items()}
     return r
 
 
@@ -194,8 +189,7 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
         if a.tensor.storage.written:
             _write_back(a)
     device_args = frozenset(id(x.storage) for x in (*args, *kwargs.values()) if isinstance(x, NkiTensor))
-    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv}, device_args if resident else None,
-                   strict_capacity)
+    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv}, device_args if resident else None)
 
 
 class Kernel:
@@ -242,8 +236,8 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
 def simulate(kernel: Any, strict_capacity: bool = False, resident: bool = False) -> Callable[..., Any]:
     """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator.
 
-    ``strict_capacity=True`` (the backend's own kernels) makes over-budget SBUF/PSUM allocations and
-    returns from outside ``nl.shared_hbm`` raise instead of warning; ``resident=True`` returns HBM tensors instead of host arrays (see :func:`run`)."""
+    ``strict_capacity=True`` (the backend's own kernels) makes over-budget SBUF/PSUM allocations raise
+    instead of warning; ``resident=True`` returns HBM tensors instead of host arrays (see :func:`run`)."""
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
     @functools.wraps(k.fn)

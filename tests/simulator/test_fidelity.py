@@ -390,17 +390,3 @@ def test_ap_with_a_dtype_of_another_size_reinterprets_bytes() -> None:
             t = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
             t.ap(pattern=[[1, 4], [1, 4]], dtype=nl.uint8)
         simulate(bad)(a)
-
-
-def test_non_hbm_returns_warn_like_aws_and_raise_when_strict() -> None:
-    """AWS's docstring snippets return SBUF / nl.hbm tiles; its simulator converts them, hardware refuses."""
-    def k(a):
-        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=a)
-        return t
-
-    a = np.arange(8, dtype=np.float32).reshape(2, 4)
-    with pytest.warns(SimulatorWarning, match="returned as is, as AWS's simulator does"):
-        np.testing.assert_array_equal(simulate(k)(a), a)
-    with pytest.raises(SimulatorError, match="returned tensors must be allocated with buffer=nl.shared_hbm"):
-        simulate(k, strict_capacity=True)(a)
