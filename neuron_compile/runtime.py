@@ -35,8 +35,14 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError
+from neuron_compile.errors import (
+    DeviceAssertionError,
+    IndexOutOfRangeError,
+    NeuronCompileError,
+    RuntimeExecutionError,
+)
 from neuron_compile.lowering.ir import Plan
+from neuron_compile.lowering.ops.random import draw
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +194,18 @@ class CompiledGraph:
         bufs = self._stage(args, device)
         with self._target():
             self._run_calls(bufs, device)
+        flags = {check.buffer for check in self.plan.checks}
+        host: list[Any] = [device.download(b) if i in flags and b is not None else None for i, b in enumerate(bufs)]
+        self._check(host)  # device-side assertions: their flags come back first, before any output
         wanted = {spec.buffer for spec in self.plan.outputs if spec.buffer is not None}
-        host: list[Any] = [device.download(b) if i in wanted and b is not None else None for i, b in enumerate(bufs)]
+        for i in wanted - flags:
+            if bufs[i] is not None:
+                host[i] = device.download(bufs[i])
         self.transfers = device.transfers
         staged = sum(1 for ref in self.plan.buffers if ref.kind in ("input", "random", "empty"))
         _TRANSFERS.append({"executor": self.executor, "kernel_calls": len(self.plan.calls), "graph_inputs": staged,
-                           "graph_outputs": len(wanted), **device.transfers.as_dict()})
+                           "graph_outputs": len(wanted), "check_flags": len(flags - wanted),
+                           **device.transfers.as_dict()})
         log.debug("graph call: %d host->device and %d device->host copies", device.transfers.host_to_device,
                   device.transfers.device_to_host)
         return self.outputs(host)
@@ -208,7 +220,9 @@ class CompiledGraph:
         with self._target():
             self._run_calls(bufs, device)
         self.transfers = device.transfers
-        return [None if b is None else device.download(b) for b in bufs]
+        host = [None if b is None else device.download(b) for b in bufs]
+        self._check(host)
+        return host
 
     def _stage(self, args: Sequence[Any], device: Any) -> list[Any]:
         """The plan's buffers with every graph input (and host-made buffer) copied to the device once."""
@@ -218,8 +232,8 @@ class CompiledGraph:
             if ref.kind == "empty":  # a zero-element value: no kernel computes it
                 bufs[b] = device.upload(np.zeros(0, dtype=_NP_DTYPES[ref.dtype]))
                 continue
-            if ref.kind == "random":  # training dropout: torch's CPU generator, in graph order (see lowering.ops.index)
-                bufs[b] = device.upload(to_numpy(torch.rand(ref.numel, dtype=_TORCH_DTYPES[ref.dtype]), ref.dtype))
+            if ref.kind == "random":  # torch's CPU generator, in graph order (see lowering.ops.random)
+                bufs[b] = device.upload(to_numpy(draw(plan.randoms[ref.index]), ref.dtype))
                 continue
             if ref.kind != "input":
                 continue
@@ -235,6 +249,14 @@ class CompiledGraph:
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
             bufs[b] = device.upload(to_numpy(flat, ref.dtype))
         return bufs
+
+    def _check(self, bufs: list[np.ndarray | None]) -> None:
+        """Device-side assertions (index bounds, int32 overflow): raise before any output is returned."""
+        for check in self.plan.checks:
+            flag = bufs[check.buffer]
+            if flag is not None and flag.size and not flag.reshape(-1)[check.offset]:
+                cls = IndexOutOfRangeError if check.kind == "index" else DeviceAssertionError
+                raise cls(check.message)
 
     def _target(self) -> Any:
         if self.executor != "simulator":
@@ -289,11 +311,21 @@ def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
         "calls": [asdict(c) for c in plan.calls],
         "inputs": [asdict(i) for i in plan.inputs],
         "outputs": [asdict(o) for o in plan.outputs],
+        "checks": [asdict(c) for c in plan.checks],
+        "randoms": [asdict(r) for r in plan.randoms],
     }
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:
-    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec, kernel_from_json
+    from neuron_compile.lowering.ir import (
+        BufferRef,
+        DeviceCheck,
+        InputSpec,
+        KernelCall,
+        OutputSpec,
+        RandomSpec,
+        kernel_from_json,
+    )
 
     def tup(d: dict[str, Any]) -> dict[str, Any]:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
@@ -304,6 +336,8 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
         calls=tuple(KernelCall(**tup(c)) for c in data["calls"]),
         inputs=tuple(InputSpec(**tup(i)) for i in data["inputs"]),
         outputs=tuple(OutputSpec(**tup(o)) for o in data["outputs"]),
+        checks=tuple(DeviceCheck(**c) for c in data.get("checks", ())),
+        randoms=tuple(RandomSpec(**tup(r)) for r in data.get("randoms", ())),
     )
 
 
