@@ -189,7 +189,9 @@ def lower_relu_sign(ctx, node, x):
     """aten.relu/sign: ScalarE activation; integers exactly as max(x, 0) and (x > 0) - (x < 0)."""
     b = ctx.b
     if not b.int_mode:
-        return _finish(ctx, node, b.activation("relu" if node.target == aten.relu.default else "sign", x))
+        if node.target == aten.relu.default:
+            return _finish(ctx, node, b.activation("relu", x))
+        return _finish(ctx, node, b.select(mathlib.isnan(b, x), 0.0, b.activation("sign", x)))  # torch: sign(NaN) = 0
     if node.target == aten.relu.default:
         return b.binary("maximum", x, 0)
     return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))

@@ -94,6 +94,15 @@ def test_integer_division_is_exact(fn):
     _same(fn, a, b)
 
 
+@pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
+                                lambda t: t.argmax(), lambda t: t.min(0).indices, lambda t: torch.sign(t)],
+                         ids=["argmax", "argmin", "max_dim", "argmax_flat", "min_dim_indices", "sign"])
+def test_nan_propagates_like_torch(fn):
+    x = torch.randn(4, 6)
+    x[1, 3] = x[2, 0] = x[2, 4] = float("nan")
+    _same(fn, x)
+
+
 # -- advanced indexing and device-side bounds checks ---------------------------------------------------------
 
 
