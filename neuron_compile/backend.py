@@ -215,7 +215,8 @@ def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
 
     def build() -> tuple[dict[str, bytes], dict[str, Any]]:
         files, summary, plan = build_artifacts(gm, example_inputs)
-        files.update(stored_graph(gm, example_inputs))
+        if key is not None:  # only cached entries carry the graph they can be verified from
+            files.update(stored_graph(gm, example_inputs))
         built["plan"] = plan
         return files, summary
 
@@ -260,7 +261,10 @@ def stored_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str,
         return {GRAPH_FILE: encode_graph(gm, example_inputs)}
     except GraphCodecError as exc:
         log.debug("graph not stored in its cache entry (it can't be verified by recompiling): %s", exc)
-        return {}
+    except Exception as exc:  # the stored graph is optional: never fail a compile over it
+        log.warning("neuron-compile cache: graph not stored in its cache entry (%s: %s); it can't be verified by "
+                    "recompiling", type(exc).__name__, exc)
+    return {}
 
 
 def _quarantine_unloadable(key: Any, exc: Exception) -> None:
