@@ -377,6 +377,9 @@ class LoopGroupEmitter:
             strides = sp.to_space(view.strides, view.shape, cmap, g.space)
             self.accesses.append(strides)
             val = self.values[node]
+            if role == "full" and val.kind == "row" and any(strides[d] for d in g.red):
+                # a value constant along the reduced dims (computed from broadcast inputs) stored at full size
+                val = b.broadcast_to(val, "full")
             b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
                                                "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
         for node, mark in guards:
@@ -392,6 +395,8 @@ class LoopGroupEmitter:
         assert cmap is not None
         strides = sp.to_space(contiguous_strides(shape), shape, cmap, self.g.space)
         self.accesses.append(strides)
+        if self.member_role(node) == "full" and mark.kind == "row" and any(strides[d] for d in self.g.red):
+            mark = self.b.broadcast_to(mark, "full")
         self.b.emit("store", mark.kind, (mark,), {"access": (len(results) - 1, 0, strides), "dst_dtype": "uint8"},
                     phase=mark.phase)
         self.gl.checks.append(DeviceCheck(
