@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.lowering.ir import (
+    FAMILY_KERNELS,
     AttentionKernel,
     CopyKernel,
     GatherKernel,
@@ -56,6 +57,10 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    if isinstance(kernel, FAMILY_KERNELS):  # the family template is the whole kernel (codegen/render_family.py)
+        from neuron_compile.codegen.render_family import family_plan
+
+        return _wrap(kernel, "", family_plan(kernel))
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
@@ -75,8 +80,12 @@ def render_kernel(kernel: Kernel) -> str:
     return _wrap(kernel, body)
 
 
-def _wrap(kernel: Kernel, body: str) -> str:
-    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
+def _wrap(kernel: Kernel, body: str, plan: dict[str, Any] | None = None) -> str:
+    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
+
+    Family templates (``plan`` given) override the frame's body block and render the kernel from the
+    IR (``k``) and the plan Python computed for it (plain data).
+    """
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
     returns = ", ".join(f"out{i}" for i in range(len(kernel.outputs))) or "None"
@@ -85,7 +94,8 @@ def _wrap(kernel: Kernel, body: str) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc,
+            k=kernel, plan=plan or {}, pmax=PMAX)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:

@@ -257,7 +257,57 @@ class AttentionKernel:
                 f"dtype={self.compute_dtype} step={self.key_step}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel
+@dataclass(frozen=True)
+class Guard:
+    """A device-side check: output ``slot`` of the kernel is an int32 flag buffer, nonzero when the check failed.
+
+    The runner reads the flag right after the kernel and raises ``DeviceIndexError`` (``error='index'``) or
+    ``DeviceCheckError`` (``'runtime'``) with ``message``, where eager PyTorch would raise.
+    """
+
+    slot: int
+    error: str  # 'index' | 'runtime'
+    message: str
+
+
+@dataclass(frozen=True)
+class SortKernel:
+    """Sort every row of ``(outer..., rows, n)`` along its last dim: a bitonic network in SBUF.
+
+    Rows go 128 per tile onto partitions, the row along the free axis padded to a power of two with
+    sentinel keys. Keys are int32: the values themselves for integers, for floats the fp32 bit pattern
+    made monotone (-0.0 equal to +0.0, every NaN above +inf, as torch orders them). Comparisons are
+    lexicographic on (key, original index), so equal keys keep their original order (a stable sort)
+    in either direction. The sorted columns ``keep`` = [lo, hi) are stored: values through ``values``
+    and int32 indices through ``indices`` (accesses over ``(outer..., rows, hi - lo)``; None = not needed).
+    """
+
+    name: str
+    family: str  # 'sort'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]  # (outer..., rows, n)
+    n_outer: int
+    src: Access
+    values: Access | None
+    indices: Access | None
+    descending: bool = False
+    keep: tuple[int, int] = (0, 0)
+    key: str = "float"  # 'float' (fp32 bit-pattern keys) | 'int' (int32 values are the keys)
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [sort] space={self.space} outer={self.n_outer} desc={self.descending} "
+                f"keep={self.keep} key={self.key} values={self.values} indices={self.indices}")
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel,)  # rendered by their family template (codegen/render_family.py)
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel
 
 
 @dataclass(frozen=True)
@@ -386,7 +436,7 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel, AttentionKernel)})
+                                                            ScanKernel, AttentionKernel, *FAMILY_KERNELS)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

@@ -72,5 +72,18 @@ class RuntimeExecutionError(NeuronCompileError):
     """A compiled graph failed while running its kernels."""
 
 
+class DeviceCheckError(RuntimeExecutionError, RuntimeError):
+    """A check computed on the device failed (e.g. an integer result outside the int32 range NeuronCores hold).
+
+    Kernels that can meet such inputs write a flag output (:class:`~neuron_compile.lowering.ir.Guard`)
+    that the runner inspects right after the kernel, so the error surfaces where eager PyTorch would
+    raise instead of as wrong numbers. A ``RuntimeError`` like eager's.
+    """
+
+
+class DeviceIndexError(DeviceCheckError, IndexError):
+    """An index computed or read on the device was out of range (eager raises IndexError here)."""
+
+
 class BucketingError(NeuronCompileError, ValueError):
     """A shape-bucketing wrapper refused an input or output it cannot pad or slice safely."""

@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError
+from neuron_compile.errors import (
+    DeviceCheckError,
+    DeviceIndexError,
+    NeuronCompileError,
+    RuntimeExecutionError,
+)
 from neuron_compile.lowering.ir import Plan
 
 log = logging.getLogger(__name__)
@@ -216,6 +221,7 @@ class CompiledGraph:
                 outs = (outs,)
             for slot, buf in enumerate(call.results):
                 bufs[buf] = np.asarray(outs[slot]).reshape(-1)
+            check_guards(self.plan.kernels[call.kernel], outs)
 
     def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
         """The graph outputs: strided torch views of the result buffers."""
@@ -239,6 +245,14 @@ class CompiledGraph:
                 out = out.to(want)
             results.append(out)
         return results
+
+
+def check_guards(kernel: Any, outs: Sequence[Any]) -> None:
+    """Raise where eager PyTorch would: a kernel's device-side check flags (``Guard``) must all be zero."""
+    for guard in getattr(kernel, "guards", ()):
+        if np.any(np.asarray(outs[guard.slot]) != 0):
+            cls = DeviceIndexError if guard.error == "index" else DeviceCheckError
+            raise cls(guard.message)
 
 
 def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:

@@ -9,4 +9,5 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     movement,
     reduction,
     scan,
+    sort,
 )

@@ -1,0 +1,192 @@
+"""Sort-family lowerings: sort/argsort/msort, topk, kthvalue as one :class:`SortKernel` each.
+
+The sorted dim becomes the free dim of a canonical ``(outer..., rows, n)`` space (the other dims merge
+onto partitions and unrolled outer loops, addressed through strides, so any dim of any strided view
+sorts without a copy). The kernel (``codegen/templates/sort.nki.j2``) runs a bitonic network on int32
+keys with the original index as tie-breaker, so every result is the stable sort's: ``sort`` with or
+without ``stable=True`` equals CPU torch (NaN sorts as the largest value, ``-0.0`` equals ``0.0``);
+``topk``/``kthvalue`` store a slice of the sorted row. Multi-output ops define their ``getitem`` users'
+values directly (:func:`item_outputs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from typing import Any
+
+import torch
+from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SortKernel
+from neuron_compile.lowering.partition import node_shape
+from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from torch import fx
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+# Longest sorted row (after padding to a power of two): the row's int32 keys, int32 indices and fp32
+# values plus the compare-exchange masks (~26 bytes per element) must fit one partition's SBUF
+# (192 KiB on trn1, 224/256 KiB on trn2/trn3) without spilling.
+SORT_MAX_N = 4096
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+def _val(a: Any) -> torch.Tensor | None:
+    v = a.meta.get("val") if isinstance(a, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def item_outputs(gl: Any, node: fx.Node, kernel_index: int,
+                 items: list[tuple[int, tuple[int, ...], torch.dtype]]) -> dict[int, tuple[int, View]]:
+    """Result buffers of a multi-output node: ``items`` = (tuple index, shape, dtype) of the kernel's outputs
+    in slot order. Every ``getitem`` user of an item gets its view; returns {tuple index: (buffer, view)}."""
+    out: dict[int, tuple[int, View]] = {}
+    for slot, (item, shape, dtype) in enumerate(items):
+        nd = storage_dtype(dtype) or "float32"
+        buf = gl._buffer(BufferRef("kernel", kernel_index, slot, max(math.prod(shape), 1), nd))
+        out[item] = (buf, View(buf, shape, contiguous_strides(shape), 0, dtype))
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] in out:
+            buf, view = out[user.args[1]]
+            gl.views[user] = view
+            gl.buffer_nodes[buf] = user.name
+    return out
+
+
+def empty_items(gl: Any, node: fx.Node, items: list[tuple[int, tuple[int, ...], torch.dtype]]) -> None:
+    """Zero-element results need no kernel: empty buffers for every item."""
+    for item, shape, dtype in items:
+        buf = gl._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(dtype) or "float32"))
+        view = View(buf, shape, contiguous_strides(shape), 0, dtype)
+        for user in node.users:
+            if user.target is operator.getitem and user.args[1] == item:
+                gl.views[user] = view
+
+
+def _sort_check(node: fx.Node, dim: Any, what: str) -> str | None:
+    x = _val(node.args[0])
+    if x is None:
+        return None
+    if x.dtype not in _FLOATS + _INTS:
+        return f"{what} of {x.dtype} is not supported"
+    n = x.shape[int(dim) % x.dim()] if x.dim() else 1
+    if n and 1 << (n - 1).bit_length() > SORT_MAX_N:
+        return (f"{what} along a dim of {n} elements is not supported: a sorted row (padded to a power of two) "
+                f"must fit one partition's SBUF, at most {SORT_MAX_N} elements; sort shorter rows (reshape and "
+                f"merge) or run this op eagerly (options={{'fallback': 'eager'}})")
+    return None
+
+
+def _arg(node: fx.Node, pos: int, name: str, default: Any) -> Any:
+    if len(node.args) > pos:
+        return node.args[pos]
+    return node.kwargs.get(name, default)
+
+
+def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[int, int],
+              items: list[tuple[int, tuple[int, ...], torch.dtype, str]], source: str) -> None:
+    """One SortKernel over ``node.args[0]`` along ``dim``, storing sorted columns ``keep``.
+
+    ``items``: (tuple index, output shape, dtype, 'values' | 'indices'); an output's shape is the input's
+    with the sorted dim resized to ``keep`` width or removed.
+    """
+    x = gl.view_of(node.args[0])
+    shape = x.shape
+    rank = len(shape)
+    dim = dim % max(rank, 1)
+    plain = [(i, s, d) for i, s, d, _ in items]
+    if math.prod(shape) == 0 or keep[1] <= keep[0]:
+        empty_items(gl, node, plain)
+        return
+    kernel_index = len(gl.kernels)
+    bufs = item_outputs(gl, node, kernel_index, plain)
+    space = shape or (1,)
+    roles = ["red" if d == dim else "keep" for d in range(len(space))]
+    x_strides = x.strides or (0,)
+
+    def over_space(view: View) -> tuple[int, ...]:
+        """The output's strides over the input's space (the sorted dim: the output's, or 0 when removed)."""
+        if len(view.shape) == len(space):
+            return tuple(view.strides) if view.strides else (0,)
+        kept = list(view.strides)
+        return tuple(kept[:dim]) + (0,) + tuple(kept[dim:])
+
+    out_strides = {role: over_space(bufs[i][1]) for i, _, _, role in items}
+    canon = sp.canonicalize(space, roles, [x_strides, *out_strides.values()], part_role="keep", free_role="red",
+                            split_limit=1 << 30)
+    acc = {role: Access(slot, 0, sp.canonical_strides(canon, out_strides[role]))
+           for slot, (_, _, _, role) in enumerate(items)}
+    dtype = x.torch_dtype
+    kernel = SortKernel(
+        f"k{kernel_index}_{source.split('.')[1]}", "sort",
+        (ArgSpec(gl.buffers[x.buffer].numel, gl.buffers[x.buffer].dtype),),
+        tuple(ArgSpec(gl.buffers[bufs[i][0]].numel, gl.buffers[bufs[i][0]].dtype) for i, *_ in items),
+        canon.space, canon.n_outer, Access(0, x.offset, sp.canonical_strides(canon, x_strides)),
+        acc.get("values"), acc.get("indices"), descending, keep,
+        "float" if dtype.is_floating_point else "int", (source,))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(bufs[i][0] for i, *_ in items)))
+
+
+def _items(node: fx.Node) -> list[tuple[int, tuple[int, ...], torch.dtype, str]]:
+    """(item, shape, dtype, role) of the (values, indices) items some getitem user reads."""
+    used = {u.args[1] for u in node.users if u.target is operator.getitem}
+    vals = node.meta["val"]
+    out = []
+    for item, role in ((0, "values"), (1, "indices")):
+        if item in used:
+            out.append((item, tuple(int(s) for s in vals[item].shape), vals[item].dtype, role))
+    return out
+
+
+def _check_sort(node: fx.Node) -> str | None:
+    return _sort_check(node, _arg(node, 1, "dim", -1), "aten.sort")
+
+
+def _check_sort_stable(node: fx.Node) -> str | None:
+    return _sort_check(node, node.kwargs.get("dim", -1), "aten.sort")
+
+
+@register_lowering(aten.sort.default, family="sort", kind="copy", check=_check_sort)
+def lower_sort(gl: Any, node: fx.Node) -> None:
+    """aten.sort (argsort, msort) along any dim: stable bitonic sort in SBUF (NaN largest; rows <= 4096)."""
+    dim, desc = int(_arg(node, 1, "dim", -1)), bool(_arg(node, 2, "descending", False))
+    n = node_shape(node.args[0])[dim] if node_shape(node.args[0]) else 1
+    emit_sort(gl, node, dim, desc, (0, n), _items(node), "aten.sort.default")
+
+
+@register_lowering(aten.sort.stable, family="sort", kind="copy", check=_check_sort_stable)
+def lower_sort_stable(gl: Any, node: fx.Node) -> None:
+    """aten.sort(stable=...) along any dim: the same stable sort (NaN largest; rows <= 4096)."""
+    dim, desc = int(node.kwargs.get("dim", -1)), bool(node.kwargs.get("descending", False))
+    n = node_shape(node.args[0])[dim] if node_shape(node.args[0]) else 1
+    emit_sort(gl, node, dim, desc, (0, n), _items(node), "aten.sort.stable")
+
+
+def _check_topk(node: fx.Node) -> str | None:
+    return _sort_check(node, _arg(node, 2, "dim", -1), "aten.topk")
+
+
+@register_lowering(aten.topk.default, family="sort", kind="copy", check=_check_topk)
+def lower_topk(gl: Any, node: fx.Node) -> None:
+    """aten.topk (largest or smallest, sorted): the first k columns of a stable sort (NaN largest)."""
+    k = int(node.args[1])
+    dim, largest = int(_arg(node, 2, "dim", -1)), bool(_arg(node, 3, "largest", True))
+    emit_sort(gl, node, dim, largest, (0, k), _items(node), "aten.topk.default")
+
+
+def _check_kthvalue(node: fx.Node) -> str | None:
+    return _sort_check(node, _arg(node, 2, "dim", -1), "aten.kthvalue")
+
+
+@register_lowering(aten.kthvalue.default, family="sort", kind="copy", check=_check_kthvalue)
+def lower_kthvalue(gl: Any, node: fx.Node) -> None:
+    """aten.kthvalue: column k - 1 of the ascending stable sort (NaN largest)."""
+    k = int(node.args[1])
+    dim = int(_arg(node, 2, "dim", -1))
+    emit_sort(gl, node, dim, False, (k - 1, k), _items(node), "aten.kthvalue.default")
