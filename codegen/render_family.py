@@ -55,7 +55,7 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
         "stages": tuple(stages), "lo": lo, "width": hi - lo,
         "key_cmp": "less" if k.descending else "greater",
         "pad_key": INT32_MIN if k.descending else INT32_MAX, "nan_key": NAN_KEY,
-        "carry_values": k.key == "float" and k.values is not None,
+        "carry_values": k.key == "float" and (k.values is not None or bool(k.select)),
     }
 
 

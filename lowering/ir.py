@@ -294,6 +294,7 @@ class SortKernel:
     descending: bool = False
     keep: tuple[int, int] = (0, 0)
     key: str = "float"  # 'float' (fp32 bit-pattern keys) | 'int' (int32 values are the keys)
+    select: str = ""  # '' | 'median' | 'nanmedian': store one column per row, its position found on chip
     source_ops: tuple[str, ...] = ()
     guards: tuple[Guard, ...] = ()
 
@@ -302,7 +303,7 @@ class SortKernel:
 
     def __str__(self) -> str:
         return (f"kernel {self.name} [sort] space={self.space} outer={self.n_outer} desc={self.descending} "
-                f"keep={self.keep} key={self.key} values={self.values} indices={self.indices}")
+                f"keep={self.keep} key={self.key} select={self.select!r} values={self.values} indices={self.indices}")
 
 
 FAMILY_KERNELS: tuple[type, ...] = (SortKernel,)  # rendered by their family template (codegen/render_family.py)

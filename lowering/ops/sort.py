@@ -89,13 +89,15 @@ def _arg(node: fx.Node, pos: int, name: str, default: Any) -> Any:
 
 
 def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[int, int],
-              items: list[tuple[int, tuple[int, ...], torch.dtype, str]], source: str) -> None:
-    """One SortKernel over ``node.args[0]`` along ``dim``, storing sorted columns ``keep``.
+              items: list[tuple[int, tuple[int, ...], torch.dtype, str]], source: str, select: str = "",
+              x: View | None = None) -> None:
+    """One SortKernel over ``x`` (default ``node.args[0]``) along ``dim``, storing sorted columns ``keep``.
 
     ``items``: (tuple index, output shape, dtype, 'values' | 'indices'); an output's shape is the input's
-    with the sorted dim resized to ``keep`` width or removed.
+    with the sorted dim resized to ``keep`` width or removed. ``select`` ('median'/'nanmedian') stores
+    one column whose position the kernel finds per row (item -1: a single-tensor result).
     """
-    x = gl.view_of(node.args[0])
+    x = x if x is not None else gl.view_of(node.args[0])
     shape = x.shape
     rank = len(shape)
     dim = dim % max(rank, 1)
@@ -104,7 +106,11 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
         empty_items(gl, node, plain)
         return
     kernel_index = len(gl.kernels)
-    bufs = item_outputs(gl, node, kernel_index, plain)
+    if items[0][0] == -1:  # the node itself is the (only) result
+        buf, view = gl.new_output(node, kernel_index, 0)
+        bufs = {-1: (buf, view)}
+    else:
+        bufs = item_outputs(gl, node, kernel_index, plain)
     space = shape or (1,)
     roles = ["red" if d == dim else "keep" for d in range(len(space))]
     x_strides = x.strides or (0,)
@@ -128,7 +134,7 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
         tuple(ArgSpec(gl.buffers[bufs[i][0]].numel, gl.buffers[bufs[i][0]].dtype) for i, *_ in items),
         canon.space, canon.n_outer, Access(0, x.offset, sp.canonical_strides(canon, x_strides)),
         acc.get("values"), acc.get("indices"), descending, keep,
-        "float" if dtype.is_floating_point else "int", (source,))
+        "float" if dtype.is_floating_point else "int", select, (source,))
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(bufs[i][0] for i, *_ in items)))
 
@@ -190,3 +196,45 @@ def lower_kthvalue(gl: Any, node: fx.Node) -> None:
     k = int(node.args[1])
     dim = int(_arg(node, 2, "dim", -1))
     emit_sort(gl, node, dim, False, (k - 1, k), _items(node), "aten.kthvalue.default")
+
+
+def _check_median(node: fx.Node) -> str | None:
+    dim = _arg(node, 1, "dim", None) if node.target in (aten.median.dim, aten.nanmedian.dim) else None
+    if dim is None:
+        x = _val(node.args[0])
+        n = x.numel() if x is not None else 0
+        if n and 1 << (n - 1).bit_length() > SORT_MAX_N:
+            return (f"{node.target} of {n} elements is not supported: the flattened input is sorted in one "
+                    f"partition's SBUF, at most {SORT_MAX_N} elements; take the median along a dim instead")
+        return _sort_check(node, 0, str(node.target)) if x is not None and x.dim() else None
+    return _sort_check(node, dim, str(node.target))
+
+
+@register_lowering(aten.median.dim, aten.nanmedian.dim, family="sort", kind="copy", check=_check_median)
+def lower_median_dim(gl: Any, node: fx.Node) -> None:
+    """aten.median/nanmedian along a dim: the lower median of the stable sort (median: NaN if the row has one,
+    with the first NaN's index; nanmedian: of the non-NaN values), its position found on chip."""
+    shape = node_shape(node.args[0])
+    dim = int(_arg(node, 1, "dim", -1)) % max(len(shape), 1)
+    n = shape[dim] if shape else 1
+    x = _val(node.args[0])
+    nan_aware = x is not None and x.dtype.is_floating_point
+    select = "nanmedian" if node.target == aten.nanmedian.dim else "median"
+    mid = (n - 1) // 2
+    emit_sort(gl, node, dim, False, (mid, mid + 1), _items(node), str(node.target).replace("aten::", "aten."),
+              select if nan_aware else "")
+
+
+@register_lowering(aten.median.default, aten.nanmedian.default, family="sort", kind="copy", check=_check_median)
+def lower_median_all(gl: Any, node: fx.Node) -> None:
+    """aten.median/nanmedian of all elements (0-d result): the flattened input sorted as one row."""
+    v = gl.view_of(node.args[0])
+    if not v.is_contiguous():
+        v = gl.copy_contiguous(v, f"{node.name}_flat")
+    n = max(math.prod(v.shape), 1) if v.shape else 1
+    flat = View(v.buffer, (n,), (1,), v.offset, v.torch_dtype)
+    select = "nanmedian" if node.target == aten.nanmedian.default else "median"
+    mid = (n - 1) // 2
+    val = node.meta["val"]
+    emit_sort(gl, node, 0, False, (mid, mid + 1), [(-1, (), val.dtype, "values")],
+              str(node.target).replace("aten::", "aten."), select if val.dtype.is_floating_point else "", x=flat)

@@ -202,3 +202,45 @@ def test_sort_kernel_is_one_kernel_per_sort() -> None:
     _compile(lambda x: torch.sort(x, 1))(x)
     kinds = [k["family"] for g in neuron_compile.backend.compiled_graphs() for k in g["plan"].summary["kernels"]]
     assert kinds == ["sort"], kinds
+
+
+@pytest.mark.parametrize("op", ["median", "nanmedian"])
+@pytest.mark.parametrize("shape,dim", [((9, 8), 1), ((130, 7), 1), ((5, 6), 0), ((4, 1), 1)])
+def test_median_along_a_dim(op: str, shape: tuple[int, ...], dim: int) -> None:
+    x = _special(shape, seed=17)
+    x[0] = NAN  # an all-NaN row
+    fn = getattr(torch, op)
+
+    def f(x: torch.Tensor) -> Any:
+        return fn(x, dim)
+
+    got, want = _compile(f)(x), f(x)
+    _same(got.values, want.values, "values", zero_signs=False)
+    _consistent_indices(x, dim, got.values.unsqueeze(dim), got.indices.unsqueeze(dim), op)
+    nan_rows = want.values.isnan()
+    if op == "median":  # eager: the index of the row's first NaN
+        assert torch.equal(got.indices[nan_rows], want.indices[nan_rows])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_median_of_all_elements(dtype: torch.dtype) -> None:
+    x = _special((7, 9), dtype, seed=19)
+    y = x.t()  # non-contiguous: flattened through a copy
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> Any:
+        out = [torch.median(x), torch.median(y)]
+        if dtype.is_floating_point:
+            out += [torch.nanmedian(x), torch.nanmedian(y)]
+        return out
+
+    got, want = _compile(f)(x, y), f(x, y)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        _same(g, w, f"output {i}", zero_signs=False)
+
+
+def test_median_without_nan_matches_eager_indices() -> None:
+    g = torch.Generator().manual_seed(23)
+    x = torch.randperm(96, generator=g).reshape(8, 12).float()  # distinct values: indices are specified
+    got, want = _compile(lambda x: torch.median(x, 1))(x), torch.median(x, 1)
+    _same(got.values, want.values, "values")
+    _same(got.indices, want.indices, "indices")
