@@ -12,7 +12,7 @@ import logging
 import math
 from typing import Any
 
-from neuron_compile.lowering.ir import Access, SortKernel
+from neuron_compile.lowering.ir import Access, SearchKernel, SortKernel
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,20 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
     }
 
 
-_PLANS = {SortKernel: _sort_plan}
+SEARCH_CHUNK = 2048  # values per partition per chunk: ~10 live [P, F] int32 tiles, 80 KiB
+
+
+def _search_plan(k: SearchKernel) -> dict[str, Any]:
+    m = k.space[-1]
+    return {
+        "m": m, "rows": k.space[-2], "outer": math.prod(k.space[:k.n_outer]), "chunk": max(1, min(SEARCH_CHUNK, m)),
+        "steps": k.n_seq.bit_length(),  # each step at least halves every [lo, hi): n_seq -> 0
+        "val_terms": outer_terms(k.space, k.n_outer, k.values), "out_terms": outer_terms(k.space, k.n_outer, k.out),
+        "seq_terms": outer_terms(k.space, k.n_outer, k.seq), "sorter_terms": outer_terms(k.space, k.n_outer, k.sorter),
+    }
+
+
+_PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan}
 
 
 def family_plan(kernel: Any) -> dict[str, Any]:

@@ -306,9 +306,44 @@ class SortKernel:
                 f"keep={self.keep} key={self.key} select={self.select!r} values={self.values} indices={self.indices}")
 
 
-FAMILY_KERNELS: tuple[type, ...] = (SortKernel,)  # rendered by their family template (codegen/render_family.py)
+@dataclass(frozen=True)
+class SearchKernel:
+    """searchsorted/bucketize: torch's binary search, run for every value at once.
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel
+    Values of ``(outer..., rows, m)`` sit 128 rows per tile on partitions, chunks of the row along the
+    free axis; each partition holds its row's sorted sequence (``n_seq`` elements; ``seq`` strides over
+    the space's leading dims, 0 for a shared 1-D sequence, and its last entry the sequence's own stride),
+    optionally permuted by ``sorter``. Every step gathers the middle element per value (``nc_n_gather``)
+    and moves the bounds exactly as ATen's CPU search does, so NaN cases match too. int32 output.
+    """
+
+    name: str
+    family: str  # 'search'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]  # (outer..., rows, m)
+    n_outer: int
+    values: Access
+    out: Access
+    seq: Access
+    n_seq: int
+    sorter: Access | None = None
+    right: bool = False
+    key: str = "float"  # 'float' (fp32 compares) | 'int' (exact int32 compares)
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [search] space={self.space} outer={self.n_outer} n_seq={self.n_seq} "
+                f"right={self.right} sorter={self.sorter is not None} key={self.key}")
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel)  # rendered by their family template (codegen/render_family.py)
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SortKernel
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SearchKernel, SortKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -238,3 +238,87 @@ def lower_median_all(gl: Any, node: fx.Node) -> None:
     val = node.meta["val"]
     emit_sort(gl, node, 0, False, (mid, mid + 1), [(-1, (), val.dtype, "values")],
               str(node.target).replace("aten::", "aten."), select if val.dtype.is_floating_point else "", x=flat)
+
+
+# -- searchsorted / bucketize ------------------------------------------------------------------------
+
+SEARCH_MAX_SEQ = 16384  # a row's sorted sequence held in SBUF beside its values (64 KiB fp32)
+
+
+def _search_check(node: fx.Node) -> str | None:
+    seq_node = node.args[0] if node.target == aten.searchsorted.Tensor else node.args[1]
+    seq, vals = _val(seq_node), _val(node.args[1] if node.target == aten.searchsorted.Tensor else node.args[0])
+    if seq is None or vals is None:
+        return None
+    for t in (seq, vals):
+        if t.dtype not in _FLOATS + _INTS or t.dtype == torch.bool:
+            return f"{node.target} on {t.dtype} is not supported"
+    if seq.dim() > 1 and tuple(seq.shape[:-1]) != tuple(vals.shape[:-1]):
+        return f"{node.target}: sorted_sequence {tuple(seq.shape)} and input {tuple(vals.shape)} leading dims differ"
+    if seq.dim() and seq.shape[-1] > SEARCH_MAX_SEQ:
+        return (f"{node.target} with a sorted sequence of {seq.shape[-1]} elements is not supported: each row's "
+                f"sequence is held in one partition's SBUF, at most {SEARCH_MAX_SEQ} elements")
+    return None
+
+
+def emit_search(gl: Any, node: fx.Node, seq_node: fx.Node, right: bool, sorter_node: Any, source: str) -> None:
+    values, seq = gl.view_of(node.args[1] if node.target == aten.searchsorted.Tensor else node.args[0]), \
+        gl.view_of(seq_node)
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    if math.prod(values.shape) == 0:
+        gl.buffers[buf] = BufferRef("empty", 0, 0, 0, gl.buffers[buf].dtype)
+        return
+    sorter = gl.view_of(sorter_node) if isinstance(sorter_node, fx.Node) else None
+    shape = values.shape or (1,)
+    v_strides, o_strides = values.strides or (0,), out.strides or (0,)
+    shared = len(seq.shape) <= 1
+    b = seq.shape[-1] if seq.shape else 1
+    b_stride = seq.strides[-1] if seq.shape else 0
+    if shared:  # one sequence for every value: any layout of the values, split into rows
+        over = [tuple(0 for _ in shape)]
+        canon = sp.canonicalize(shape, ["keep"] * len(shape), [v_strides, o_strides], part_role="keep",
+                                free_role="keep", split_limit=SEARCH_ROW, split_above=SEARCH_ROW)
+        seq_strides = sp.canonical_strides(canon, over[0])[:-1] + (b_stride,)
+        sorter_strides = sp.canonical_strides(canon, over[0])[:-1] + (sorter.strides[-1] if sorter and
+                                                                      sorter.shape else 0,)
+    else:  # one sequence per leading index: rows are the leading dims
+        seq_over = tuple(seq.strides[:-1]) + (0,)
+        srt_over = tuple(sorter.strides[:-1]) + (0,) if sorter is not None else seq_over
+        roles = ["keep"] * (len(shape) - 1) + ["red"]
+        canon = sp.canonicalize(shape, roles, [v_strides, o_strides, seq_over, srt_over], part_role="keep",
+                                free_role="red", split_limit=1 << 30)
+        seq_strides = sp.canonical_strides(canon, seq_over)[:-1] + (b_stride,)
+        sorter_strides = sp.canonical_strides(canon, srt_over)[:-1] + (sorter.strides[-1] if sorter else 0,)
+    args: list[int] = []
+    for v in (values, seq, sorter):
+        if v is not None and v.buffer not in args:
+            args.append(v.buffer)
+    key = "int" if not values.torch_dtype.is_floating_point and not seq.torch_dtype.is_floating_point else "float"
+    kernel = SearchKernel(
+        f"k{kernel_index}_{source.split('.')[1]}", "search",
+        tuple(ArgSpec(gl.buffers[a].numel, gl.buffers[a].dtype) for a in args),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),), canon.space, canon.n_outer,
+        Access(args.index(values.buffer), values.offset, sp.canonical_strides(canon, v_strides)),
+        Access(0, out.offset, sp.canonical_strides(canon, o_strides)),
+        Access(args.index(seq.buffer), seq.offset, seq_strides), b,
+        Access(args.index(sorter.buffer), sorter.offset, sorter_strides) if sorter is not None else None,
+        right, key, (source,))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
+
+
+SEARCH_ROW = 2048  # values per row when a shared sequence lets them split into rows freely
+
+
+@register_lowering(aten.searchsorted.Tensor, family="sort", kind="copy", check=_search_check)
+def lower_searchsorted(gl: Any, node: fx.Node) -> None:
+    """aten.searchsorted (left/right, side=, sorter=; 1-D or per-row sequences): ATen's binary search per value."""
+    right = bool(node.kwargs.get("right", False)) or node.kwargs.get("side") == "right"
+    emit_search(gl, node, node.args[0], right, node.kwargs.get("sorter"), "aten.searchsorted.Tensor")
+
+
+@register_lowering(aten.bucketize.Tensor, family="sort", kind="copy", check=_search_check)
+def lower_bucketize(gl: Any, node: fx.Node) -> None:
+    """aten.bucketize (left/right): the binary search of searchsorted over the 1-D boundaries."""
+    emit_search(gl, node, node.args[1], bool(node.kwargs.get("right", False)), None, "aten.bucketize.Tensor")

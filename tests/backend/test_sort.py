@@ -244,3 +244,50 @@ def test_median_without_nan_matches_eager_indices() -> None:
     got, want = _compile(lambda x: torch.median(x, 1))(x), torch.median(x, 1)
     _same(got.values, want.values, "values")
     _same(got.indices, want.indices, "indices")
+
+
+def test_searchsorted_and_bucketize_nan_and_infinities_like_eager() -> None:
+    b = torch.tensor([-INF, 1.0, 2.0, 2.0, 3.0, INF, NAN])
+    v = torch.tensor([NAN, -INF, 2.0, INF, 0.0, 5.0, -0.0, 1.5]).repeat(3, 1)
+
+    def f(b: torch.Tensor, v: torch.Tensor) -> Any:
+        return (torch.searchsorted(b, v), torch.searchsorted(b, v, right=True), torch.bucketize(v, b),
+                torch.bucketize(v, b, right=True, out_int32=True), torch.searchsorted(b, v, side="right"))
+
+    got, want = _compile(f)(b, v), f(b, v)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        _same(g, w, f"output {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32])
+def test_bucketize_many_values_non_contiguous(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(29)
+    scale = 1 if dtype.is_floating_point else (1 << 28)  # integers beyond 2**24 compare exactly
+    bounds = (torch.randn(37, generator=g) * scale).sort().values.to(dtype)
+    x = (torch.randn(300, 70, generator=g) * scale).to(dtype)
+    x[5, :10] = bounds[:10]  # values equal to boundaries
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> Any:
+        return torch.bucketize(x.t(), b), torch.bucketize(x[::3], b, right=True)
+
+    got, want = _compile(f)(x, bounds), f(x, bounds)
+    for i, (gv, wv) in enumerate(zip(got, want, strict=True)):
+        _same(gv, wv, f"output {i}")
+
+
+def test_searchsorted_per_row_sequences_sorter_and_edge_shapes() -> None:
+    g = torch.Generator().manual_seed(31)
+    seq = torch.randn(130, 20, generator=g).sort(1).values
+    perm = torch.argsort(torch.rand(130, 20, generator=g), 1)
+    shuffled = torch.gather(seq, 1, perm)
+    sorter = torch.argsort(shuffled, 1)
+    q = torch.randn(130, 9, generator=g)
+    q[:, 0] = seq[:, 3]
+
+    def f(seq: torch.Tensor, shuffled: torch.Tensor, sorter: torch.Tensor, q: torch.Tensor) -> Any:
+        return (torch.searchsorted(seq, q), torch.searchsorted(shuffled, q, sorter=sorter, right=True),
+                torch.bucketize(q[0, 0], seq[0]), torch.bucketize(q, seq[0, :0]), torch.searchsorted(seq[0], q[:0]))
+
+    got, want = _compile(f)(seq, shuffled, sorter, q), f(seq, shuffled, sorter, q)
+    for i, (gv, wv) in enumerate(zip(got, want, strict=True)):
+        _same(gv, wv, f"output {i}")
