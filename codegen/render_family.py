@@ -12,13 +12,22 @@ import logging
 import math
 from typing import Any
 
-from neuron_compile.lowering.ir import Access, SearchKernel, SortKernel
+from neuron_compile.lowering.ir import Access, LineGatherKernel, ScatterKernel, SearchKernel, SortKernel
 
 log = logging.getLogger(__name__)
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 NAN_KEY = 0x7FC00000  # every NaN's key: above +inf's (0x7F800000), below the ascending pad key
+
+
+def literal(value: float | int) -> str:
+    """A Python literal for a number a template writes into the kernel (inf and NaN included)."""
+    if isinstance(value, float) and value != value:
+        return "float('nan')"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "float('inf')" if value > 0 else "-float('inf')"
+    return repr(value)
 
 
 def outer_terms(space: tuple[int, ...], n_outer: int, access: Access | None) -> list[tuple[int, int, int]]:
@@ -72,7 +81,55 @@ def _search_plan(k: SearchKernel) -> dict[str, Any]:
     }
 
 
-_PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan}
+GATHER_INDEX_CHUNK = 2048  # indices per partition per chunk
+GATHER_LINE_CHUNK = 16384  # elements of x's line per partition per nc_n_gather (64 KiB fp32)
+
+
+def _line_gather_plan(k: LineGatherKernel) -> dict[str, Any]:
+    j = k.space[-1]
+    sc = min(GATHER_LINE_CHUNK, k.size)
+    return {
+        "j": j, "jc": max(1, min(GATHER_INDEX_CHUNK, j)), "sc": sc, "chunks": -(-k.size // sc),
+        "rows": k.space[-2], "outer": math.prod(k.space[:k.n_outer]),
+        "idx_terms": outer_terms(k.space, k.n_outer, k.index), "x_terms": outer_terms(k.space, k.n_outer, k.x),
+        "out_terms": outer_terms(k.space, k.n_outer, k.out),
+    }
+
+
+SCATTER_INDEX_CHUNK = 512  # indices per partition per step
+SCATTER_STEP = 2048  # targets x indices compared per partition per step (the [P, T, F] tiles)
+_SCATTER_OPS = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum",
+                "assign": "add"}
+_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": float("-inf"), "amin": float("inf"), "assign": 0.0}
+_INT_IDENTITY = {"sum": 0, "prod": 1, "amax": INT32_MIN, "amin": INT32_MAX, "assign": 0}
+
+
+def _scatter_plan(k: ScatterKernel) -> dict[str, Any]:
+    j = k.space[-1]
+    jc = max(1, min(SCATTER_INDEX_CHUNK, j))
+    keep_unhit = k.reduce == "assign" or not k.include_self
+    identity = _IDENTITY[k.reduce] if k.key == "float" else _INT_IDENTITY[k.reduce]
+    fill = float(k.fill) if k.key == "float" else int(k.fill)
+    # self copied whole first, in [rows, cols] blocks (cols <= 8192) plus a ragged tail
+    precopy = []
+    if k.precopy:
+        cols = min(k.precopy, 8192)
+        rows = k.precopy // cols
+        precopy.append((rows, cols, 0))
+        if k.precopy - rows * cols:
+            precopy.append((1, k.precopy - rows * cols, rows * cols))
+    return {
+        "j": j, "jc": jc, "tc": max(1, min(k.size, SCATTER_STEP // jc)), "rows": k.space[-2],
+        "outer": math.prod(k.space[:k.n_outer]), "op": _SCATTER_OPS[k.reduce],
+        "identity": literal(identity), "fill": literal(fill), "count": keep_unhit or k.reduce == "mean", "keep_unhit": keep_unhit,
+        "precopy": precopy,
+        "idx_terms": outer_terms(k.space, k.n_outer, k.index), "src_terms": outer_terms(k.space, k.n_outer, k.src),
+        "base_terms": outer_terms(k.space, k.n_outer, k.base), "out_terms": outer_terms(k.space, k.n_outer, k.out),
+    }
+
+
+_PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan, LineGatherKernel: _line_gather_plan,
+          ScatterKernel: _scatter_plan}
 
 
 def family_plan(kernel: Any) -> dict[str, Any]:

@@ -341,9 +341,85 @@ class SearchKernel:
                 f"right={self.right} sorter={self.sorter is not None} key={self.key}")
 
 
-FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel)  # rendered by their family template (codegen/render_family.py)
+@dataclass(frozen=True)
+class LineGatherKernel:
+    """``out = x.gather(dim, index)`` for any index shape: one line (all dims but ``dim``) per partition.
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
+    Space ``(outer..., lines, j)`` is the index's, ``dim`` last. Each partition holds its line of ``x``
+    (``size`` elements along ``dim``, in chunks) in SBUF and picks ``index``'s elements with
+    ``nc_n_gather``. ``x``/``out`` accesses: strides over the space, the last entry ``x``'s stride
+    along ``dim`` (for ``x``). Indices outside ``[lo, size)`` set the guard flag (output 1); negative
+    ones from ``lo = -size`` wrap.
+    """
+
+    name: str
+    family: str  # 'line_gather'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    x: Access
+    index: Access
+    out: Access
+    size: int
+    lo: int = 0
+    key: str = "float"  # tile dtype: 'float' (fp32) | 'int' (int32)
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return f"kernel {self.name} [line_gather] space={self.space} size={self.size} lo={self.lo}"
+
+
+@dataclass(frozen=True)
+class ScatterKernel:
+    """``out = self`` with ``src`` scattered along ``dim`` at ``index`` (scatter/scatter_add/scatter_reduce,
+    index_add/index_copy/index_fill/index_reduce), any index shape, duplicates resolved like CPU torch.
+
+    Space ``(outer..., lines, j)`` is the index's, ``dim`` last; a line's targets (``size`` along ``dim``)
+    sit on its partition. Per chunk of targets, every index is compared with every target (iota) and the
+    matching sources are reduced (``reduce``: sum/prod/mean/amax/amin; 'assign' takes the last match, as
+    CPU torch's sequential loop does), then combined with the line of ``self`` (``include_self``).
+    ``base``/``out`` accesses: strides over the space with their stride along ``dim`` last; ``src`` None
+    means the scalar ``fill``. ``precopy``: copy all of ``self`` first (lines the index does not cover).
+    Indices outside ``[lo, size)`` set the guard flag (output 1); negative ones from ``lo = -size`` wrap.
+    """
+
+    name: str
+    family: str  # 'scatter'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    base: Access
+    index: Access
+    src: Access | None
+    out: Access
+    size: int
+    reduce: str  # 'assign' | 'sum' | 'prod' | 'mean' | 'amax' | 'amin'
+    include_self: bool = True
+    fill: float = 0.0
+    lo: int = 0
+    precopy: int = 0  # elements of a dense self copied to out first (0: every line is covered)
+    key: str = "float"
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [scatter:{self.reduce}] space={self.space} size={self.size} "
+                f"include_self={self.include_self} lo={self.lo} precopy={self.precopy} key={self.key}")
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel)  # rendered by their family template (codegen/render_family.py)
+
+Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
+          | LineGatherKernel | ScatterKernel)
 
 
 @dataclass(frozen=True)

@@ -9,5 +9,6 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     movement,
     reduction,
     scan,
+    scatter,
     sort,
 )
