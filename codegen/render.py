@@ -25,7 +25,6 @@ from neuron_compile.lowering.ir import (
     IndexAddKernel,
     Kernel,
     LoopKernel,
-    ScanKernel,
     TileOp,
 )
 
@@ -69,7 +68,7 @@ def render_kernel(kernel: Kernel) -> str:
         body = _loop_body(kernel)
     elif isinstance(kernel, CopyKernel):
         body = _copy_body(kernel)
-    elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
+    elif isinstance(kernel, (GatherKernel, IndexAddKernel)):
         body = _index_body(kernel)
     elif isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
@@ -680,11 +679,9 @@ def _copy_body(k: CopyKernel) -> str:
     return out.text()
 
 
-def _index_body(k: GatherKernel | IndexAddKernel | ScanKernel) -> str:
+def _index_body(k: GatherKernel | IndexAddKernel) -> str:
     from neuron_compile.codegen import render_index  # imports Lines/_offset from this module
 
     if isinstance(k, GatherKernel):
         return render_index.gather_body(k, k.inputs[0].dtype)
-    if isinstance(k, IndexAddKernel):
-        return render_index.index_add_body(k)
-    return render_index.scan_body(k)
+    return render_index.index_add_body(k)

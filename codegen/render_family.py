@@ -12,7 +12,14 @@ import logging
 import math
 from typing import Any
 
-from neuron_compile.lowering.ir import Access, LineGatherKernel, ScatterKernel, SearchKernel, SortKernel
+from neuron_compile.lowering.ir import (
+    Access,
+    LineGatherKernel,
+    ScanKernel,
+    ScatterKernel,
+    SearchKernel,
+    SortKernel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +135,26 @@ def _scatter_plan(k: ScatterKernel) -> dict[str, Any]:
     }
 
 
+CUMULATIVE_CHUNK = 512  # free elements per scan chunk (the int (hi, lo) scan keeps ~8 such tiles)
+# fp32 scans r_i = op1(op0(unit, r_(i-1)), x_i) from r = init: sum (1 * r) + x, product (0 + r) * x
+_SCAN = {"sum": (0.0, 1.0, "multiply", "add"), "prod": (1.0, 0.0, "add", "multiply"),
+         "logsumexp": (0.0, 0.0, "add", "add")}
+
+
+def _cumulative_plan(k: ScanKernel) -> dict[str, Any]:
+    n = k.space[-1]
+    init, unit, op0, op1 = _SCAN.get(k.op, (0.0, 0.0, "add", "add"))
+    return {
+        "n": n, "chunk": max(1, min(CUMULATIVE_CHUNK, n)), "rows": k.space[-2], "outer": math.prod(k.space[:k.n_outer]),
+        "init": init, "unit": unit, "op0": op0, "op1": op1,
+        "int_op": "maximum" if k.op == "max" else "minimum", "nan_key": NAN_KEY if k.op == "max" else INT32_MIN,
+        "src_terms": outer_terms(k.space, k.n_outer, k.src), "val_terms": outer_terms(k.space, k.n_outer, k.values),
+        "idx_terms": outer_terms(k.space, k.n_outer, k.indices),
+    }
+
+
 _PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan, LineGatherKernel: _line_gather_plan,
-          ScatterKernel: _scatter_plan}
+          ScatterKernel: _scatter_plan, ScanKernel: _cumulative_plan}
 
 
 def family_plan(kernel: Any) -> dict[str, Any]:

@@ -186,34 +186,6 @@ class IndexAddKernel:
 
 
 @dataclass(frozen=True)
-class ScanKernel:
-    """Inclusive scan (cumsum) along the free dim of a canonical space ``(outer..., part, free)``.
-
-    Each 128-partition tile walks the free dim in chunks with ``tensor_tensor_scan``, carrying the
-    running (P, 1) value from one chunk to the next; fp32 accumulation.
-    """
-
-    name: str
-    family: str  # 'scan'
-    inputs: tuple[ArgSpec, ...]
-    outputs: tuple[ArgSpec, ...]
-    space: tuple[int, ...]
-    n_outer: int
-    src: Access
-    dst: Access
-    op: str = "add"
-    free_tile: int = 512
-    source_ops: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-    def __str__(self) -> str:
-        return (f"kernel {self.name} [scan:{self.op}] space={self.space} outer={self.n_outer} "
-                f"src={self.src} dst={self.dst}")
-
-
-@dataclass(frozen=True)
 class AttentionKernel:
     """Fused scaled-dot-product attention forward: ``out = softmax(scale * q k^T + mask) v`` per (b, h).
 
@@ -416,7 +388,44 @@ class ScatterKernel:
                 f"include_self={self.include_self} lo={self.lo} precopy={self.precopy} key={self.key}")
 
 
-FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel)  # rendered by their family template (codegen/render_family.py)
+@dataclass(frozen=True)
+class ScanKernel:
+    """Inclusive scans along the last dim of ``(outer..., rows, n)``: cumsum, cumprod, cummax, cummin,
+    logcumsumexp, 128 rows per tile on partitions.
+
+    fp32 sums/products: ``tensor_tensor_scan`` over chunks with a carried (P, 1) value; logcumsumexp: a
+    running max and the rescaled sum ``s_i = s_{i-1} exp(m_{i-1} - m_i) + exp(x_i - m_i)`` as one linear
+    scan. Integer sums: exact 64-bit (hi, lo) int32 words added with carries (Hillis-Steele on GpSimd);
+    with ``int64_out`` a result outside int32 (which NeuronCores store) sets the guard flag, else int32
+    wraps as torch's int32 does. cummax/cummin: whole rows, a max/min scan of int32 order keys (NaN as
+    torch: it wins and stays) and of the updating positions (ties take the latest), values gathered by
+    index. ``values``/``indices`` accesses over the space (indices None unless cummax/cummin).
+    """
+
+    name: str
+    family: str  # 'scan'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    src: Access
+    values: Access
+    indices: Access | None
+    op: str  # 'sum' | 'prod' | 'max' | 'min' | 'logsumexp'
+    key: str = "float"  # 'float' | 'int'
+    int64_out: bool = False
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [scan:{self.op}] space={self.space} outer={self.n_outer} key={self.key} "
+                f"int64_out={self.int64_out}")
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel)  # rendered by their family template (codegen/render_family.py)
 
 Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
           | LineGatherKernel | ScatterKernel)
