@@ -14,6 +14,7 @@ from typing import Any
 
 from neuron_compile.lowering.ir import (
     Access,
+    AssertKernel,
     LineGatherKernel,
     ScanKernel,
     ScatterKernel,
@@ -154,7 +155,7 @@ def _cumulative_plan(k: ScanKernel) -> dict[str, Any]:
 
 
 _PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan, LineGatherKernel: _line_gather_plan,
-          ScatterKernel: _scatter_plan, ScanKernel: _cumulative_plan}
+          ScatterKernel: _scatter_plan, ScanKernel: _cumulative_plan, AssertKernel: lambda k: {}}
 
 
 def family_plan(kernel: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from neuron_compile.lowering.decomp_bag import BAG
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -207,4 +208,5 @@ SCATTER: dict[Any, Callable[..., Any]] = {
     aten.index_reduce.default: _index_reduce,
     aten.put.default: _put,
     aten.masked_scatter.default: _masked_scatter,
+    **BAG,  # EmbeddingBag (lowering/decomp_bag.py)
 }

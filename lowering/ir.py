@@ -425,10 +425,31 @@ class ScanKernel:
                 f"int64_out={self.int64_out}")
 
 
-FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel)  # rendered by their family template (codegen/render_family.py)
+@dataclass(frozen=True)
+class AssertKernel:
+    """``torch._assert_async(cond, msg)``: reads the 0-d condition and writes the guard flag (output 0) when it is
+    false, so the runner raises ``msg`` as a RuntimeError, where eager raises (one_hot's class-range checks)."""
+
+    name: str
+    family: str  # 'assert'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    cond: Access
+    source_ops: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return f"kernel {self.name} [assert] cond={self.cond} message={self.guards[0].message!r}"
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel,
+                                    AssertKernel)  # rendered by their family template (codegen/render_family.py)
 
 Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
-          | LineGatherKernel | ScatterKernel)
+          | LineGatherKernel | ScatterKernel | AssertKernel)
 
 
 @dataclass(frozen=True)

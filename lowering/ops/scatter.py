@@ -22,6 +22,7 @@ from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES
 from neuron_compile.lowering.ir import (
     Access,
     ArgSpec,
+    AssertKernel,
     BufferRef,
     Guard,
     KernelCall,
@@ -164,3 +165,33 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
         (Guard(1, error, _message(op, dim, size, lo)),))
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf, flag)))
+
+
+@register_lowering(torch.ops.aten._assert_async.msg, family="index", kind="copy")
+def lower_assert_async(gl: Any, node: fx.Node) -> None:
+    """aten._assert_async.msg (one_hot's class checks): a false condition raises the message after the kernel."""
+    cond = gl.view_of(node.args[0])
+    kernel_index = len(gl.kernels)
+    flag = gl._buffer(BufferRef("kernel", kernel_index, 0, 1, "int32"))
+    message = str(node.args[1]) if len(node.args) > 1 else "Expected assert to be true"
+    kernel = AssertKernel(f"k{kernel_index}_assert", "assert",
+                          (ArgSpec(gl.buffers[cond.buffer].numel, gl.buffers[cond.buffer].dtype),),
+                          (ArgSpec(1, "int32"),), Access(0, cond.offset, ()), ("aten._assert_async.msg",),
+                          (Guard(0, "runtime", message),))
+    gl.kernels.append(kernel)
+    gl.calls.append(KernelCall(kernel_index, (cond.buffer,), (flag,)))
+
+
+def _bag_backward_check(node: fx.Node) -> str:
+    sparse = bool(node.args[9]) if len(node.args) > 9 else False
+    what = "sparse=True" if sparse else "scale_grad_by_freq=True"
+    return (f"EmbeddingBag backward with {what} is not supported: sparse gradients have no NeuronCore layout, and "
+            f"CPU torch's frequency scaling divides by counts that do not match each index's frequency (so no "
+            f"kernel can reproduce it); use sparse=False / scale_grad_by_freq=False")
+
+
+@register_lowering(torch.ops.aten._embedding_bag_backward.default, family="index", kind="copy",
+                   check=_bag_backward_check)
+def lower_bag_backward(gl: Any, node: fx.Node) -> None:
+    """aten._embedding_bag_backward: decomposed (lowering/decomp_bag.py) except sparse / scale_grad_by_freq (refused)."""
+    raise AssertionError("refused by its check")  # pragma: no cover
