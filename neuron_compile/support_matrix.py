@@ -100,6 +100,9 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.searchsorted.Tensor: lambda d: ((_t(d, (8,)), _t(d)), {}),
     aten.bucketize.Tensor: lambda d: ((_t(d), _t(d, (5,))), {}),
     GATHER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), 0), {}),
+    aten._assert_async.msg: lambda d: ((_t(torch.bool, ()), "message"), {}),
+    aten._embedding_bag_backward.default: lambda d: ((_t(d, (2, 8)), _idx((5,)), _idx((2,)), _idx((5,)), _idx((2,)),
+                                                      _idx((2, 8)), 10, False, 0, False, None), {}),
     SCATTER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), _t(d, (4, 3)), 0.0, "sum", True, 0, "runtime"), {}),
 }
 

@@ -33,6 +33,8 @@ from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View
 from torch import fx
 
+from neuron_compile.errors import LoweringError
+
 log = logging.getLogger(__name__)
 
 FLAG_SLOTS = 128  # the guard flag: one int32 per partition
@@ -182,8 +184,10 @@ def lower_assert_async(gl: Any, node: fx.Node) -> None:
     gl.calls.append(KernelCall(kernel_index, (cond.buffer,), (flag,)))
 
 
-def _bag_backward_check(node: fx.Node) -> str:
+def _bag_backward_check(node: fx.Node) -> str | None:
     sparse = bool(node.args[9]) if len(node.args) > 9 else False
+    if not sparse and not bool(node.args[7]):
+        return None  # decomposed before lowering (lowering/decomp_bag.py)
     what = "sparse=True" if sparse else "scale_grad_by_freq=True"
     return (f"EmbeddingBag backward with {what} is not supported: sparse gradients have no NeuronCore layout, and "
             f"CPU torch's frequency scaling divides by counts that do not match each index's frequency (so no "
@@ -193,5 +197,6 @@ def _bag_backward_check(node: fx.Node) -> str:
 @register_lowering(torch.ops.aten._embedding_bag_backward.default, family="index", kind="copy",
                    check=_bag_backward_check)
 def lower_bag_backward(gl: Any, node: fx.Node) -> None:
-    """aten._embedding_bag_backward: decomposed (lowering/decomp_bag.py) except sparse / scale_grad_by_freq (refused)."""
-    raise AssertionError("refused by its check")  # pragma: no cover
+    """aten._embedding_bag_backward: decomposed (lowering/decomp_bag.py); sparse / scale_grad_by_freq refused."""
+    raise LoweringError(f"{node.name}: _embedding_bag_backward reached lowering; it is decomposed first "
+                        f"(lowering/decomp_bag.py)")
