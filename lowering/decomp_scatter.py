@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.decomp_bag import BAG
+from neuron_compile.lowering.decomp_sort import SORT
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -37,17 +38,23 @@ def _wrapped(index: torch.Tensor, size: int, lo: int) -> torch.Tensor:
 
 
 def _gather_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, lo: int) -> torch.Tensor:
+    if x.dim() == 0:  # a 0-d self is a line of one element; the result has the index's shape
+        return torch.gather(x.reshape(1), 0, _wrapped(index.reshape(-1), 1, lo)).reshape(index.shape)
     return torch.gather(x, dim, _wrapped(index, x.shape[dim], lo))
 
 
 def _scatter_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float,
                          reduce: str, include_self: bool, lo: int, error: str) -> torch.Tensor:
+    shape = x.shape
+    if x.dim() <= 1:  # 0-d / 1-D self: one line; index and src of any shape with the line's elements
+        x, dim, index = x.reshape(-1), 0, index.reshape(-1)
+        src = None if src is None else src.reshape(-1).expand(index.shape)
     index = _wrapped(index, x.shape[dim], lo)
     if src is None:
         src = torch.full(index.shape, fill, dtype=x.dtype)
     if reduce == "assign":
-        return x.scatter(dim, index, src)
-    return x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+        return x.scatter(dim, index, src).reshape(shape)
+    return x.scatter_reduce(dim, index, src, reduce, include_self=include_self).reshape(shape)
 
 
 _LIB.impl("gather_lines", _gather_lines_eager, "CompositeExplicitAutograd")
@@ -65,29 +72,19 @@ def one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
                                           if d != dim)
 
 
-def _as_line(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(1) if x.dim() == 0 else x
-
-
 def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> Any:
     if one_per_row(x, dim, index):
         return NotImplemented
-    if x.dim() == 0:
-        return GATHER_LINES(x.reshape(1), 0, index.reshape(1), 0).reshape(index.shape)
-    return GATHER_LINES(x, dim % x.dim(), index, 0)
+    return GATHER_LINES(x, dim % max(x.dim(), 1), index, 0)
 
 
 def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float, reduce: str,
              include_self: bool = True, lo: int = 0, error: str = "runtime") -> torch.Tensor:
     if index.numel() == 0 or x.numel() == 0:
         return x.clone()
-    if x.dim() == 0:
-        flat_src = None if src is None else _as_line(src)
-        out = SCATTER_LINES(x.reshape(1), 0, index.reshape(1), flat_src, fill, reduce, include_self, lo, error)
-        return out.reshape(())
-    if src is not None and src.dim() == 0:
+    if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
-    return SCATTER_LINES(x, dim % x.dim(), index, src, fill, reduce, include_self, lo, error)
+    return SCATTER_LINES(x, dim % max(x.dim(), 1), index, src, fill, reduce, include_self, lo, error)
 
 
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
@@ -136,9 +133,10 @@ def _line_index(index: torch.Tensor, dim: int, shape: tuple[int, ...] | torch.Si
 
 def _index_op(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor | None, fill: float, reduce: str,
               include_self: bool = True, lo: int = 0, error: str = "runtime") -> torch.Tensor:
-    if x.dim() == 0:
-        src = None if source is None else source.reshape(1)
-        return _scatter(x.reshape(1), 0, index.reshape(-1), src, fill, reduce, include_self, lo, error).reshape(())
+    if x.dim() == 0:  # 0-d self: a line of one element (the custom op takes index/source of any shape)
+        return _scatter(x, 0, index, source, fill, reduce, include_self, lo, error)
+    if index.dim() == 0:
+        index = index.unsqueeze(0)
     dim %= x.dim()
     shape = list(x.shape)
     shape[dim] = index.numel()
@@ -172,11 +170,13 @@ def _index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
 
 
 def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> Any:
-    flat = x.reshape(-1)
-    idx = index.reshape(-1)
-    out = _scatter(flat, 0, idx, source.reshape(-1), 0.0, "sum" if accumulate else "assign", True,
-                   lo=-flat.numel(), error="index")
-    return out.reshape(x.shape)
+    """x.put: a scatter into the flattened self (0-d and 1-D operands are taken as one line)."""
+    flat = x.reshape(-1) if x.dim() > 1 else x
+    idx = index.reshape(-1) if index.dim() > 1 else index
+    src = source.reshape(-1) if source.dim() > 1 else source
+    out = _scatter(flat, 0, idx, src, 0.0, "sum" if accumulate else "assign", True, lo=-max(x.numel(), 1),
+                   error="index")
+    return out.reshape(x.shape) if x.dim() > 1 else out
 
 
 def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> Any:
@@ -209,4 +209,5 @@ SCATTER: dict[Any, Callable[..., Any]] = {
     aten.put.default: _put,
     aten.masked_scatter.default: _masked_scatter,
     **BAG,  # EmbeddingBag (lowering/decomp_bag.py)
+    **SORT,  # topk of long rows (lowering/decomp_sort.py)
 }

@@ -63,6 +63,27 @@ def _strides_over(view: View, shape: tuple[int, ...], dim: int) -> tuple[int, ..
     return tuple(view.strides[d] if view.shape[d] > 1 else 0 for d in range(len(shape))) if view.shape else (0,)
 
 
+def _line(view: View | None) -> View | None:
+    """A one-element operand of a 0-d/1-element line as a 1-D view of that element (no view op needed)."""
+    if view is None or len(view.shape) == 1:
+        return view
+    return View(view.buffer, (1,), (1,), view.offset, view.torch_dtype)
+
+
+def _flat(gl: Any, view: View, name: str) -> View:
+    """Any-shape operand as one 1-D run (a dense copy first when its elements are not one strided run)."""
+    n = view.numel
+    if n <= 1:
+        return View(view.buffer, (n,), (1,), view.offset, view.torch_dtype)
+    from neuron_compile.lowering.ops.index import collapse
+
+    sizes, (strides,) = collapse(view.shape, [view.strides])
+    if len(sizes) > 1:
+        view = gl.copy_contiguous(view, name)
+        sizes, (strides,) = collapse(view.shape, [view.strides])
+    return View(view.buffer, (n,), (strides[0],), view.offset, view.torch_dtype)
+
+
 def _flag_output(gl: Any, kernel_index: int) -> int:
     return gl._buffer(BufferRef("kernel", kernel_index, 1, FLAG_SLOTS, "int32"))
 
@@ -92,11 +113,16 @@ def lower_gather_lines(gl: Any, node: fx.Node) -> None:
     x, index = gl.view_of(node.args[0]), gl.view_of(node.args[2])
     dim = int(node.args[1])
     lo = int(node.args[3])
+    flat = not x.shape and math.prod(index.shape) > 0
+    if flat:  # a 0-d self: one line of one element; index and (dense) result as 1-D runs
+        x, index = _line(x), _flat(gl, index, f"{node.name}_index")
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     if math.prod(index.shape) == 0:
         gl.buffers[buf] = BufferRef("empty", 0, 0, 0, gl.buffers[buf].dtype)
         return
+    if flat:
+        out = View(buf, index.shape, (1,), 0, out.torch_dtype)
     flag = _flag_output(gl, kernel_index)
     canon, (x_acc, out_acc) = _lines(index, dim, [_strides_over(x, index.shape, dim), out.strides])
     args: list[int] = []
@@ -138,12 +164,19 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
     dim, fill, reduce, include_self, lo, error = (int(node.args[1]), float(node.args[4]), str(node.args[5]),
                                                   bool(node.args[6]), int(node.args[7]), str(node.args[8]))
     src = gl.view_of(src_node) if isinstance(src_node, fx.Node) else None
+    if len(base.shape) <= 1:  # a 0-d / 1-D self is one line: index and src (any shape) as 1-D runs
+        base = _line(base) if not base.shape else base
+        index = _flat(gl, index, f"{node.name}_index")
+        src = _flat(gl, src, f"{node.name}_src") if src is not None else None
+        if src is not None and src.shape[0] != index.shape[0]:
+            src = View(src.buffer, index.shape, (0,), src.offset, src.torch_dtype)  # one value for every index
     kernel_index = len(gl.kernels)
     covered = all(index.shape[d] == base.shape[d] for d in range(len(base.shape)) if d != dim)
     if not covered and not base.is_contiguous():
         base = gl.copy_contiguous(base, f"{node.name}_self")
         kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
+    out = _line(out) if not out.shape else out
     flag = _flag_output(gl, kernel_index)
     others = [_strides_over(base, index.shape, dim), out.strides]
     if src is not None:

@@ -291,3 +291,25 @@ def test_searchsorted_per_row_sequences_sorter_and_edge_shapes() -> None:
     got, want = _compile(f)(seq, shuffled, sorter, q), f(seq, shuffled, sorter, q)
     for i, (gv, wv) in enumerate(zip(got, want, strict=True)):
         _same(gv, wv, f"output {i}")
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_of_rows_longer_than_sbuf_in_chunks(largest: bool) -> None:
+    x = _special((2, 9000), seed=37)  # ties, NaN, infinities; the last chunk is ragged
+    x1 = torch.randn(5000, generator=torch.Generator().manual_seed(38))
+
+    def f(x: torch.Tensor, x1: torch.Tensor) -> Any:
+        return torch.topk(x, 20, largest=largest), torch.topk(x1, 3, largest=largest)
+
+    got, want = _compile(f)(x, x1), f(x, x1)
+    _same(got[0].values, want[0].values, "values", zero_signs=False)
+    _consistent_indices(x, 1, got[0].values, got[0].indices, "topk")
+    _same(got[1].values, want[1].values, "1-D values")
+    _same(got[1].indices, want[1].indices, "1-D indices")
+
+
+def test_topk_of_long_rows_with_a_large_k_is_refused_by_name() -> None:
+    with pytest.raises(Exception) as info:
+        _compile(lambda x: torch.topk(x, 600))(torch.randn(2, 5000))
+    err = _cause(info.value, UnsupportedOpError)
+    assert "aten.topk with k=600 of rows of 5000 elements is not supported" in str(err), str(err)
