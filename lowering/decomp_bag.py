@@ -49,8 +49,8 @@ def _embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.T
     flat, bag, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
     n, d = flat.numel(), weight.shape[1]
     rows = aten.embedding.default(weight, flat)
-    if per_sample_weights is not None:
-        rows = rows * per_sample_weights.reshape(-1, 1).to(rows.dtype)
+    if per_sample_weights is not None:  # in fp32 like ATen's CPU kernel (one rounding of the bag's sum)
+        rows = rows.to(torch.float32) * per_sample_weights.reshape(-1, 1).to(torch.float32)
     bag_size = torch.zeros(n_bags + 1, dtype=torch.int64).index_put(
         [bag], torch.ones(n, dtype=torch.int64), accumulate=True)[:n_bags]
     count = bag_size.to(torch.float32)
@@ -63,9 +63,9 @@ def _embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.T
         max_indices = bag_size if mode == 1 else torch.zeros_like(bag_size)
     else:
         spread = bag.unsqueeze(1).expand(n, d)
-        best = torch.zeros(n_bags + 1, d, dtype=weight.dtype).scatter_reduce(0, spread, rows, "amax",
+        best = torch.zeros(n_bags + 1, d, dtype=rows.dtype).scatter_reduce(0, spread, rows, "amax",
                                                                               include_self=False)
-        out = best[:n_bags]
+        out = best[:n_bags].to(weight.dtype)
         reached = rows == aten.index_select.default(best, 0, bag)
         position = torch.arange(n, dtype=torch.int64).unsqueeze(1).expand(n, d)
         first = torch.full((n_bags + 1, d), n, dtype=torch.int64).scatter_reduce(
