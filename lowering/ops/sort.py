@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SearchKernel, SortKernel
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, Guard, KernelCall, SearchKernel, SortKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -31,6 +31,7 @@ aten = torch.ops.aten
 # values plus the compare-exchange masks (~26 bytes per element) must fit one partition's SBUF
 # (192 KiB on trn1, 224/256 KiB on trn2/trn3) without spilling.
 SORT_MAX_N = 4096
+FLAG_SLOTS = 128  # a guard flag: one int32 per partition
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -90,7 +91,7 @@ def _arg(node: fx.Node, pos: int, name: str, default: Any) -> Any:
 
 def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[int, int],
               items: list[tuple[int, tuple[int, ...], torch.dtype, str]], source: str, select: str = "",
-              x: View | None = None) -> None:
+              x: View | None = None, guard: tuple[str, str] | None = None) -> None:
     """One SortKernel over ``x`` (default ``node.args[0]``) along ``dim``, storing sorted columns ``keep``.
 
     ``items``: (tuple index, output shape, dtype, 'values' | 'indices'); an output's shape is the input's
@@ -128,15 +129,20 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
     acc = {role: Access(slot, 0, sp.canonical_strides(canon, out_strides[role]))
            for slot, (_, _, _, role) in enumerate(items)}
     dtype = x.torch_dtype
+    results = [bufs[i][0] for i, *_ in items]
+    guards: tuple[Guard, ...] = ()
+    if guard is not None:  # (error kind, message): a flag output the runner checks
+        results.append(gl._buffer(BufferRef("kernel", kernel_index, len(results), FLAG_SLOTS, "int32")))
+        guards = (Guard(len(results) - 1, *guard),)
     kernel = SortKernel(
         f"k{kernel_index}_{source.split('.')[1]}", "sort",
         (ArgSpec(gl.buffers[x.buffer].numel, gl.buffers[x.buffer].dtype),),
-        tuple(ArgSpec(gl.buffers[bufs[i][0]].numel, gl.buffers[bufs[i][0]].dtype) for i, *_ in items),
+        tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in results),
         canon.space, canon.n_outer, Access(0, x.offset, sp.canonical_strides(canon, x_strides)),
         acc.get("values"), acc.get("indices"), descending, keep,
-        "float" if dtype.is_floating_point else "int", select, (source,))
+        "float" if dtype.is_floating_point else "int", select, (source,), guards)
     gl.kernels.append(kernel)
-    gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(bufs[i][0] for i, *_ in items)))
+    gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(results)))
 
 
 def _items(node: fx.Node) -> list[tuple[int, tuple[int, ...], torch.dtype, str]]:
@@ -247,6 +253,24 @@ def lower_median_all(gl: Any, node: fx.Node) -> None:
     val = node.meta["val"]
     emit_sort(gl, node, 0, False, (mid, mid + 1), [(-1, (), val.dtype, "values")],
               str(node.target).replace("aten::", "aten."), select if val.dtype.is_floating_point else "", x=flat)
+
+
+def _check_mode(node: fx.Node) -> str | None:
+    return _sort_check(node, _arg(node, 1, "dim", -1), "aten.mode")
+
+
+@register_lowering(aten.mode.default, family="sort", kind="copy", check=_check_mode)
+def lower_mode(gl: Any, node: fx.Node) -> None:
+    """aten.mode along a dim: runs of equal values in the stable sort; the smallest most frequent value and an
+    index of it (its last occurrence). A float row holding NaN raises (CPU torch's result there depends on
+    its sort's comparisons with NaN)."""
+    shape = node_shape(node.args[0])
+    dim = int(_arg(node, 1, "dim", -1)) % max(len(shape), 1)
+    x = _val(node.args[0])
+    guard = ("runtime", "mode of a row containing NaN is not supported by the neuron backend (CPU torch's result "
+             "there depends on how its sort compares NaN); drop or replace NaN first (torch.nan_to_num)") \
+        if x is not None and x.dtype.is_floating_point else None
+    emit_sort(gl, node, dim, False, (0, 1), _items(node), "aten.mode.default", "mode", guard=guard)
 
 
 # -- searchsorted / bucketize ------------------------------------------------------------------------

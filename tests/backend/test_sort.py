@@ -313,3 +313,30 @@ def test_topk_of_long_rows_with_a_large_k_is_refused_by_name() -> None:
         _compile(lambda x: torch.topk(x, 600))(torch.randn(2, 5000))
     err = _cause(info.value, UnsupportedOpError)
     assert "aten.topk with k=600 of rows of 5000 elements is not supported" in str(err), str(err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_mode_values_exact_and_index_an_occurrence(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(41)
+    x = torch.randint(-3, 4, (130, 37), generator=g).to(dtype)
+    if dtype.is_floating_point:
+        x[3, 5], x[3, 6] = -0.0, 0.0
+
+    def f(x: torch.Tensor) -> Any:
+        return torch.mode(x, 1), torch.mode(x.t(), 0, keepdim=True)
+
+    got, want = _compile(f)(x), f(x)
+    _same(got[0].values, want[0].values, "values", zero_signs=False)
+    _consistent_indices(x, 1, got[0].values.unsqueeze(1), got[0].indices.unsqueeze(1), "mode")
+    _same(got[1].values, want[1].values, "keepdim values", zero_signs=False)
+
+
+def test_mode_of_a_row_with_nan_raises() -> None:
+    from neuron_compile.errors import DeviceCheckError
+
+    x = torch.randint(0, 3, (4, 6)).float()
+    f = _compile(lambda x: torch.mode(x, 1))
+    _same(f(x).values, torch.mode(x, 1).values, "values")
+    x[2, 1] = NAN
+    with pytest.raises(DeviceCheckError, match="mode of a row containing NaN is not supported"):
+        f(x)
