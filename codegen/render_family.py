@@ -14,7 +14,6 @@ from typing import Any
 
 from neuron_compile.lowering.ir import (
     Access,
-    AssertKernel,
     LineGatherKernel,
     ScanKernel,
     ScatterKernel,
@@ -155,7 +154,7 @@ def _cumulative_plan(k: ScanKernel) -> dict[str, Any]:
 
 
 _PLANS = {SortKernel: _sort_plan, SearchKernel: _search_plan, LineGatherKernel: _line_gather_plan,
-          ScatterKernel: _scatter_plan, ScanKernel: _cumulative_plan, AssertKernel: lambda k: {}}
+          ScatterKernel: _scatter_plan, ScanKernel: _cumulative_plan}
 
 
 def family_plan(kernel: Any) -> dict[str, Any]:

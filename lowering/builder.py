@@ -278,7 +278,15 @@ def _fold(op: str, a: float, b: float) -> float:
     import operator
 
     table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
-             "minimum": min, "power": operator.pow}
+             "minimum": min, "power": operator.pow, "equal": operator.eq, "not_equal": operator.ne,
+             "greater": operator.gt, "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le,
+             "logical_and": lambda x, y: bool(x) and bool(y), "logical_or": lambda x, y: bool(x) or bool(y),
+             "logical_xor": lambda x, y: bool(x) != bool(y)}
     if op not in table:
         raise LoweringError(f"cannot constant-fold {op}")
-    return float(table[op](a, b))
+    if op in ("maximum", "minimum") and (math.isnan(a) or math.isnan(b)):
+        return math.nan
+    try:
+        return float(table[op](a, b))
+    except (OverflowError, ZeroDivisionError):
+        return math.nan if op == "power" else math.copysign(math.inf, a)

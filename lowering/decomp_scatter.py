@@ -1,11 +1,12 @@
 """Decompositions that route gather/scatter-family ops to the line kernels of ``lowering/ops/scatter.py``.
 
-``gather``, ``scatter``/``scatter_add`` with one index per row along ``dim`` (cross-entropy's forward and
-backward) stay ATen ops and fuse into loop kernels (``lowering/ops/index.py``). Every other form becomes one
-of two ops of this package, whose eager implementations define their semantics:
+``scatter``/``scatter_add`` with one index per row along ``dim`` (cross-entropy's backward) stay ATen ops and
+fuse into loop kernels (``lowering/ops/index.py``); ``gather`` is ``lowering/decomp_index.py``'s (a linear
+row gather) except for a 0-d self. Every other form becomes one of two ops of this package, whose eager
+implementations define their semantics:
 
-- ``neuron_compile::gather_lines(self, dim, index, lo)``: gather with any index shape (``take_along_dim``,
-  ``masked_scatter``'s source lookup), negative indices wrapping when ``lo < 0``.
+- ``neuron_compile::gather_lines(self, dim, index, lo)``: gather from lines held in SBUF (``masked_scatter``'s
+  source lookup, 0-d gathers), negative indices wrapping when ``lo < 0``.
 - ``neuron_compile::scatter_lines(self, dim, index, src, fill, reduce, include_self, lo, error)``: scatter,
   scatter_add, scatter_reduce, index_add, index_copy, index_fill, index_reduce, put; ``src`` None scatters
   the scalar ``fill``; ``reduce`` 'assign' takes the last write (CPU torch's order for duplicates).
@@ -73,9 +74,12 @@ def one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
 
 
 def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> Any:
-    if one_per_row(x, dim, index):
-        return NotImplemented
-    return GATHER_LINES(x, dim % max(x.dim(), 1), index, 0)
+    """gather of a 0-d self as a one-element line; every other form is lowering/decomp_index.py's."""
+    if x.dim() == 0:
+        return GATHER_LINES(x, 0, index, 0)
+    from neuron_compile.lowering.decomp_index import gather
+
+    return gather(x, dim, index, sparse_grad=sparse_grad)
 
 
 def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float, reduce: str,

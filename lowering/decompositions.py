@@ -120,9 +120,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     table.update(OWN)
     from neuron_compile.lowering.decomp_attention import ATTENTION
+    from neuron_compile.lowering.decomp_index import INDEX
+    from neuron_compile.lowering.decomp_nn import NN
 
     table.update(ATTENTION)
-    from neuron_compile.lowering.decomp_scatter import SCATTER  # gather/scatter family -> line kernels
+    table.update(NN)
+    table.update(INDEX)
+    from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 
     table.update(SCATTER)
     return table

@@ -230,19 +230,6 @@ class AttentionKernel:
 
 
 @dataclass(frozen=True)
-class Guard:
-    """A device-side check: output ``slot`` of the kernel is an int32 flag buffer, nonzero when the check failed.
-
-    The runner reads the flag right after the kernel and raises ``DeviceIndexError`` (``error='index'``) or
-    ``DeviceCheckError`` (``'runtime'``) with ``message``, where eager PyTorch would raise.
-    """
-
-    slot: int
-    error: str  # 'index' | 'runtime'
-    message: str
-
-
-@dataclass(frozen=True)
 class SortKernel:
     """Sort every row of ``(outer..., rows, n)`` along its last dim: a bitonic network in SBUF.
 
@@ -268,7 +255,7 @@ class SortKernel:
     key: str = "float"  # 'float' (fp32 bit-pattern keys) | 'int' (int32 values are the keys)
     select: str = ""  # '' | 'median' | 'nanmedian': store one column per row, its position found on chip
     source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -303,7 +290,7 @@ class SearchKernel:
     right: bool = False
     key: str = "float"  # 'float' (fp32 compares) | 'int' (exact int32 compares)
     source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -320,8 +307,8 @@ class LineGatherKernel:
     Space ``(outer..., lines, j)`` is the index's, ``dim`` last. Each partition holds its line of ``x``
     (``size`` elements along ``dim``, in chunks) in SBUF and picks ``index``'s elements with
     ``nc_n_gather``. ``x``/``out`` accesses: strides over the space, the last entry ``x``'s stride
-    along ``dim`` (for ``x``). Indices outside ``[lo, size)`` set the guard flag (output 1); negative
-    ones from ``lo = -size`` wrap.
+    along ``dim`` (for ``x``). Indices outside ``[lo, size)`` clear the check flag (output ``flag_slot``, a
+    ``DeviceCheck``); negative ones from ``lo = -size`` wrap.
     """
 
     name: str
@@ -337,7 +324,7 @@ class LineGatherKernel:
     lo: int = 0
     key: str = "float"  # tile dtype: 'float' (fp32) | 'int' (int32)
     source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -357,7 +344,8 @@ class ScatterKernel:
     CPU torch's sequential loop does), then combined with the line of ``self`` (``include_self``).
     ``base``/``out`` accesses: strides over the space with their stride along ``dim`` last; ``src`` None
     means the scalar ``fill``. ``precopy``: copy all of ``self`` first (lines the index does not cover).
-    Indices outside ``[lo, size)`` set the guard flag (output 1); negative ones from ``lo = -size`` wrap.
+    Indices outside ``[lo, size)`` clear the check flag (output ``flag_slot``, a ``DeviceCheck``); negative
+    ones from ``lo = -size`` wrap.
     """
 
     name: str
@@ -378,7 +366,7 @@ class ScatterKernel:
     precopy: int = 0  # elements of a dense self copied to out first (0: every line is covered)
     key: str = "float"
     source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -396,7 +384,7 @@ class ScanKernel:
     fp32 sums/products: ``tensor_tensor_scan`` over chunks with a carried (P, 1) value; logcumsumexp: a
     running max and the rescaled sum ``s_i = s_{i-1} exp(m_{i-1} - m_i) + exp(x_i - m_i)`` as one linear
     scan. Integer sums: exact 64-bit (hi, lo) int32 words added with carries (Hillis-Steele on GpSimd);
-    with ``int64_out`` a result outside int32 (which NeuronCores store) sets the guard flag, else int32
+    with ``int64_out`` a result outside int32 (which NeuronCores store) clears the check flag, else int32
     wraps as torch's int32 does. cummax/cummin: whole rows, a max/min scan of int32 order keys (NaN as
     torch: it wins and stays) and of the updating positions (ties take the latest), values gathered by
     index. ``values``/``indices`` accesses over the space (indices None unless cummax/cummin).
@@ -415,7 +403,7 @@ class ScanKernel:
     key: str = "float"  # 'float' | 'int'
     int64_out: bool = False
     source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -425,39 +413,18 @@ class ScanKernel:
                 f"int64_out={self.int64_out}")
 
 
-@dataclass(frozen=True)
-class AssertKernel:
-    """``torch._assert_async(cond, msg)``: reads the 0-d condition and writes the guard flag (output 0) when it is
-    false, so the runner raises ``msg`` as a RuntimeError, where eager raises (one_hot's class-range checks)."""
-
-    name: str
-    family: str  # 'assert'
-    inputs: tuple[ArgSpec, ...]
-    outputs: tuple[ArgSpec, ...]
-    cond: Access
-    source_ops: tuple[str, ...] = ()
-    guards: tuple[Guard, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-    def __str__(self) -> str:
-        return f"kernel {self.name} [assert] cond={self.cond} message={self.guards[0].message!r}"
-
-
-FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel,
-                                    AssertKernel)  # rendered by their family template (codegen/render_family.py)
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel)  # rendered by their family template (codegen/render_family.py)
 
 Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
-          | LineGatherKernel | ScatterKernel | AssertKernel)
+          | LineGatherKernel | ScatterKernel)
 
 
 @dataclass(frozen=True)
 class BufferRef:
     """A runtime buffer: a graph input, a kernel output, or a constant baked into the plan."""
 
-    kind: str  # 'input' | 'kernel' | 'const' | 'random' (uniform [0, 1) drawn by the runner per call)
-    index: int  # input index / kernel index / constant index (random: unused)
+    kind: str  # 'input' | 'kernel' | 'const' | 'random' (drawn by the runner per call) | 'empty'
+    index: int  # input index / kernel index / constant index / random index (Plan.randoms)
     slot: int = 0  # which output of the kernel
     numel: int = 0
     dtype: str = "float32"
@@ -495,6 +462,26 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class RandomSpec:
+    """How the runner draws one random buffer: a torch sampler, its parameters, size and dtype."""
+
+    sampler: str  # 'uniform' | 'normal' | 'bernoulli' | 'exponential' | 'randint'
+    params: tuple[float, ...]
+    numel: int
+    torch_dtype: str
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """A 0/1 value the kernels compute (``buffer[offset]``); the runner raises ``message`` when it is 0."""
+
+    buffer: int
+    offset: int
+    message: str
+    kind: str = "assert"  # 'index' (IndexOutOfRangeError) | 'assert' (DeviceAssertionError)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the runner needs: kernels, buffers, the call order and how to build outputs."""
 
@@ -505,6 +492,8 @@ class Plan:
     outputs: tuple[OutputSpec, ...]
     constants: tuple[tuple[str, tuple[int, ...], list[Any]], ...] = ()  # (dtype, shape, values)
     summary: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    checks: tuple[DeviceCheck, ...] = ()  # device-side assertions the runner reads after the kernels
+    randoms: tuple[RandomSpec, ...] = ()  # samplers of the 'random' buffers, drawn by the runner per call
 
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.intmath import INTS, dtype_of, int_refusal
-from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, Guard, KernelCall, ScanKernel
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, ScanKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 CUMMAX_MAX_N = 8192  # cummax/cummin keep whole rows (keys, positions, values) in one partition's SBUF
-_FLAG_SLOTS = 128
 
 
 def _cumsum_check(node: fx.Node) -> str | None:
@@ -103,17 +102,20 @@ def _emit(gl: Any, node: fx.Node, op: str, items: list[tuple[int, str]] | None =
     accs = {role: Access(slot, 0, sp.canonical_strides(canon, v.strides or (0,)))
             for slot, (role, (_, v)) in enumerate(outs.items())}
     results = [b for b, _ in outs.values()]
-    guards: tuple[Guard, ...] = ()
+    flag_slot = -1
     if int64_out:
-        results.append(gl._buffer(BufferRef("kernel", kernel_index, len(results), _FLAG_SLOTS, "int32")))
-        guards = (Guard(len(results) - 1, "runtime", "cumsum: an int64 running sum left the int32 range that "
-                        "NeuronCores store (values beyond +-2**31); cumsum in float64 on the host instead"),)
+        from neuron_compile.lowering.ops.scatter import check_flag
+
+        flag_slot = len(results)
+        results.append(check_flag(gl, node, kernel_index, flag_slot, "cumsum: an int64 running sum left the int32 "
+                                  "range that NeuronCores store (values beyond +-2**31); cumsum in float64 on the "
+                                  "host instead", "assert"))
     key = "float" if x.torch_dtype.is_floating_point else "int"
     kernel = ScanKernel(
         f"k{kernel_index}_cum{op}", "scan", (ArgSpec(gl.buffers[x.buffer].numel, gl.buffers[x.buffer].dtype),),
         tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in results), canon.space, canon.n_outer,
         Access(0, x.offset, sp.canonical_strides(canon, x.strides or (0,))), accs["values"], accs.get("indices"),
-        op, key, int64_out, (str(node.target).replace("aten::", "aten."),), guards)
+        op, key, int64_out, (str(node.target).replace("aten::", "aten."),), flag_slot)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(results)))
 

@@ -22,9 +22,8 @@ from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES
 from neuron_compile.lowering.ir import (
     Access,
     ArgSpec,
-    AssertKernel,
     BufferRef,
-    Guard,
+    DeviceCheck,
     KernelCall,
     LineGatherKernel,
     ScatterKernel,
@@ -33,11 +32,10 @@ from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View
 from torch import fx
 
-from neuron_compile.errors import LoweringError
+from neuron_compile.errors import LoweringError, source_line
 
 log = logging.getLogger(__name__)
 
-FLAG_SLOTS = 128  # the guard flag: one int32 per partition
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -84,14 +82,20 @@ def _flat(gl: Any, view: View, name: str) -> View:
     return View(view.buffer, (n,), (strides[0],), view.offset, view.torch_dtype)
 
 
-def _flag_output(gl: Any, kernel_index: int) -> int:
-    return gl._buffer(BufferRef("kernel", kernel_index, 1, FLAG_SLOTS, "int32"))
+def check_flag(gl: Any, node: fx.Node, kernel_index: int, slot: int, message: str, kind: str) -> int:
+    """A kernel's check output (one int32, 1 = passed) as a ``DeviceCheck`` the runner reads after the kernels:
+    ``kind`` 'index' raises IndexOutOfRangeError (an IndexError and a RuntimeError), 'assert'
+    DeviceAssertionError; the message names the user's source line."""
+    buf = gl._buffer(BufferRef("kernel", kernel_index, slot, 1, "int32"))
+    where = source_line(node)
+    text = message if where == "<unknown source line>" else f"{message} (at {where})"
+    gl.checks.append(DeviceCheck(buf, 0, text, kind))
+    return buf
 
 
 def _message(op: str, dim: int, size: int, lo: int) -> str:
-    span = f"[{lo}, {size})"
-    return (f"{op}: index out of bounds for dimension {dim} with size {size} (an index read on the device was "
-            f"outside {span}); fix the indices")
+    return (f"index out of range in aten.{op}: an index is outside [{lo}, {size}) for dimension {dim} of size "
+            f"{size}; fix the indices")
 
 
 def _dtype_check(node: fx.Node, what: str) -> str | None:
@@ -123,20 +127,20 @@ def lower_gather_lines(gl: Any, node: fx.Node) -> None:
         return
     if flat:
         out = View(buf, index.shape, (1,), 0, out.torch_dtype)
-    flag = _flag_output(gl, kernel_index)
+    size = x.shape[dim]
+    flag = check_flag(gl, node, kernel_index, 1, _message("gather", dim, size, lo), "index")
     canon, (x_acc, out_acc) = _lines(index, dim, [_strides_over(x, index.shape, dim), out.strides])
     args: list[int] = []
     for v in (x, index):
         if v.buffer not in args:
             args.append(v.buffer)
-    size = x.shape[dim]
     kernel = LineGatherKernel(
         f"k{kernel_index}_gather", "line_gather", tuple(ArgSpec(gl.buffers[a].numel, gl.buffers[a].dtype) for a in args),
-        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(FLAG_SLOTS, "int32")),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(1, "int32")),
         canon.space, canon.n_outer, Access(args.index(x.buffer), x.offset, x_acc),
         Access(args.index(index.buffer), index.offset, sp.canonical_strides(canon, index.strides)),
         Access(0, 0, out_acc), size, lo, "float" if x.torch_dtype.is_floating_point else "int",
-        ("aten.gather.default",), (Guard(1, "runtime", _message("gather", dim, size, lo)),))
+        ("aten.gather.default",), 1)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf, flag)))
 
@@ -161,8 +165,9 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
     (sum/prod/mean/amax/amin, include_self) or the last write wins (assign); out-of-range indices raise."""
     base, index = gl.view_of(node.args[0]), gl.view_of(node.args[2])
     src_node = node.args[3]
-    dim, fill, reduce, include_self, lo, error = (int(node.args[1]), float(node.args[4]), str(node.args[5]),
-                                                  bool(node.args[6]), int(node.args[7]), str(node.args[8]))
+    # args[8] names eager's exception type; IndexOutOfRangeError is both an IndexError and a RuntimeError
+    dim, fill, reduce, include_self, lo = (int(node.args[1]), float(node.args[4]), str(node.args[5]),
+                                           bool(node.args[6]), int(node.args[7]))
     src = gl.view_of(src_node) if isinstance(src_node, fx.Node) else None
     if len(base.shape) <= 1:  # a 0-d / 1-D self is one line: index and src (any shape) as 1-D runs
         base = _line(base) if not base.shape else base
@@ -177,7 +182,9 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
         kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     out = _line(out) if not out.shape else out
-    flag = _flag_output(gl, kernel_index)
+    size = base.shape[dim]
+    op = {"assign": "scatter", "sum": "scatter_add"}.get(reduce, f"scatter_reduce({reduce})")
+    flag = check_flag(gl, node, kernel_index, 1, _message(op, dim, size, lo), "index")
     others = [_strides_over(base, index.shape, dim), out.strides]
     if src is not None:
         others.append(_strides_over(src, index.shape, dim))
@@ -186,35 +193,17 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
     for v in (base, index, src):
         if v is not None and v.buffer not in args:
             args.append(v.buffer)
-    size = base.shape[dim]
-    op = {"assign": "scatter", "sum": "scatter_add"}.get(reduce, f"scatter_reduce({reduce})")
     key = "float" if base.torch_dtype.is_floating_point else "int"
     kernel = ScatterKernel(
         f"k{kernel_index}_scatter", "scatter", tuple(ArgSpec(gl.buffers[a].numel, gl.buffers[a].dtype) for a in args),
-        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(FLAG_SLOTS, "int32")),
+        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(1, "int32")),
         canon.space, canon.n_outer, Access(args.index(base.buffer), base.offset, accs[0]),
         Access(args.index(index.buffer), index.offset, sp.canonical_strides(canon, index.strides)),
         Access(args.index(src.buffer), src.offset, accs[2]) if src is not None else None,
         Access(0, 0, accs[1]), size, reduce, include_self, fill if key == "float" else float(int(fill)), lo,
-        0 if covered else math.prod(base.shape), key, (f"aten.{op}",),
-        (Guard(1, error, _message(op, dim, size, lo)),))
+        0 if covered else math.prod(base.shape), key, (f"aten.{op}",), 1)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf, flag)))
-
-
-@register_lowering(torch.ops.aten._assert_async.msg, family="index", kind="copy")
-def lower_assert_async(gl: Any, node: fx.Node) -> None:
-    """aten._assert_async.msg (one_hot's class checks): a false condition raises the message after the kernel."""
-    cond = gl.view_of(node.args[0])
-    kernel_index = len(gl.kernels)
-    flag = gl._buffer(BufferRef("kernel", kernel_index, 0, 1, "int32"))
-    message = str(node.args[1]) if len(node.args) > 1 else "Expected assert to be true"
-    kernel = AssertKernel(f"k{kernel_index}_assert", "assert",
-                          (ArgSpec(gl.buffers[cond.buffer].numel, gl.buffers[cond.buffer].dtype),),
-                          (ArgSpec(1, "int32"),), Access(0, cond.offset, ()), ("aten._assert_async.msg",),
-                          (Guard(0, "runtime", message),))
-    gl.kernels.append(kernel)
-    gl.calls.append(KernelCall(kernel_index, (cond.buffer,), (flag,)))
 
 
 def _bag_backward_check(node: fx.Node) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, Guard, KernelCall, SearchKernel, SortKernel
+from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SearchKernel, SortKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -31,7 +31,6 @@ aten = torch.ops.aten
 # values plus the compare-exchange masks (~26 bytes per element) must fit one partition's SBUF
 # (192 KiB on trn1, 224/256 KiB on trn2/trn3) without spilling.
 SORT_MAX_N = 4096
-FLAG_SLOTS = 128  # a guard flag: one int32 per partition
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -130,17 +129,19 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
            for slot, (_, _, _, role) in enumerate(items)}
     dtype = x.torch_dtype
     results = [bufs[i][0] for i, *_ in items]
-    guards: tuple[Guard, ...] = ()
-    if guard is not None:  # (error kind, message): a flag output the runner checks
-        results.append(gl._buffer(BufferRef("kernel", kernel_index, len(results), FLAG_SLOTS, "int32")))
-        guards = (Guard(len(results) - 1, *guard),)
+    flag_slot = -1
+    if guard is not None:  # (kind, message): a device check the runner reads after the kernels
+        from neuron_compile.lowering.ops.scatter import check_flag
+
+        flag_slot = len(results)
+        results.append(check_flag(gl, node, kernel_index, flag_slot, guard[1], guard[0]))
     kernel = SortKernel(
         f"k{kernel_index}_{source.split('.')[1]}", "sort",
         (ArgSpec(gl.buffers[x.buffer].numel, gl.buffers[x.buffer].dtype),),
         tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in results),
         canon.space, canon.n_outer, Access(0, x.offset, sp.canonical_strides(canon, x_strides)),
         acc.get("values"), acc.get("indices"), descending, keep,
-        "float" if dtype.is_floating_point else "int", select, (source,), guards)
+        "float" if dtype.is_floating_point else "int", select, (source,), flag_slot)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(results)))
 
@@ -267,7 +268,7 @@ def lower_mode(gl: Any, node: fx.Node) -> None:
     shape = node_shape(node.args[0])
     dim = int(_arg(node, 1, "dim", -1)) % max(len(shape), 1)
     x = _val(node.args[0])
-    guard = ("runtime", "mode of a row containing NaN is not supported by the neuron backend (CPU torch's result "
+    guard = ("assert", "mode of a row containing NaN is not supported by the neuron backend (CPU torch's result "
              "there depends on how its sort compares NaN); drop or replace NaN first (torch.nan_to_num)") \
         if x is not None and x.dtype.is_floating_point else None
     emit_sort(gl, node, dim, False, (0, 1), _items(node), "aten.mode.default", "mode", guard=guard)

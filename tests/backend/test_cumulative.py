@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from neuron_compile.errors import DeviceCheckError, UnsupportedOpError
+from neuron_compile.errors import DeviceAssertionError, UnsupportedOpError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -113,12 +113,12 @@ def test_int64_cumsum_near_the_int32_limit_exact_and_beyond_raises() -> None:
     ok = torch.tensor([[2**30, 2**30 - 1, -5, -(2**30)], [-(2**31) + 5, -5, 3, -3]])
     _close(f(ok), torch.cumsum(ok, 1))  # partial sums touch +-(2**31 - 1) without leaving the range
     over = torch.tensor([[2**31 - 1, 1, -5, 0], [0, 0, 0, 0]])
-    with pytest.raises(DeviceCheckError) as info:
+    with pytest.raises(DeviceAssertionError) as info:
         f(over)
     assert isinstance(info.value, RuntimeError)
     assert re.search(r"cumsum: an int64 running sum left the int32 range", str(info.value))
     under = torch.tensor([[-(2**31), -1, 0, 0], [0, 0, 0, 0]])
-    with pytest.raises(DeviceCheckError):
+    with pytest.raises(DeviceAssertionError):
         f(under)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from neuron_compile.errors import DeviceCheckError
+from neuron_compile.errors import DeviceAssertionError
 
 
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,7 +86,7 @@ def test_one_hot_and_its_class_checks() -> None:
                      (torch.tensor([[0, -1, 1], [0, 0, 0]]), "non-negative")):
         with pytest.raises(RuntimeError):
             F.one_hot(bad, 6)
-        with pytest.raises(DeviceCheckError) as info:
+        with pytest.raises(DeviceAssertionError) as info:
             f(bad)
         assert re.search(why, str(info.value)), str(info.value)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from neuron_compile.errors import DeviceCheckError, DeviceIndexError
+from neuron_compile.errors import IndexOutOfRangeError
 
 NAN = float("nan")
 
@@ -168,15 +168,17 @@ def test_out_of_range_indices_raise_like_eager() -> None:
     x = torch.randn(3, 4)
     bad = torch.tensor([[0, 4], [1, 1], [2, 3]])
     neg = torch.tensor([[0, -1], [1, 1], [2, 3]])
-    msg = _raises_like_eager(lambda x, i: torch.gather(x, 1, i), x, bad, ours=DeviceCheckError, eager=RuntimeError)
-    assert re.search(r"gather: index out of bounds for dimension 1 with size 4", msg), msg
-    _raises_like_eager(lambda x, i: x.scatter_add(1, i, torch.ones(3, 2)), x, neg, ours=DeviceCheckError,
-                       eager=RuntimeError)
+    msg = _raises_like_eager(lambda x, i: torch.gather(x, 1, i), x, bad, ours=IndexOutOfRangeError, eager=RuntimeError)
+    assert re.search(r"index out of range in aten.gather", msg), msg
+    msg = _raises_like_eager(lambda x, i: x.scatter_add(1, i, torch.ones(3, 2)), x, neg, ours=IndexOutOfRangeError,
+                             eager=RuntimeError)
+    assert re.search(r"index out of range in aten.scatter_add: an index is outside \[0, 4\) for dimension 1 of "
+                     r"size 4; fix the indices \(at .*test_scatter.py:\d+", msg), msg
     _raises_like_eager(lambda x, i: x.scatter_reduce(1, i, torch.ones(3, 2), "amax"), x, bad,
-                       ours=DeviceCheckError, eager=RuntimeError)
+                       ours=IndexOutOfRangeError, eager=RuntimeError)
     _raises_like_eager(lambda x, i: x.index_copy(1, i, torch.ones(3, 2)), x, torch.tensor([0, 4]),
-                       ours=DeviceIndexError, eager=IndexError)
-    _raises_like_eager(lambda x, i: x.index_fill(1, i, 1.0), x, torch.tensor([-5]), ours=DeviceIndexError,
+                       ours=IndexOutOfRangeError, eager=IndexError)
+    _raises_like_eager(lambda x, i: x.index_fill(1, i, 1.0), x, torch.tensor([-5]), ours=IndexOutOfRangeError,
                        eager=IndexError)
     torch._dynamo.reset()
     ok = torch.tensor([[0, 3], [1, 1], [2, 3]])  # the same compiled kernel runs fine on good indices

@@ -332,11 +332,11 @@ def test_mode_values_exact_and_index_an_occurrence(dtype: torch.dtype) -> None:
 
 
 def test_mode_of_a_row_with_nan_raises() -> None:
-    from neuron_compile.errors import DeviceCheckError
+    from neuron_compile.errors import DeviceAssertionError
 
     x = torch.randint(0, 3, (4, 6)).float()
     f = _compile(lambda x: torch.mode(x, 1))
     _same(f(x).values, torch.mode(x, 1).values, "values")
     x[2, 1] = NAN
-    with pytest.raises(DeviceCheckError, match="mode of a row containing NaN is not supported"):
+    with pytest.raises(DeviceAssertionError, match="mode of a row containing NaN is not supported"):
         f(x)
