@@ -74,12 +74,15 @@ def one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
 
 
 def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> Any:
-    """gather of a 0-d self as a one-element line; every other form is lowering/decomp_index.py's."""
+    """gather: lowering/decomp_index.py's linear row gather; a 0-d self and forms it leaves out: a line gather."""
     if x.dim() == 0:
         return GATHER_LINES(x, 0, index, 0)
     from neuron_compile.lowering.decomp_index import gather
 
-    return gather(x, dim, index, sparse_grad=sparse_grad)
+    out = gather(x, dim, index, sparse_grad=sparse_grad)
+    if out is NotImplemented and not one_per_row(x, dim, index):  # forms the linear row gather leaves out (1-D)
+        return GATHER_LINES(x, dim % x.dim(), index, 0)
+    return out
 
 
 def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float, reduce: str,
