@@ -367,6 +367,7 @@ class ScatterKernel:
     key: str = "float"
     source_ops: tuple[str, ...] = ()
     flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+    overflow_slot: int = -1  # int64 sums: exact (hi, lo) words, this output flags a result outside int32
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))

@@ -194,16 +194,22 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
         if v is not None and v.buffer not in args:
             args.append(v.buffer)
     key = "float" if base.torch_dtype.is_floating_point else "int"
+    wide = key == "int" and reduce == "sum" and node.meta["val"].dtype == torch.int64
+    outputs = [ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(1, "int32")]
+    results = [buf, flag]
+    if wide:  # torch sums int64 exactly: a result beyond the int32 NeuronCores store raises
+        outputs.append(ArgSpec(1, "int32"))
+        results.append(check_flag(gl, node, kernel_index, 2, f"aten.{op}: an int64 sum left the int32 range that "
+                                  f"NeuronCores store (values beyond +-2**31)", "assert"))
     kernel = ScatterKernel(
         f"k{kernel_index}_scatter", "scatter", tuple(ArgSpec(gl.buffers[a].numel, gl.buffers[a].dtype) for a in args),
-        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype), ArgSpec(1, "int32")),
-        canon.space, canon.n_outer, Access(args.index(base.buffer), base.offset, accs[0]),
+        tuple(outputs), canon.space, canon.n_outer, Access(args.index(base.buffer), base.offset, accs[0]),
         Access(args.index(index.buffer), index.offset, sp.canonical_strides(canon, index.strides)),
         Access(args.index(src.buffer), src.offset, accs[2]) if src is not None else None,
         Access(0, 0, accs[1]), size, reduce, include_self, fill if key == "float" else float(int(fill)), lo,
-        0 if covered else math.prod(base.shape), key, (f"aten.{op}",), 1)
+        0 if covered else math.prod(base.shape), key, (f"aten.{op}",), 1, 2 if wide else -1)
     gl.kernels.append(kernel)
-    gl.calls.append(KernelCall(kernel_index, tuple(args), (buf, flag)))
+    gl.calls.append(KernelCall(kernel_index, tuple(args), tuple(results)))
 
 
 def _bag_backward_check(node: fx.Node) -> str | None:

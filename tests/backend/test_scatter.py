@@ -210,3 +210,18 @@ def test_gradients_of_gather_and_scatters() -> None:
     _grads(lambda x, s, i: x.scatter_reduce(1, i, s, "amax", include_self=False).sin(), x, s, i)
     torch._dynamo.reset()
     _grads(lambda x, s: x.index_add(1, torch.arange(5) * 2, s).cos(), x, s)
+
+
+def test_int64_scatter_add_is_exact_near_the_int32_limit_and_raises_beyond() -> None:
+    from neuron_compile.errors import DeviceAssertionError
+
+    x = torch.zeros(3, 5, dtype=torch.int64)
+    x[0, 0] = 2**31 - 10
+    idx = torch.tensor([[0, 0, 1], [2, 2, 2], [4, 4, 4]])
+    src = torch.tensor([[-5, -6, 7], [2**30, 2**30 - 1, -(2**30)], [-(2**30), -(2**30) + 10, -5]])
+    f = _compile(lambda x, i, s: (x.scatter_add(1, i, s), x.index_add(1, i[1], s)))
+    _close(f(x, idx, src), (x.scatter_add(1, idx, src), x.index_add(1, idx[1], src)), "near the limit")
+    over = src.clone()
+    over[0, 0] = 100  # 2**31 - 10 - 6 + 100 > 2**31 - 1
+    with pytest.raises(DeviceAssertionError, match="an int64 sum left the int32 range"):
+        f(x, idx, over)
