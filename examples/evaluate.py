@@ -1,7 +1,7 @@
 """Migration evaluation with the Python API: eager fallback, numeric checks, metrics, bucketing.
 
-A small MLP scorer whose middle step, ``torch.sort`` (top-k style re-ranking), has no NeuronCore
-lowering. With ``options={"fallback": "eager", "check": True}`` the sort runs in eager PyTorch
+A small MLP scorer whose middle step, ``torch.sort`` of 5000 candidate scores (re-ranking), has no NeuronCore
+lowering (a sorted row must fit one partition's SBUF: at most 4096 elements). With ``options={"fallback": "eager", "check": True}`` the sort runs in eager PyTorch
 between kernels, every compiled graph is compared with eager, and the reports say what fell back
 (``neuron_compile.get_fallback_ops()``) and what compiling cost (``neuron_compile.get_compile_metrics()``).
 The same model is then wrapped with :mod:`neuron_compile.bucketing` so five batch sizes compile
@@ -24,7 +24,7 @@ from neuron_compile.bucketing import bucketed
 class Reranker(nn.Module):
     """Scores items, sorts them (unsupported: runs eagerly), and mixes the top scores."""
 
-    def __init__(self, d: int = 64, items: int = 32) -> None:
+    def __init__(self, d: int = 64, items: int = 5000) -> None:
         super().__init__()
         self.proj = nn.Linear(d, d)
         self.score = nn.Linear(d, items)

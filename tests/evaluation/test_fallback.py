@@ -11,6 +11,9 @@ import neuron_compile
 from neuron_compile.errors import ConfigError, UnsupportedOpError
 
 
+LONG = 5000  # a sorted row longer than one partition's SBUF holds (4096): sort is refused by name there
+
+
 def middle_sort(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     h = torch.exp(x @ w * 0.1)
     s, idx = torch.sort(h, dim=-1)
@@ -19,7 +22,7 @@ def middle_sort(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def test_unsupported_op_in_the_middle_gives_eager_numbers_and_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
-    x, w = torch.randn(5, 24), torch.randn(24, 40)
+    x, w = torch.randn(5, 24), torch.randn(24, LONG)
     f = torch.compile(middle_sort, backend="neuron", dynamic=False, options={"fallback": "eager"})
     with caplog.at_level(logging.INFO, logger="neuron_compile.fallback"):
         got_s, got_i = f(x, w)
@@ -29,8 +32,10 @@ def test_unsupported_op_in_the_middle_gives_eager_numbers_and_is_reported(caplog
     ops = neuron_compile.get_fallback_ops()
     assert [o["op"] for o in ops] == ["aten.sort.default"]
     assert ops[0]["count"] == 1 and ops[0]["calls"] == 1
-    assert ops[0]["signatures"] == ["float32[5, 40]"]
-    assert ops[0]["reasons"] == ["no lowering rule"]
+    assert ops[0]["signatures"] == ["float32[5, 5000]"]
+    assert ops[0]["reasons"] == ["aten.sort along a dim of 5000 elements is not supported: a sorted row (padded to a "
+                                 "power of two) must fit one partition's SBUF, at most 4096 elements; sort shorter "
+                                 "rows (reshape and merge) or run this op eagerly (options={'fallback': 'eager'})"]
     assert len(ops[0]["locations"]) == 1 and ops[0]["locations"][0].endswith("s, idx = torch.sort(h, dim=-1)")
     assert "test_fallback.py" in ops[0]["locations"][0]
     lines = [r.getMessage() for r in caplog.records if "fell back to eager" in r.getMessage()]
@@ -47,18 +52,18 @@ def test_unsupported_op_in_the_middle_gives_eager_numbers_and_is_reported(caplog
 def test_default_stays_strict() -> None:
     f = torch.compile(middle_sort, backend="neuron", dynamic=False)
     with pytest.raises(Exception) as info:
-        f(torch.randn(3, 8), torch.randn(8, 16))
+        f(torch.randn(3, 8), torch.randn(8, LONG))
     err = info.value
     while err is not None and not isinstance(err, UnsupportedOpError):
         err = err.__cause__ or err.__context__
     assert isinstance(err, UnsupportedOpError)
-    assert "aten.sort.default(float32[3, 16]): no lowering rule" in str(err)
+    assert "aten.sort.default(float32[3, 5000]): aten.sort along a dim of 5000 elements is not supported" in str(err)
     assert neuron_compile.get_fallback_ops() == []
 
 
 def test_env_knob_enables_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "eager")
-    x = torch.randn(4, 6)
+    x = torch.randn(LONG, 2)
     f = torch.compile(lambda t: torch.sort(t.relu(), dim=0)[0] + 1, backend="neuron", dynamic=False)
     torch.testing.assert_close(f(x), torch.sort(x.relu(), dim=0)[0] + 1)
     assert neuron_compile.get_fallback_ops()[0]["op"] == "aten.sort.default"
@@ -75,11 +80,11 @@ def test_bad_fallback_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_training_with_fallback_forward_and_backward() -> None:
     """The joint-graph check honours the option: a sort inside a training graph runs eagerly both ways."""
     torch.manual_seed(1)
-    lin = torch.nn.Linear(12, 12)
+    lin = torch.nn.Linear(12, LONG)
 
     def loss_fn(x: torch.Tensor) -> torch.Tensor:
         s, _ = torch.sort(torch.tanh(lin(x)), dim=-1)
-        return (s * torch.arange(12.0)).sum()
+        return (s * torch.arange(float(LONG)) / LONG).sum()
 
     x = torch.randn(3, 12)
     f = torch.compile(loss_fn, backend="neuron", dynamic=False, options={"fallback": "eager"})
