@@ -340,3 +340,22 @@ def test_mode_of_a_row_with_nan_raises() -> None:
     x[2, 1] = NAN
     with pytest.raises(DeviceAssertionError, match="mode of a row containing NaN is not supported"):
         f(x)
+
+
+@pytest.mark.parametrize("op", ["sort", "topk", "kthvalue", "median", "msort"])
+def test_gradients_flow_to_the_selected_positions(op: str) -> None:
+    g = torch.Generator().manual_seed(43)
+    x0 = torch.randperm(6 * 40, generator=g).reshape(6, 40).float() / 7  # distinct: eager's indices are specified
+    fns = {"sort": lambda x: torch.sort(x, 1, descending=True).values[:, :5],
+           "topk": lambda x: torch.topk(x, 4, 1).values,
+           "kthvalue": lambda x: torch.kthvalue(x, 3, 1).values,
+           "median": lambda x: torch.median(x, 0).values,
+           "msort": lambda x: torch.msort(x)[:3]}
+    f = fns[op]
+    xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    oe, oc = f(xe), _compile(f)(xc)
+    _same(oc.detach(), oe.detach(), "forward")
+    grad = torch.randn(oe.shape, generator=g)
+    (oe * grad).sum().backward()
+    (oc * grad).sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=0)
