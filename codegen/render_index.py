@@ -106,7 +106,7 @@ for f0 in range(0, {k.row_size}, {ft}):
     F = min({ft}, {k.row_size} - f0)
     rows = nl.ndarray(({P}, {group}, F), dtype=nl.{table_dtype}, buffer=nl.sbuf)
     for t in range({T}):
-        nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[{max(k.row_stride, 1)}, {P}], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}[:, t:t + 1], indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[1, {P}], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}[:, t:t + 1], indirect_dim=0), oob_mode=nisa.oob_mode.skip)
     nisa.dma_copy(dst=out0.ap(pattern=[[{k.row_size}, {P}], [{k.row_size * PMAX}, {T}], [1, F]], offset={o_off}), src=rows[:, 0:{T}, :])""")
 
 

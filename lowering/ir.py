@@ -474,12 +474,14 @@ class RandomSpec:
 
 @dataclass(frozen=True)
 class DeviceCheck:
-    """A 0/1 value the kernels compute (``buffer[offset]``); the runner raises ``message`` when it is 0."""
+    """A 0/1 value the kernels compute (``buffer[offset]``); the runner raises ``message`` when it is 0
+    (``whole``: a buffer of marks, raised when any is 1)."""
 
     buffer: int
     offset: int
     message: str
     kind: str = "assert"  # 'index' (IndexOutOfRangeError) | 'assert' (DeviceAssertionError)
+    whole: bool = False  # the whole buffer holds marks: raise if any element is nonzero
 
 
 @dataclass(frozen=True)

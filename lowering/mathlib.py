@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 from neuron_compile.lowering.builder import Operand, ProgramBuilder, TileVal
 
 TWO23 = 8388608.0  # 2**23: fp32 values at least this large have no fraction bits
@@ -516,3 +517,13 @@ def bessel_i(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal
     if order == 1:
         r = with_sign_of(b, r, x)  # type: ignore[arg-type]
     return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def wrap_int(b: ProgramBuilder, x: TileVal, dtype: torch.dtype) -> TileVal:
+    """An int32 tile wrapped to an 8/16-bit integer range, as torch's integer arithmetic wraps."""
+    bits = {torch.int8: 8, torch.uint8: 8, torch.int16: 16}[dtype]
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    low = b.binary("bitwise_and", x, mask)
+    if dtype == torch.uint8:
+        return low  # type: ignore[return-value]
+    return b.binary("subtract", b.binary("bitwise_xor", low, sign), sign)  # type: ignore[return-value]

@@ -100,8 +100,10 @@ def check_lowerable(gm: fx.GraphModule, what: str) -> None:
         raise UnsupportedOpError(
             f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
             + "\n  - ".join(unique)
-            + "\nRemove or replace these ops, run that part of the model eagerly (compile a smaller region with "
-              "torch.compile), or see `neuron-compile ops` for what is supported.", unique)
+            + "\nTo run anyway, let these ops run eagerly: torch.compile(..., backend='neuron', "
+              "options={'fallback': 'eager'}); `neuron-compile check your_script.py` reports every such op "
+              "and checks the numerics. Otherwise remove or replace these ops, compile a smaller region, or see "
+              "`neuron-compile ops` for what is supported.", unique)
 
 
 def symbolic_dims(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:

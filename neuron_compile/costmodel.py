@@ -4,8 +4,8 @@ Input: simulator :class:`~neuron_compile.simulator.trace.InstructionRecord`\\ s 
 the analytic stream of :mod:`neuron_compile.instruction_stream`), as a list or a ``{record: count}``
 mapping. Output: an :class:`Estimate` with per-engine busy time, a dependency term and the total.
 
-Every constant and rule comes from ``/work/shared/nki/REFERENCE.md`` section 4 and is listed with
-its source in ``docs/cost_model.md``. Where the sources disagree or say nothing the model takes the
+Every constant and rule comes from AWS's public Neuron documentation (the NKI architecture guides,
+the NKI Performance Guide, the DMA guides) and is listed with its source in ``docs/cost_model.md``. Where the sources disagree or say nothing the model takes the
 slower choice. Engines (TensorE, VectorE, ScalarE, GpSimdE, the DMA queues) run concurrently, so a
 kernel takes the busiest engine's time plus a dependency term: the other engines' work for one
 tile, which a one-tile-deep software pipeline cannot hide (fill and drain), plus a full drain of

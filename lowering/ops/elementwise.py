@@ -57,10 +57,13 @@ _NARROW = (torch.int8, torch.int16, torch.uint8)
 
 
 def _int_arith(node: fx.Node) -> str | None:
-    d = _dtype(node)
-    if d in _NARROW:
-        return int_refusal(str(node.target), d, "results are computed in int32 and stored with a saturating cast, "
-                           "while torch wraps at 8/16 bits", "compute in int32/int64 (x.int()) or float")
+    """8/16-bit results are computed in int32 and wrapped to their width (LoopGroupEmitter); integer
+    scalars must be int32 values (NeuronCores hold integers as int32)."""
+    if is_int_compute(node):
+        for a in list(node.args) + list(node.kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
+                return int_refusal(str(node.target), _dtype(node), f"the integer scalar {a} is outside int32, the "
+                                   "range NeuronCores compute integers in", "keep integer constants below 2**31")
     return None
 
 
@@ -186,7 +189,9 @@ def lower_relu_sign(ctx, node, x):
     """aten.relu/sign: ScalarE activation; integers exactly as max(x, 0) and (x > 0) - (x < 0)."""
     b = ctx.b
     if not b.int_mode:
-        return _finish(ctx, node, b.activation("relu" if node.target == aten.relu.default else "sign", x))
+        if node.target == aten.relu.default:
+            return _finish(ctx, node, b.activation("relu", x))
+        return _finish(ctx, node, b.select(mathlib.isnan(b, x), 0.0, b.activation("sign", x)))  # torch: sign(NaN) = 0
     if node.target == aten.relu.default:
         return b.binary("maximum", x, 0)
     return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))
@@ -334,29 +339,22 @@ def lower_masked_fill(ctx, node, x, mask, value):
     return ctx.b.select(mask, value, x)
 
 
-def _cast_check(node: fx.Node) -> str | None:
-    src = node.args[0]
-    src_dtype = _dtype(src) if isinstance(src, fx.Node) else None
-    dst = _dtype(node)
-    if src_dtype in FLOATS and dst not in FLOATS and dst != torch.bool:
-        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch truncates toward zero, NeuronCore casts "
-                f"round to nearest; round explicitly (torch.trunc is not supported either) or keep floats")
-    if src_dtype in (torch.int64, torch.int32) and dst in _NARROW:
-        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch wraps at 8/16 bits, NeuronCore DMA casts "
-                f"saturate; keep int32/int64 (or mask the low bits in float first)")
-    return None
-
-
-@register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise",
-                   check=_cast_check)
+@register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise")
 def lower_to_copy(ctx, node, x, *args, **kwargs):
     """aten._to_copy (dtype casts): a cast to bf16/fp16 rounds (RNE) in the kernel, as the user asked.
 
-    Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); int -> float rounds RNE in
-    fp32 as eager does; a bool cast tests the (rounded) source value."""
+    Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); float -> int truncates toward
+    zero first as torch does (NeuronCore casts round); int -> float rounds RNE in fp32 as eager does; a
+    bool cast tests the (rounded) source value; 8/16-bit results wrap (LoopGroupEmitter)."""
     if _dtype(node) == torch.bool:
         return ctx.b.binary("not_equal", _rounded(ctx, node.args[0], x), 0.0)
     if is_int_compute(node) or _dtype(node) in INTS:
+        if isinstance(x, TileVal) and x.dtype == "float32":
+            mode, ctx.b.int_mode = ctx.b.int_mode, False
+            x = ctx.b.cast(mathlib.trunc(ctx.b, x), "int32")
+            ctx.b.int_mode = mode
+        elif not isinstance(x, TileVal):
+            return int(float(x))
         return ctx.b.coerce(x)
     low = _low_precision(node)
     x = ctx.b.coerce(_rounded(ctx, node.args[0], x))

@@ -117,8 +117,14 @@ def _arg_reduce(ctx, node, x, op: str):
 
     b = ctx.b
     x = _rounded(ctx, node.args[0], x)
-    best = b.reduce(op, x)
-    hit = b.binary("equal", x, best)
+    if b.int_mode:
+        best = b.reduce(op, x)
+        hit = b.binary("equal", x, best)
+    else:  # torch: a NaN is the max and the min; its first index wins
+        nan = b.binary("not_equal", x, x)
+        clean = b.select(nan, -math.inf if op == "maximum" else math.inf, x)
+        best = b.reduce(op, clean)
+        hit = b.select(b.reduce("maximum", nan), nan, b.binary("equal", clean, best))
     idx = ctx.iota_along_reduced(node)
     big = float(2**24)
     cand = b.select(hit, idx, big)

@@ -9,12 +9,8 @@ additive and boolean masks). Rendered kernels are checked against the NKI API li
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,20 +19,9 @@ import torch.nn.functional as F
 
 from neuron_compile import backend as B
 from neuron_compile.errors import UnsupportedOpError
+from neuron_compile.nki_api.checker import check_source_against_api
 
 log = logging.getLogger(__name__)
-
-
-def _api_checker() -> types.ModuleType:
-    # tests/ has no __init__.py: load the shared helper by path.
-    if "nki_api_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("nki_api_check",
-                                                      Path(__file__).resolve().parents[1] / "nki_api_check.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["nki_api_check"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["nki_api_check"]
 
 
 TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
@@ -262,8 +247,6 @@ def test_gather_with_several_indices_per_row_lowers():
 
 
 def test_rendered_index_kernels_use_only_current_nki_api():
-    checker = _api_checker()
-    checker.require_api()
     weight = _leaf(130, 20)
     idx = torch.tensor([1, 129, 1])
     f = _compile(lambda w, i, x: (F.embedding(i, w).sum() + torch.cumsum(x, 0).sum()))
@@ -273,5 +256,5 @@ def test_rendered_index_kernels_use_only_current_nki_api():
         for (name, src), k in zip(g["sources"], g["plan"].kernels, strict=True):
             if k.family in ("gather", "index_put", "scan"):
                 seen.add(k.family)
-                assert checker.check_source_against_api(src) == [], name
+                assert check_source_against_api(src) == [], name
     assert seen == {"gather", "index_put", "scan"}
