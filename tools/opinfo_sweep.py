@@ -178,8 +178,8 @@ def _tie_order_only(name: str, sample: Any, actual: Any, expected: Any, atol: fl
     x, args, kwargs = sample.input, list(sample.args), dict(sample.kwargs)
     if name in ("topk", "kthvalue"):
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
-    else:
-        dim = args[0] if args else kwargs.get("dim", None)
+    else:  # median/nanmedian without a dim reduce everything (no indices); mode's dim defaults to -1
+        dim = args[0] if args else kwargs.get("dim", -1 if name == "mode" else None)
     if dim is None or x.dim() == 0:
         return why if x.dim() else (None if int(indices) == 0 else why)
     keep = indices.dim() == x.dim()
