@@ -21,8 +21,11 @@ from neuron_compile.lowering.ir import (
     SortKernel,
 )
 
+from neuron_compile.simulator_limits import PMAX
+
 log = logging.getLogger(__name__)
 
+SORT_CHUNK = 4096  # elements per partition when a row spans several partitions (a long sort)
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 NAN_KEY = 0x7FC00000  # every NaN's key: above +inf's (0x7F800000), below the ascending pad key
@@ -53,13 +56,23 @@ def outer_terms(space: tuple[int, ...], n_outer: int, access: Access | None) -> 
 def _sort_plan(k: SortKernel) -> dict[str, Any]:
     n = k.space[-1]
     n_pad = 1 << max(n - 1, 0).bit_length()
+    chunks = k.chunks
+    m = n_pad // chunks  # elements per partition
     stages = []
     size = 2
     while size <= n_pad:
         half = size // 2
+        # direction of a block of `size`: within a partition from the free dims (shift -1); for blocks spanning
+        # partitions bit log2(size / m) of the partition index; the last merge ascends everywhere
+        shift = (size // m).bit_length() - 1 if m <= size < n_pad else -1
         while half >= 1:
             # one compare-exchange step: pairs (i, i + half) inside blocks of `size` (sorted up, then down)
-            stages.append((size, half, max(n_pad // (2 * size), 1), min(2, n_pad // size), size // (2 * half)))
+            if half >= m:  # pairs `half // m` partitions apart
+                stages.append((size, half, 1, 1, 1, 1, shift, (half // m).bit_length() - 1))
+            elif size >= m:  # blocks span partitions: this step stays within each partition
+                stages.append((size, half, 1, 1, m // (2 * half), 0, shift, 0))
+            else:
+                stages.append((size, half, m // (2 * size), 2, size // (2 * half), 0, -1, 0))
             half //= 2
         size *= 2
     lo, hi = k.keep
@@ -72,6 +85,9 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
         "key_cmp": "less" if k.descending else "greater",
         "pad_key": INT32_MIN if k.descending else INT32_MAX, "nan_key": NAN_KEY,
         "carry_values": k.key == "float" and (k.values is not None or bool(k.select)),
+        "chunks": chunks, "m": m, "row_tile": PMAX // chunks, "full": n // m, "rem": n % m,
+        "pad_value": literal(float("-inf") if k.descending else float("nan")) if k.key == "float"
+        else (INT32_MIN if k.descending else INT32_MAX),
     }
 
 

@@ -253,7 +253,8 @@ class SortKernel:
     descending: bool = False
     keep: tuple[int, int] = (0, 0)
     key: str = "float"  # 'float' (fp32 bit-pattern keys) | 'int' (int32 values are the keys)
-    select: str = ""  # '' | 'median' | 'nanmedian': store one column per row, its position found on chip
+    select: str = ""  # '' | 'median' | 'nanmedian' | 'mode': store one column per row, its position found on chip
+    chunks: int = 1  # > 1: a row longer than one partition holds spans several partitions (plain sort only)
     source_ops: tuple[str, ...] = ()
     flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
 

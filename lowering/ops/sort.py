@@ -31,6 +31,8 @@ aten = torch.ops.aten
 # values plus the compare-exchange masks (~26 bytes per element) must fit one partition's SBUF
 # (192 KiB on trn1, 224/256 KiB on trn2/trn3) without spilling.
 SORT_MAX_N = 4096
+SORT_CHUNK = 4096  # elements per partition of a longer row (plain sort: up to 128 partitions)
+SORT_LONG_MAX = 128 * SORT_CHUNK
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -75,7 +77,11 @@ def _sort_check(node: fx.Node, dim: Any, what: str) -> str | None:
     if x.dtype not in _FLOATS + _INTS:
         return f"{what} of {x.dtype} is not supported"
     n = x.shape[int(dim) % x.dim()] if x.dim() else 1
-    if n and 1 << (n - 1).bit_length() > SORT_MAX_N:
+    if what == "aten.sort" and n and 1 << (n - 1).bit_length() > SORT_LONG_MAX:
+        return (f"{what} along a dim of {n} elements is not supported: a row is sorted in at most 128 partitions "
+                f"of {SORT_CHUNK} elements ({SORT_LONG_MAX}); sort shorter rows or run this op eagerly "
+                f"(options={{'fallback': 'eager'}})")
+    if what != "aten.sort" and n and 1 << (n - 1).bit_length() > SORT_MAX_N:
         return (f"{what} along a dim of {n} elements is not supported: a sorted row (padded to a power of two) "
                 f"must fit one partition's SBUF, at most {SORT_MAX_N} elements; sort shorter rows (reshape and "
                 f"merge) or run this op eagerly (options={{'fallback': 'eager'}})")
@@ -128,6 +134,8 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
     acc = {role: Access(slot, 0, sp.canonical_strides(canon, out_strides[role]))
            for slot, (_, _, _, role) in enumerate(items)}
     dtype = x.torch_dtype
+    n_pad = 1 << max(canon.space[-1] - 1, 0).bit_length()
+    chunks = n_pad // SORT_CHUNK if n_pad > SORT_MAX_N else 1  # a long row spans several partitions
     results = [bufs[i][0] for i, *_ in items]
     flag_slot = -1
     if guard is not None:  # (kind, message): a device check the runner reads after the kernels
@@ -141,7 +149,8 @@ def emit_sort(gl: Any, node: fx.Node, dim: int, descending: bool, keep: tuple[in
         tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in results),
         canon.space, canon.n_outer, Access(0, x.offset, sp.canonical_strides(canon, x_strides)),
         acc.get("values"), acc.get("indices"), descending, keep,
-        "float" if dtype.is_floating_point else "int", select, (source,), flag_slot)
+        "float" if dtype.is_floating_point else "int", select, chunks=chunks, source_ops=(source,),
+        flag_slot=flag_slot)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, (x.buffer,), tuple(results)))
 
