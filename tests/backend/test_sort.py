@@ -188,13 +188,33 @@ def _cause(exc: BaseException, cls: type) -> BaseException:
     return seen
 
 
-def test_sort_refuses_rows_longer_than_sbuf_by_name() -> None:
-    x = torch.randn(2, 5000)
+def test_sort_refuses_rows_longer_than_128_partitions_by_name() -> None:
+    x = torch.randn(1, 600000)
     with pytest.raises(Exception) as info:
         _compile(lambda x: torch.sort(x, dim=1))(x)
     err = _cause(info.value, UnsupportedOpError)
-    assert re.search(r"aten\.sort\.default\(float32\[2, 5000\].*along a dim of 5000 elements is not supported.*"
-                     r"at most 4096 elements", str(err)), str(err)
+    assert re.search(r"aten\.sort\.default\(float32\[1, 600000\].*along a dim of 600000 elements is not supported: "
+                     r"a row is sorted in at most 128 partitions of 4096 elements \(524288\)", str(err)), str(err)
+    with pytest.raises(Exception) as info:  # the selections keep one partition per row
+        _compile(lambda x: torch.median(x, dim=1))(torch.randn(2, 5000))
+    assert "at most 4096 elements" in str(_cause(info.value, UnsupportedOpError))
+
+
+@pytest.mark.parametrize("shape,dim,descending,dtype", [((2, 9000), 1, False, torch.float32),
+                                                        ((3, 5000), 1, True, torch.float32),
+                                                        ((8000,), 0, False, torch.float32),
+                                                        ((2, 8192), 1, False, torch.int64),
+                                                        ((9000, 2), 0, True, torch.bfloat16)])
+def test_sort_of_rows_spanning_several_partitions(shape: tuple[int, ...], dim: int, descending: bool,
+                                                  dtype: torch.dtype) -> None:
+    x = _special(shape, dtype, seed=47)
+
+    def f(x: torch.Tensor) -> Any:
+        return torch.sort(x, dim=dim, descending=descending, stable=True)
+
+    got, want = _compile(f)(x), f(x)
+    _same(got.values, want.values, "values")
+    _same(got.indices, want.indices, "indices")
 
 
 def test_sort_kernel_is_one_kernel_per_sort() -> None:
