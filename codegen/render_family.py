@@ -67,7 +67,7 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
         shift = (size // m).bit_length() - 1 if m <= size < n_pad else -1
         while half >= 1:
             # one compare-exchange step: pairs (i, i + half) inside blocks of `size` (sorted up, then down)
-            if half >= m:  # pairs `half // m` partitions apart
+            if half >= m:  # pairs `half // m` partitions apart (kind 1)
                 stages.append((size, half, 1, 1, 1, 1, shift, (half // m).bit_length() - 1))
             elif size >= m:  # blocks span partitions: this step stays within each partition
                 stages.append((size, half, 1, 1, m // (2 * half), 0, shift, 0))
@@ -76,6 +76,8 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
             half //= 2
         size *= 2
     lo, hi = k.keep
+    if chunks == 1 and not k.select and 4 * hi <= n_pad:
+        stages = _topk_stages(n_pad, 1 << max(hi - 1, 1).bit_length())
     return {
         "n": n, "n_pad": n_pad, "rows": k.space[-2], "outer": math.prod(k.space[:k.n_outer]),
         "src_terms": outer_terms(k.space, k.n_outer, k.src),
@@ -89,6 +91,31 @@ def _sort_plan(k: SortKernel) -> dict[str, Any]:
         "pad_value": literal(float("-inf") if k.descending else float("nan")) if k.key == "float"
         else (INT32_MIN if k.descending else INT32_MAX),
     }
+
+
+def _topk_stages(n_pad: int, best: int) -> list[tuple[int, ...]]:
+    """A bitonic top-k network: blocks of ``best`` sorted in alternating directions, then rounds of a half-cleaner
+    between neighbour blocks (the best ``best`` of each pair move to its first block), a compaction keeping
+    those blocks (kind 2: the tile halves) and a bitonic merge of each; ~(1 + log2 best) * n compares instead of
+    a full sort's log2(n)^2 * n / 2."""
+    stages = []
+    size = 2
+    while size <= best:
+        half = size // 2
+        while half >= 1:
+            stages.append((size, half, n_pad // (2 * size), 2, size // (2 * half), 0, -1, 0))
+            half //= 2
+        size *= 2
+    width = n_pad
+    while width > best:
+        stages.append((best, best, width // (2 * best), 1, 1, 0, -1, 0))  # half-cleaner, every pair forward
+        stages.append((best, 0, 0, 0, 0, 2, -1, 0))  # keep the first block of each pair
+        width //= 2
+        half = best // 2
+        while half >= 1:
+            stages.append((best, half, max(width // (2 * best), 1), min(2, width // best), best // (2 * half), 0, -1, 0))
+            half //= 2
+    return stages
 
 
 SEARCH_CHUNK = 2048  # values per partition per chunk: ~10 live [P, F] int32 tiles, 80 KiB
