@@ -1,12 +1,15 @@
-"""Sort-family lowerings: sort/argsort/msort, topk, kthvalue as one :class:`SortKernel` each.
+"""Sort-family lowerings: sort/argsort/msort, topk, kthvalue, median/nanmedian, mode as one :class:`SortKernel`
+each, and searchsorted/bucketize as a :class:`SearchKernel`.
 
 The sorted dim becomes the free dim of a canonical ``(outer..., rows, n)`` space (the other dims merge
 onto partitions and unrolled outer loops, addressed through strides, so any dim of any strided view
 sorts without a copy). The kernel (``codegen/templates/sort.nki.j2``) runs a bitonic network on int32
 keys with the original index as tie-breaker, so every result is the stable sort's: ``sort`` with or
-without ``stable=True`` equals CPU torch (NaN sorts as the largest value, ``-0.0`` equals ``0.0``);
-``topk``/``kthvalue`` store a slice of the sorted row. Multi-output ops define their ``getitem`` users'
-values directly (:func:`item_outputs`).
+without ``stable=True`` equals CPU torch's stable sort (NaN sorts as the largest value, ``-0.0`` equals
+``0.0``); ``topk``/``kthvalue`` keep the first columns (a top-k network when k <= n / 4), median/mode pick
+their column on chip. Rows up to 4096 elements sit in one partition; a plain sort of a longer row (up to
+128 x 4096) spans partitions. Multi-output ops define their ``getitem`` users' values directly
+(:func:`item_outputs`). Long-row topk is a decomposition (``lowering/decomp_sort.py``).
 """
 
 from __future__ import annotations
