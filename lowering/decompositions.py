@@ -200,4 +200,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(NN)
     table.update(INDEX)
     table.update(SPECIAL)
+    from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
+
+    table.update(SCATTER)
     return table

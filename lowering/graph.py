@@ -40,7 +40,7 @@ from neuron_compile.lowering.ir import (
     TileOp,
 )
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
-from neuron_compile.lowering.registry import lookup, qualified_name
+from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
 
@@ -123,6 +123,9 @@ class GraphLowering:
     def view_of(self, node: fx.Node) -> View:
         if node in self.views:
             return self.views[node]
+        if is_tuple_item(node):
+            raise LoweringError(f"{node.name}: item {node.args[1]} of {node.args[0].name} ({node.args[0].target}) "
+                                f"was not defined by its producer's lowering")
         rule = lookup(node.target)
         if rule is None or rule.kind not in ("view", "alias"):
             raise LoweringError(f"value of {node.name} ({node.target}) was never stored")

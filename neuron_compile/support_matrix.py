@@ -58,6 +58,8 @@ def _idx(shape: Sequence[int]) -> torch.Tensor:
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
+from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES  # noqa: E402
+
 # Ops whose schema alone does not give a valid (and lowerable) call: explicit sample arguments.
 # Index tensors are int64 and masks bool whatever the probed data dtype ``d``.
 _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
@@ -102,6 +104,16 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.arange.default: lambda d: ((8,), {"dtype": d}),
     aten.arange.start: lambda d: ((0, 8), {"dtype": d}),
     aten.arange.start_step: lambda d: ((0, 8, 1), {"dtype": d}),
+    aten.kthvalue.default: lambda d: ((_t(d), 2, 1), {}),
+    aten.topk.default: lambda d: ((_t(d), 2), {}),
+    aten.sort.stable: lambda d: ((_t(d),), {"stable": True, "dim": 1}),
+    aten.searchsorted.Tensor: lambda d: ((_t(d, (8,)), _t(d)), {}),
+    aten.bucketize.Tensor: lambda d: ((_t(d), _t(d, (5,))), {}),
+    GATHER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), 0), {}),
+    aten._assert_async.msg: lambda d: ((_t(torch.bool, ()), "message"), {}),
+    aten._embedding_bag_backward.default: lambda d: ((_t(d, (2, 8)), _idx((5,)), _idx((2,)), _idx((5,)), _idx((2,)),
+                                                      _idx((2, 8)), 10, False, 0, False, None), {}),
+    SCATTER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), _t(d, (4, 3)), 0.0, "sum", True, 0, "runtime"), {}),
 }
 
 

@@ -12,4 +12,6 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     random,
     reduction,
     scan,
+    scatter,
+    sort,
 )

@@ -21,17 +21,17 @@ def test_check_evaluate_example_json_end_to_end(tmp_path: Path) -> None:
     env.pop("CI", None)
     proc = subprocess.run([sys.executable, "-m", "neuron_compile", "check", "examples/evaluate.py", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 3, proc.stderr[-2000:]  # not ready: the sort fell back
+    assert proc.returncode == 3, proc.stderr[-2000:]  # not ready: the eigendecomposition fell back
     report = json.loads(proc.stdout)  # the script's own prints went to stderr
     assert "max |compiled - eager|" in proc.stderr and "OK" in proc.stderr
     assert report["ready"] is False and report["error"] is None
-    assert report["verdict"].startswith("not ready: 1 op(s) fell back to eager (aten.sort.default")
+    assert report["verdict"].startswith("not ready: 1 op(s) fell back to eager (aten._linalg_eigh.default")
     assert len(report["graphs"]) == 3  # batch 4 and the buckets 8, 16 (4 reused)
-    [sort] = report["ops_fallen_back"]
-    assert sort["op"] == "aten.sort.default" and sort["count"] == 3
-    [location] = sort["locations"]
-    assert location.endswith("examples/evaluate.py:36: ranked, _ = torch.sort(scores, dim=-1, descending=True)")
-    assert report["ops_lowered"]["aten.mm.default"] == 9 and "aten.sort.default" not in report["ops_lowered"]
+    [eig] = report["ops_fallen_back"]
+    assert eig["op"] == "aten._linalg_eigh.default" and eig["count"] == 3
+    [location] = eig["locations"]
+    assert location.endswith("examples/evaluate.py:36: spectrum = torch.linalg.eigvalsh(scores @ scores.mT)")
+    assert report["ops_lowered"]["aten.mm.default"] == 9 and "aten._linalg_eigh.default" not in report["ops_lowered"]
     assert report["mismatches"] == [] and len(report["checks"]) == 3
     assert all(c["calls"] >= 1 and all(o["ok"] for o in c["outputs"]) for c in report["checks"])
     assert report["compile_ms"]["cold_graphs"] == 3 and report["compile_ms"]["cached_graphs"] == 0
