@@ -56,6 +56,10 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS, template_context
+
+    if isinstance(kernel, TEMPLATE_KERNELS):  # the template is the whole kernel; Python gives it the plan
+        return _wrap(kernel, "", **template_context(kernel))
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
@@ -75,8 +79,10 @@ def render_kernel(kernel: Kernel) -> str:
     return _wrap(kernel, body)
 
 
-def _wrap(kernel: Kernel, body: str) -> str:
-    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
+def _wrap(kernel: Kernel, body: str, **context: Any) -> str:
+    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
+
+    Template-kernel families (``context`` given) fill the frame's body block themselves from ``context``."""
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
     returns = ", ".join(f"out{i}" for i in range(len(kernel.outputs))) or "None"
@@ -85,7 +91,7 @@ def _wrap(kernel: Kernel, body: str) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, **context)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:

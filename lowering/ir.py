@@ -257,7 +257,65 @@ class AttentionKernel:
                 f"dtype={self.compute_dtype} step={self.key_step}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel
+@dataclass(frozen=True)
+class ConvKernel:
+    """Convolution and transposed convolution as an implicit GEMM on TensorE (``conv.nki.j2``).
+
+    Two spatial dims (1-D convolutions have ``H = 1``). Per spatial dim a tuple of *phases*
+    ``(out_start, count, ((tap, in_offset), ...))``: output position ``out_start + out_step * q`` (q < count)
+    reads input position ``q * in_step + in_offset`` for each listed tap (outside ``[0, size)`` is zero
+    padding). A convolution has one phase (``out_step = 1``, ``in_step = stride``, offsets ``k * dilation -
+    padding``); a transposed convolution has ``stride`` phases (``out_step = stride``, ``in_step = 1``) that
+    list only the taps that land on that phase, so no multiply is spent on inserted zeros.
+
+    Channels: ``groups`` groups of ``cin_g`` input / ``cout_g`` output channels; ``gpp`` groups are packed
+    into one block-diagonal weight tile (depthwise: 128 channels per matmul). Per output tile the PSUM
+    accumulator ``[C_out tile, images x rows x cols <= 512]`` sums ``nc_matmul(stationary = weight tap
+    [C_in tile, C_out tile], moving = strided input window [C_in tile, positions])`` over C_in tiles and taps;
+    input rows arrive once per stage as a zero-padded SBUF band. Accesses are (arg, offset, strides) with
+    strides over (n, c, h, w) for ``x`` / ``out`` and (group, co, ci, kh, kw) for ``w``.
+    The eviction applies ``evict = (func, scale arg, bias arg)`` (per-channel columns, -1: none);
+    ``post`` lists whole-tile steps after it (("tensor", op, arg) / ("act", func) / ("scalar", op, value)).
+    """
+
+    name: str
+    family: str  # 'conv'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    batch: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    groups: int
+    cin_g: int
+    cout_g: int
+    gpp: int  # groups per block-diagonal pack
+    x: Access
+    w: Access
+    out: Access
+    out_step: tuple[int, int]
+    in_step: tuple[int, int]
+    phases_h: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
+    phases_w: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
+    block: tuple[int, int, int, int]  # (images per stage, q rows per stage, q rows per PSUM tile, q cols per PSUM tile)
+    compute_dtype: str
+    evict: tuple[str, int, int] = ("copy", -1, -1)
+    post: tuple[tuple[Any, ...], ...] = ()
+    post_access: tuple[Access, ...] = ()  # full operands of ``post`` steps, strides over (n, c, h, w)
+    col_access: tuple[Access, ...] = ()  # per-channel columns (scale/bias): strides over (c,)
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [conv] n={self.batch} in={self.in_hw} out={self.out_hw} k={self.kernel} "
+                f"groups={self.groups} cin/g={self.cin_g} cout/g={self.cout_g} gpp={self.gpp} "
+                f"steps={self.out_step}/{self.in_step} block={self.block} dtype={self.compute_dtype} "
+                f"evict={self.evict} post={self.post}")
+
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | ConvKernel
 
 
 @dataclass(frozen=True)
@@ -386,7 +444,7 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel, AttentionKernel)})
+                                                            ScanKernel, AttentionKernel, ConvKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

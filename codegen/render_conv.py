@@ -1,0 +1,47 @@
+"""Template context of the template-kernel families: convolution, its weight gradient, pooling/resampling.
+
+Input: a :class:`~neuron_compile.lowering.ir.ConvKernel` (or another kind in :data:`TEMPLATE_KERNELS`);
+output: the variables its ``<family>.nki.j2`` template reads. The template *is* the kernel; this module only
+derives plain numbers from the IR (offset ranges of the taps, the largest phase, tile dtypes). Hardware
+limits come from ``simulator_limits``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from neuron_compile.lowering.ir import ConvKernel
+
+from neuron_compile.simulator_limits import PMAX
+
+log = logging.getLogger(__name__)
+
+MATMUL_N = 512  # fp32 elements of one PSUM bank per partition: the moving free size of one matmul
+
+TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel,)
+
+
+def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int]:
+    """(lowest, highest) input offset over every tap of every phase ((0, 0) when no phase has a tap)."""
+    offs = [off for _, _, taps in phases for _, off in taps]
+    return (min(offs), max(offs)) if offs else (0, 0)
+
+
+def conv_context(k: ConvKernel) -> dict[str, Any]:
+    lo_h, hi_h = tap_range(k.phases_h)
+    lo_w, hi_w = tap_range(k.phases_w)
+    nb, _, rb, cb = k.block
+    return {
+        "qh": max(q for _, q, _ in k.phases_h), "qw": max(q for _, q, _ in k.phases_w),
+        "lo_h": lo_h, "hi_h": hi_h, "lo_w": lo_w, "hi_w": hi_w,
+        "nbp": max(1, min(nb, MATMUL_N // (rb * cb))),
+        # whole-tile steps after the eviction run in fp32; otherwise the eviction rounds to the output dtype
+        "stage_dtype": "float32" if k.post else k.outputs[0].dtype,
+    }
+
+
+def template_context(kernel: Any) -> dict[str, Any]:
+    if isinstance(kernel, ConvKernel):
+        return {"k": kernel, "p": conv_context(kernel), "pmax": PMAX}
+    raise TypeError(kernel)  # pragma: no cover
