@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from neuron_compile.lowering.ir import ConvKernel
+from neuron_compile.lowering.ir import ConvKernel, ConvWgradKernel
 
 from neuron_compile.simulator_limits import PMAX
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 MATMUL_N = 512  # fp32 elements of one PSUM bank per partition: the moving free size of one matmul
 
-TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel,)
+TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel)
 
 
 def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int]:
@@ -44,4 +44,6 @@ def conv_context(k: ConvKernel) -> dict[str, Any]:
 def template_context(kernel: Any) -> dict[str, Any]:
     if isinstance(kernel, ConvKernel):
         return {"k": kernel, "p": conv_context(kernel), "pmax": PMAX}
+    if isinstance(kernel, ConvWgradKernel):
+        return {"k": kernel, "pmax": PMAX, "bank": MATMUL_N}
     raise TypeError(kernel)  # pragma: no cover

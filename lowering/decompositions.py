@@ -122,4 +122,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_attention import ATTENTION
 
     table.update(ATTENTION)
+    from neuron_compile.lowering.decomp_conv import conv_decompositions
+
+    table.update(conv_decompositions())
     return table

@@ -315,7 +315,52 @@ class ConvKernel:
                 f"evict={self.evict} post={self.post}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | ConvKernel
+@dataclass(frozen=True)
+class ConvWgradKernel:
+    """Weight gradient of a convolution on TensorE (``conv_wgrad.nki.j2``).
+
+    ``gw[co, ci, kh, kw] = sum over (n, oh, ow) of go[n, co, oh, ow] * x[n, ci, oh*s + kh*d - p, ow*s + kw*d - p]``
+    (two spatial dims; 1-D has H = 1). Output positions are the contraction, so per chunk of <= 128 positions
+    (``chunk`` = images, rows, cols) go and each tap's input window are transposed on TensorE, and PSUM holds
+    one ``[C_out tile, C_in tile]`` block per tap for ``taps_per_pass`` taps. Groups are packed ``gpp`` per
+    tile and only the diagonal blocks are stored. ``x``/``go`` strides are over (n, c, h, w), ``out`` over
+    (co, ci) with the taps contiguous (kh * KW + kw).
+    """
+
+    name: str
+    family: str  # 'conv_wgrad'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    batch: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    cin_g: int
+    cout_g: int
+    gpp: int
+    x: Access
+    go: Access
+    out: Access
+    chunk: tuple[int, int, int]
+    taps_per_pass: int
+    compute_dtype: str
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [conv_wgrad] n={self.batch} in={self.in_hw} out={self.out_hw} k={self.kernel} "
+                f"stride={self.stride} pad={self.padding} dil={self.dilation} groups={self.groups} gpp={self.gpp} "
+                f"chunk={self.chunk} taps/pass={self.taps_per_pass} dtype={self.compute_dtype}")
+
+
+Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | ConvKernel \
+    | ConvWgradKernel
 
 
 @dataclass(frozen=True)
@@ -444,7 +489,8 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel, AttentionKernel, ConvKernel)})
+                                                            ScanKernel, AttentionKernel, ConvKernel,
+                                                            ConvWgradKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

@@ -4,6 +4,7 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     attention,
     constant,
     conv,
+    conv_grad,
     elementwise,
     index,
     matmul,

@@ -28,7 +28,8 @@ from neuron_compile.simulator_limits import PMAX
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
-SBUF_BUDGET = 128 * 1024  # bytes per partition a conv kernel's live tiles may take (of ~192 KiB)
+SBUF_BUDGET = 96 * 1024  # bytes per partition a conv kernel's live tiles may take (of ~192 KiB; the simulator counts a
+# tile and its replacement both live while a loop rebinds it)
 MATMUL_N = 512  # moving free size of one matmul (one fp32 PSUM bank)
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
