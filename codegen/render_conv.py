@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from neuron_compile.lowering.ir import ConvKernel, ConvWgradKernel
+from neuron_compile.lowering.ir import ConvKernel, ConvWgradKernel, PoolKernel
 
 from neuron_compile.simulator_limits import PMAX
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 MATMUL_N = 512  # fp32 elements of one PSUM bank per partition: the moving free size of one matmul
 
-TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel)
+TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel, PoolKernel)
 
 
 def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int]:
@@ -46,4 +46,8 @@ def template_context(kernel: Any) -> dict[str, Any]:
         return {"k": kernel, "p": conv_context(kernel), "pmax": PMAX}
     if isinstance(kernel, ConvWgradKernel):
         return {"k": kernel, "pmax": PMAX, "bank": MATMUL_N}
+    if isinstance(kernel, PoolKernel):
+        # what a tap's index tile holds: its flat input offset (max indices) or its number (backward)
+        tap_id = "(kh * DH - PH) * W + kw * DW - PW" if kernel.mode == "max_index" else "kh * KW + kw"
+        return {"k": kernel, "pmax": PMAX, "tap_id": tap_id}
     raise TypeError(kernel)  # pragma: no cover

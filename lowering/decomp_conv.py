@@ -3,6 +3,9 @@
 - ``convolution_backward`` -> a transposed convolution (grad_input: the same implicit GEMM as the forward),
   ``neuron_compile::conv_weight_grad`` (grad_weight, :class:`~neuron_compile.lowering.ir.ConvWgradKernel`)
   and a sum over (N, spatial) (grad_bias, an ordinary reduction kernel).
+- ``max_pool2d_with_indices`` -> ``neuron_compile::max_pool`` + ``max_pool_index`` (indices only where used),
+  its backward -> ``neuron_compile::max_pool_backward``, which recomputes the argmax from the input instead of
+  reading stored indices (training keeps no index tensor; eager's tie and NaN rules are reproduced).
 
 The ``neuron_compile::*`` ops are defined here with an eager implementation (their semantics; also what
 FakeTensor tracing runs) and are only ever seen by our own lowering rules.
@@ -36,6 +39,63 @@ _LIB.impl("conv_weight_grad", _conv_weight_grad_eager, "CompositeExplicitAutogra
 CONV_WEIGHT_GRAD = torch.ops.neuron_compile.conv_weight_grad.default
 
 
+_LIB.define("max_pool(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode) "
+            "-> Tensor")
+_LIB.define("max_pool_index(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
+            "bool ceil_mode) -> Tensor")
+_LIB.define("max_pool_backward(Tensor grad_output, Tensor x, int[] kernel_size, int[] stride, int[] padding, "
+            "int[] dilation, bool ceil_mode) -> Tensor")
+
+
+def _max_pool_eager(x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                    dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    return aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+def _max_pool_index_eager(x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                          dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    return aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+
+
+def _max_pool_backward_eager(go: torch.Tensor, x: torch.Tensor, kernel_size: list[int], stride: list[int],
+                             padding: list[int], dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    """The gradient routed to each window's argmax (recomputed from ``x``: first maximum, NaN wins)."""
+    idx = aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+    return aten.max_pool2d_with_indices_backward.default(go, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                                         idx)
+
+
+_LIB.impl("max_pool", _max_pool_eager, "CompositeExplicitAutograd")
+_LIB.impl("max_pool_index", _max_pool_index_eager, "CompositeExplicitAutograd")
+_LIB.impl("max_pool_backward", _max_pool_backward_eager, "CompositeExplicitAutograd")
+MAX_POOL = torch.ops.neuron_compile.max_pool.default
+MAX_POOL_INDEX = torch.ops.neuron_compile.max_pool_index.default
+MAX_POOL_BACKWARD = torch.ops.neuron_compile.max_pool_backward.default
+
+
+def _pool_args(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[list[int], ...]:
+    def two(v: Any, default: list[int]) -> list[int]:
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        v = v or default
+        return v * 2 if len(v) == 1 else v
+
+    ks = two(kernel_size, [1])
+    return ks, two(stride, ks), two(padding, [0]), two(dilation, [1])
+
+
+def _max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
+                             dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and indices as two ops: training needs only the values (the backward recomputes the argmax)."""
+    ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    return MAX_POOL(x, ks, st, pad, dil, ceil_mode), MAX_POOL_INDEX(x, ks, st, pad, dil, ceil_mode)
+
+
+def _max_pool2d_with_indices_backward(go: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any,
+                                      dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    return MAX_POOL_BACKWARD(go, x, ks, st, pad, dil, ceil_mode)
+
+
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                           groups: int, output_mask: list[bool]) -> tuple[Any, Any, Any]:
@@ -62,4 +122,6 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
 
 
 def conv_decompositions() -> dict[Any, Callable[..., Any]]:
-    return {aten.convolution_backward.default: _convolution_backward}
+    return {aten.convolution_backward.default: _convolution_backward,
+            aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
+            aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward}

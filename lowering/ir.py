@@ -359,8 +359,53 @@ class ConvWgradKernel:
                 f"chunk={self.chunk} taps/pass={self.taps_per_pass} dtype={self.compute_dtype}")
 
 
+@dataclass(frozen=True)
+class PoolKernel:
+    """Window pooling on VectorE (``pool.nki.j2``): max / avg forward, max indices, max / avg backward.
+
+    ``rows`` (N x C, or C with ``outer`` = N when they do not merge) on partitions, 2 spatial dims on the
+    free axis (1-D: H = 1). Per spatial dim the taps are ``(k, lo, hi, count_lo, count_hi)``: tap k reads
+    a real input position for outputs in ``[lo, hi)`` (so padding is never read) and counts toward an
+    average's divisor for outputs in ``[count_lo, count_hi)``. Forward stages are output rows, backward
+    stages are input rows (outputs whose windows reach a stage are recomputed by it). ``mode`` is 'max',
+    'max_index', 'avg', 'max_backward' or 'avg_backward'; accesses are (outer, row, h, w) strides; in a
+    backward ``go`` is the gradient and ``x`` the forward input (max: the argmax is recomputed from it,
+    first maximum in window order, NaN wins, as eager).
+    """
+
+    name: str
+    family: str  # 'pool'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    mode: str
+    outer: int
+    rows: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    taps_h: tuple[tuple[int, int, int, int, int], ...]
+    taps_w: tuple[tuple[int, int, int, int, int], ...]
+    x: Access | None
+    go: Access | None
+    out: Access
+    stage: int
+    divisor: float = 0.0  # avg: a divisor_override (0: count the window)
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [pool:{self.mode}] outer={self.outer} rows={self.rows} in={self.in_hw} "
+                f"out={self.out_hw} k={self.kernel} stride={self.stride} pad={self.padding} dil={self.dilation} "
+                f"stage={self.stage} divisor={self.divisor}")
+
+
 Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | ConvKernel \
-    | ConvWgradKernel
+    | ConvWgradKernel | PoolKernel
 
 
 @dataclass(frozen=True)
@@ -490,7 +535,7 @@ def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
                                                             ScanKernel, AttentionKernel, ConvKernel,
-                                                            ConvWgradKernel)})
+                                                            ConvWgradKernel, PoolKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

@@ -9,6 +9,7 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     index,
     matmul,
     movement,
+    pool,
     reduction,
     scan,
 )
