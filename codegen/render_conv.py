@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from neuron_compile.lowering.ir import ConvKernel, ConvWgradKernel, PoolKernel
+from neuron_compile.lowering.ir import ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel
 
 from neuron_compile.simulator_limits import PMAX
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 MATMUL_N = 512  # fp32 elements of one PSUM bank per partition: the moving free size of one matmul
 
-TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel, PoolKernel)
+TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel)
 
 
 def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) -> tuple[int, int]:
@@ -50,4 +50,6 @@ def template_context(kernel: Any) -> dict[str, Any]:
         # what a tap's index tile holds: its flat input offset (max indices) or its number (backward)
         tap_id = "(kh * DH - PH) * W + kw * DW - PW" if kernel.mode == "max_index" else "kh * KW + kw"
         return {"k": kernel, "pmax": PMAX, "tap_id": tap_id}
+    if isinstance(kernel, ResampleKernel):
+        return {"k": kernel, "pmax": PMAX}
     raise TypeError(kernel)  # pragma: no cover

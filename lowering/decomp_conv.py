@@ -6,6 +6,9 @@
 - ``max_pool2d_with_indices`` -> ``neuron_compile::max_pool`` + ``max_pool_index`` (indices only where used),
   its backward -> ``neuron_compile::max_pool_backward``, which recomputes the argmax from the input instead of
   reading stored indices (training keeps no index tensor; eager's tie and NaN rules are reproduced).
+- upsample (nearest, nearest-exact, bilinear/linear, bicubic; ``.default`` and ``.vec``), adaptive average
+  pooling, and their backwards -> ``neuron_compile::resample`` (a separable linear map, transposed for the
+  backward; :mod:`lowering.ops.resample`).
 
 The ``neuron_compile::*`` ops are defined here with an eager implementation (their semantics; also what
 FakeTensor tracing runs) and are only ever seen by our own lowering rules.
@@ -14,6 +17,7 @@ FakeTensor tracing runs) and are only ever seen by our own lowering rules.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +100,151 @@ def _max_pool2d_with_indices_backward(go: torch.Tensor, x: torch.Tensor, kernel_
     return MAX_POOL_BACKWARD(go, x, ks, st, pad, dil, ceil_mode)
 
 
+_LIB.define("resample(Tensor x, int[] in_size, int[] out_size, str mode, bool align_corners, float?[] scales, "
+            "bool transpose) -> Tensor")
+
+
+def _resample_eager(x: torch.Tensor, in_size: list[int], out_size: list[int], mode: str, align_corners: bool,
+                    scales: list[float | None], transpose: bool) -> torch.Tensor:
+    """``A_h x A_w^T`` per plane (``A_h^T x A_w`` when ``transpose``: the backward), A from ``resample_matrix``."""
+    from neuron_compile.lowering.ops.resample import resample_matrix
+
+    a = [torch.from_numpy(resample_matrix(mode, int(i), int(o), bool(align_corners), s).copy())
+         for i, o, s in zip(in_size, out_size, scales, strict=True)]
+    if transpose:
+        a = [m.t() for m in a]
+    return torch.einsum("nchw,oh,pw->ncop", x.float(), a[0], a[1]).to(x.dtype)
+
+
+def _resample_fake(x: torch.Tensor, in_size: list[int], out_size: list[int], mode: str, align_corners: bool,
+                   scales: list[float | None], transpose: bool) -> torch.Tensor:
+    hw = in_size if transpose else out_size
+    return x.new_empty((x.shape[0], x.shape[1], int(hw[0]), int(hw[1])))
+
+
+_LIB.impl("resample", _resample_eager, "CompositeExplicitAutograd")
+torch.library.register_fake("neuron_compile::resample", _resample_fake, lib=_LIB)
+RESAMPLE = torch.ops.neuron_compile.resample.default
+
+
+def _resample_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.args = inputs[1:]
+
+
+def _resample_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    in_size, out_size, mode, align_corners, scales, transpose = ctx.args
+    return (RESAMPLE(grad, in_size, out_size, mode, align_corners, scales, not transpose),
+            None, None, None, None, None, None)
+
+
+torch.library.register_autograd("neuron_compile::resample", _resample_backward, setup_context=_resample_setup,
+                                lib=_LIB)
+_INTERP_MODES = {"nearest": "nearest", "nearest-exact": "nearest-exact", "linear": "bilinear",
+                 "bilinear": "bilinear", "bicubic": "bicubic"}
+
+
+def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
+                antialias: bool = False) -> torch.Tensor:
+    """``F.interpolate`` for 1-D/2-D nearest, nearest-exact, (bi)linear and bicubic as ``neuron_compile::resample``
+    (sizes and scales as F.interpolate passes them to the ATen op); any other case is F.interpolate itself."""
+    nsp = input.dim() - 2
+    if antialias or nsp not in (1, 2) or mode not in _INTERP_MODES or (size is None) == (scale_factor is None):
+        return torch.nn.functional.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                                               antialias)
+    in_hw = [int(s) for s in input.shape[2:]]
+    if size is not None:
+        osize = [int(s) for s in (size if isinstance(size, (list, tuple)) else [size] * nsp)]
+        scales: list[float | None] = [None] * nsp
+    else:
+        sf = [float(s) for s in (scale_factor if isinstance(scale_factor, (list, tuple)) else [scale_factor] * nsp)]
+        osize = [int(math.floor(i * s)) for i, s in zip(in_hw, sf, strict=True)]
+        scales = [None] * nsp if recompute_scale_factor else list(sf)
+    return _resample(input, in_hw, osize, _INTERP_MODES[mode], bool(align_corners), scales, False)
+
+
+def rewrite_interpolate(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Point the Dynamo graph's ``F.interpolate`` calls at :func:`interpolate`: PyTorch decomposes the upsample ops
+    above autograd into index/index_put graphs (multi-index gathers, float-to-int casts), so they must be
+    replaced before AOTAutograd traces them. Returns ``gm`` (changed in place)."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.nn.functional.interpolate:
+            node.target = interpolate
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
+
+
+def _resample(x: torch.Tensor, in_hw: list[int], out_hw: list[int], mode: str, align_corners: bool,
+              scales: list[float | None], transpose: bool) -> torch.Tensor:
+    """``neuron_compile::resample`` of a 3-D ([N, C, L], as H = 1) or 4-D input."""
+    if x.dim() == 3:
+        y = RESAMPLE(x.unsqueeze(2), [1, *in_hw], [1, *out_hw], mode, align_corners, [None, *scales], transpose)
+        return y.squeeze(2)
+    return RESAMPLE(x, list(in_hw), list(out_hw), mode, align_corners, list(scales), transpose)
+
+
+def _vec_sizes(x: torch.Tensor, output_size: Any, scale_factors: Any) -> tuple[list[int], list[float | None]]:
+    nsp = x.dim() - 2
+    if output_size is not None:
+        return [int(s) for s in output_size], [None] * nsp
+    return ([int(x.shape[2 + i] * float(scale_factors[i])) for i in range(nsp)],
+            [float(s) for s in scale_factors])
+
+
+def _upsample(mode: str, ac: bool | None) -> dict[str, Callable[..., Any]]:
+    """Forward (.default / .vec) and backward decompositions of one upsample mode (ac None: no align_corners arg)."""
+
+    def default(x: torch.Tensor, output_size: Any, *rest: Any) -> torch.Tensor:
+        align, scales = (False, list(rest)) if ac is None else (bool(rest[0]), list(rest[1:]))
+        nsp = x.dim() - 2
+        scales = (scales + [None] * nsp)[:nsp]
+        return _resample(x, list(x.shape[2:]), list(output_size), mode, align, scales, False)
+
+    def vec(x: torch.Tensor, output_size: Any, *rest: Any) -> torch.Tensor:
+        align, scale_factors = (False, rest[0]) if ac is None else (bool(rest[0]), rest[1])
+        osize, scales = _vec_sizes(x, output_size, scale_factors)
+        return _resample(x, list(x.shape[2:]), osize, mode, align, scales, False)
+
+    def backward(go: torch.Tensor, output_size: Any, input_size: Any, *rest: Any) -> torch.Tensor:
+        align, scales = (False, list(rest)) if ac is None else (bool(rest[0]), list(rest[1:]))
+        nsp = go.dim() - 2
+        scales = (scales + [None] * nsp)[:nsp]
+        return _resample(go, list(input_size[2:]), list(output_size), mode, align, scales, True)
+
+    return {"default": default, "vec": vec, "backward": backward}
+
+
+def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Any) -> torch.Tensor:
+    return _resample(x, list(x.shape[2:]), [int(s) for s in output_size], "adaptive_avg", False, [None, None], False)
+
+
+def _adaptive_avg_pool2d_backward(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _resample(go, list(x.shape[2:]), list(go.shape[2:]), "adaptive_avg", False, [None, None], True)
+
+
+def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = {
+        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+        aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
+    }
+    for mode, ac, fwd, bwd in (
+            ("nearest", None, aten.upsample_nearest2d, aten.upsample_nearest2d_backward),
+            ("nearest", None, aten.upsample_nearest1d, aten.upsample_nearest1d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact2d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact1d_backward),
+            ("bilinear", True, aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward),
+            ("bilinear", True, aten.upsample_linear1d, aten.upsample_linear1d_backward),
+            ("bicubic", True, aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward)):
+        fns = _upsample(mode, ac)
+        table[fwd.default] = fns["default"]
+        table[fwd.vec] = fns["vec"]
+        table[bwd.default] = fns["backward"]
+    return table
+
+
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                           groups: int, output_mask: list[bool]) -> tuple[Any, Any, Any]:
@@ -124,4 +273,5 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
 def conv_decompositions() -> dict[Any, Callable[..., Any]]:
     return {aten.convolution_backward.default: _convolution_backward,
             aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
-            aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward}
+            aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward,
+            **_resample_decompositions()}

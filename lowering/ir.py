@@ -404,8 +404,45 @@ class PoolKernel:
                 f"stage={self.stage} divisor={self.divisor}")
 
 
+@dataclass(frozen=True)
+class ResampleKernel:
+    """A separable linear resampling ``out = A_h x A_w^T`` per (n, c) plane on VectorE (``resample.nki.j2``).
+
+    Upsampling (nearest, nearest-exact, (bi)linear, bicubic), adaptive average pooling and all their
+    backwards (the transposed matrices) are such maps. Each matrix is given as *runs*
+    ``(assign, o_start, o_step, count, i_start, i_step, weight)``: for j < count, output
+    ``o_start + j * o_step`` takes (assign) or adds ``weight * input[i_start + j * i_step]``; the first
+    nonzero of every output row is an assigning run unless ``fill`` (some output has no entry: zeroed first).
+    The W pass runs on each stage's input rows, the H pass produces the stage's output rows ``stages``
+    ``(o0, o1, i_lo, i_hi)``. Rows (N x C) on partitions; accesses are (outer, row, h, w) strides.
+    """
+
+    name: str
+    family: str  # 'resample'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    outer: int
+    rows: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    runs_h: tuple[tuple[bool, int, int, int, int, int, float], ...]
+    runs_w: tuple[tuple[bool, int, int, int, int, int, float], ...]
+    fill: tuple[bool, bool]  # (H pass, W pass)
+    stages: tuple[tuple[int, int, int, int], ...]
+    x: Access
+    out: Access
+    source_ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [resample] outer={self.outer} rows={self.rows} in={self.in_hw} "
+                f"out={self.out_hw} runs={len(self.runs_h)}+{len(self.runs_w)} stages={len(self.stages)}")
+
+
 Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | ConvKernel \
-    | ConvWgradKernel | PoolKernel
+    | ConvWgradKernel | PoolKernel | ResampleKernel
 
 
 @dataclass(frozen=True)
@@ -535,7 +572,7 @@ def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
                                                             ScanKernel, AttentionKernel, ConvKernel,
-                                                            ConvWgradKernel, PoolKernel)})
+                                                            ConvWgradKernel, PoolKernel, ResampleKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

@@ -11,5 +11,6 @@ from neuron_compile.lowering.ops import (  # noqa: F401
     movement,
     pool,
     reduction,
+    resample,
     scan,
 )
