@@ -6,6 +6,8 @@
 - ``max_pool2d_with_indices`` -> ``neuron_compile::max_pool`` + ``max_pool_index`` (indices only where used),
   its backward -> ``neuron_compile::max_pool_backward``, which recomputes the argmax from the input instead of
   reading stored indices (training keeps no index tensor; eager's tie and NaN rules are reproduced).
+- ``native_group_norm`` -> mean/var/rsqrt on the [N, G, C/G, HxW] view with the affine broadcast in that view
+  (one reduction kernel); its backward is PyTorch's own decomposition onto reductions and elementwise ops.
 - upsample (nearest, nearest-exact, bilinear/linear, bicubic; ``.default`` and ``.vec``), adaptive average
   pooling, and their backwards -> ``neuron_compile::resample`` (a separable linear map, transposed for the
   backward; :mod:`lowering.ops.resample`).
@@ -245,6 +247,25 @@ def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+def _native_group_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int,
+                       hxw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GroupNorm on the [N, G, C/G, HxW] view: mean/var reductions over the last two dims, the per-channel affine
+    as a [G, C/G, 1] broadcast, so statistics, normalization and affine are one reduction kernel."""
+    acc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    xg = aten.view.default(acc, [n, group, c // group, hxw])
+    mean = aten.mean.dim(xg, [2, 3], True)
+    centered = aten.sub.Tensor(xg, mean)
+    var = aten.mean.dim(aten.mul.Tensor(centered, centered), [2, 3], True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.mul.Tensor(centered, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, aten.view.default(weight, [group, c // group, 1]))
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(bias, [group, c // group, 1]))
+    out = aten.view.default(out.to(x.dtype), list(x.shape))
+    return out, aten.view.default(mean, [n, group]), aten.view.default(rstd, [n, group])
+
+
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                           groups: int, output_mask: list[bool]) -> tuple[Any, Any, Any]:
@@ -274,4 +295,5 @@ def conv_decompositions() -> dict[Any, Callable[..., Any]]:
     return {aten.convolution_backward.default: _convolution_backward,
             aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
             aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward,
+            aten.native_group_norm.default: _native_group_norm,
             **_resample_decompositions()}
