@@ -274,8 +274,9 @@ class ConvKernel:
     [C_in tile, C_out tile], moving = strided input window [C_in tile, positions])`` over C_in tiles and taps;
     input rows arrive once per stage as a zero-padded SBUF band. Accesses are (arg, offset, strides) with
     strides over (n, c, h, w) for ``x`` / ``out`` and (group, co, ci, kh, kw) for ``w``.
-    The eviction applies ``evict = (func, scale arg, bias arg)`` (per-channel columns, -1: none);
-    ``post`` lists whole-tile steps after it (("tensor", op, arg) / ("act", func) / ("scalar", op, value)).
+    The eviction applies ``evict = (func, scale column, bias column, scale immediate)``: ``func(scale * acc +
+    bias)`` (columns index ``col_access``, -1: none); ``post`` lists whole-tile steps after it:
+    ("tensor", op, operand) / ("col", op, column) / ("act", func) / ("scalar", op, value).
     """
 
     name: str
@@ -299,7 +300,7 @@ class ConvKernel:
     phases_w: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
     block: tuple[int, int, int, int]  # (images per stage, q rows per stage, q rows per PSUM tile, q cols per PSUM tile)
     compute_dtype: str
-    evict: tuple[str, int, int] = ("copy", -1, -1)
+    evict: tuple[str, int, int, float] = ("copy", -1, -1, 1.0)
     post: tuple[tuple[Any, ...], ...] = ()
     post_access: tuple[Access, ...] = ()  # full operands of ``post`` steps, strides over (n, c, h, w)
     col_access: tuple[Access, ...] = ()  # per-channel columns (scale/bias): strides over (c,)

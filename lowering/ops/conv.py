@@ -11,12 +11,14 @@ convolution (grad_input), ``neuron_compile::conv_weight_grad`` (grad_weight) and
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from neuron_compile.lowering.conv_fusion import CONV_FUSED
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, ConvKernel, KernelCall
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import qualified_name, register_lowering
@@ -67,9 +69,16 @@ def _pair(v: Any, n: int, fill: int) -> tuple[int, int]:
     return (fill, vals[0]) if n == 1 else (vals[0], vals[1])
 
 
+def conv_args(node: fx.Node) -> tuple[Any, ...]:
+    """(x, w, bias, stride, padding, dilation, transposed, groups) of a convolution or conv_fused node."""
+    a = node.args
+    if node.target == aten.convolution.default:
+        return a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[8]
+    return a[0], a[1], a[2], a[5], a[6], a[7], a[8], a[10]
+
+
 def geometry(node: fx.Node) -> ConvGeometry:
-    x, w = node.args[0], node.args[1]
-    stride, padding, dilation, transposed, _, groups = node.args[3:9]
+    x, w, _, stride, padding, dilation, transposed, groups = conv_args(node)
     xs, ws, os_ = node_shape(x), node_shape(w), node_shape(node)
     nsp = len(xs) - 2
     hw = (1, xs[2]) if nsp == 1 else (xs[2], xs[3])
@@ -155,7 +164,7 @@ def _plan(node: fx.Node) -> tuple[ConvGeometry, Any, Any, int, tuple[int, int, i
 
 
 def _conv_check(node: fx.Node) -> str | None:
-    x, w = node.args[0], node.args[1]
+    x, w = conv_args(node)[:2]
     xv, wv = x.meta.get("val"), w.meta.get("val")
     if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor):
         return "convolution of non-tensor arguments"
@@ -189,12 +198,26 @@ def _nchw(view: View) -> tuple[int, tuple[int, int, int, int]]:
 @register_lowering(aten.convolution.default, family="conv", kind="conv", check=_conv_check)
 def lower_convolution(gl: Any, node: fx.Node) -> None:
     """aten.convolution (1-D/2-D, stride/padding/dilation/groups, transposed): implicit GEMM on TensorE."""
-    emit_conv(gl, node, node.args[0], node.args[1], node.args[2], ("copy", -1, -1), (), (),
+    emit_conv(gl, node, node.args[0], node.args[1], node.args[2], ("copy", -1, -1, 1.0), (), (),
               (qualified_name(node.target),))
 
 
+@register_lowering(CONV_FUSED, family="conv", kind="conv", check=_conv_check)
+def lower_conv_fused(gl: Any, node: fx.Node) -> None:
+    """neuron_compile.conv_fused: a convolution with its elementwise epilogue (bias, folded BatchNorm,
+    activation in the PSUM eviction; residual adds and later ops on the staged tile)."""
+    spec = json.loads(node.args[11])
+    func, a, b = spec["evict"]
+    scale_col = a if isinstance(a, int) else -1
+    scale_imm = float(a["scalar"]) if isinstance(a, dict) else 1.0
+    post = tuple(tuple(step) for step in spec["post"])
+    emit_conv(gl, node, node.args[0], node.args[1], None, (func, scale_col, -1 if b is None else b, scale_imm), post,
+              tuple(node.args[4]), tuple(node.meta.get("conv_source", ("aten.convolution.default",))),
+              cols=tuple(node.args[3]))
+
+
 def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx.Node | None,
-              evict: tuple[str, int, int], post: tuple[tuple[Any, ...], ...], post_nodes: tuple[fx.Node, ...],
+              evict: tuple[str, int, int, float], post: tuple[tuple[Any, ...], ...], post_nodes: tuple[fx.Node, ...],
               source_ops: tuple[str, ...], cols: tuple[fx.Node, ...] = ()) -> None:
     """One ConvKernel for ``node`` (a convolution, or a fused convolution + epilogue with the same geometry).
 
@@ -226,10 +249,10 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
     col_acc = []
     for c in (*cols, *([bias] if bias is not None else [])):
         cv = gl.view_of(c)
-        col_acc.append(Access(_arg(args, cv.buffer), cv.offset, (cv.strides[0] if cv.strides else 0,)))
+        col_acc.append(Access(_arg(args, cv.buffer), cv.offset, (_channel_stride(cv, shape),)))
     if bias is not None:
-        func, scale, _ = evict
-        evict = (func, scale, len(col_acc) - 1)
+        func, scale, _, imm = evict
+        evict = (func, scale, len(col_acc) - 1, imm)
     post_acc = []
     for p in post_nodes:
         pv = gl.view_of(p)
@@ -249,6 +272,15 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
     log.debug("%s: %s", node.name, kernel)
+
+
+def _channel_stride(view: View, shape: tuple[int, ...]) -> int:
+    """The stride of a per-channel operand ([C], [C, 1, 1], [1, C, 1, 1], ...) along the channels of ``shape``."""
+    if len(view.shape) == 1:
+        return view.strides[0]
+    from neuron_compile.lowering import space as sp
+
+    return sp.broadcast_strides(view.shape, view.strides, shape)[1]
 
 
 def _broadcast_nchw(view: View, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
