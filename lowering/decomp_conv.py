@@ -272,6 +272,7 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     """convolution_backward as two convolutions' worth of kernels: the grad_input is a convolution running
     the other way (transposed <-> not), the grad_weight a correlation of the input with grad_output."""
     nsp = x.dim() - 2
+    stride, padding, dilation = (list(v) * nsp if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
