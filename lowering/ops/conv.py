@@ -63,7 +63,7 @@ class ConvGeometry:
         return self.cout // self.groups
 
 
-def _pair(v: Any, n: int, fill: int) -> tuple[int, int]:
+def pair(v: Any, n: int, fill: int) -> tuple[int, int]:
     vals = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
     vals = vals * n if len(vals) == 1 else vals
     return (fill, vals[0]) if n == 1 else (vals[0], vals[1])
@@ -85,8 +85,8 @@ def geometry(node: fx.Node) -> ConvGeometry:
     ohw = (1, os_[2]) if nsp == 1 else (os_[2], os_[3])
     ks = (1, ws[2]) if nsp == 1 else (ws[2], ws[3])
     cout = ws[1] * int(groups) if transposed else ws[0]
-    return ConvGeometry(xs[0], xs[1], cout, int(groups), hw, ohw, ks, _pair(stride, nsp, 1), _pair(padding, nsp, 0),
-                        _pair(dilation, nsp, 1), bool(transposed))
+    return ConvGeometry(xs[0], xs[1], cout, int(groups), hw, ohw, ks, pair(stride, nsp, 1), pair(padding, nsp, 0),
+                        pair(dilation, nsp, 1), bool(transposed))
 
 
 def phases(in_size: int, out_size: int, k: int, stride: int, pad: int, dil: int, transposed: bool
@@ -105,7 +105,7 @@ def phases(in_size: int, out_size: int, k: int, stride: int, pad: int, dil: int,
     return stride, 1, tuple(out)
 
 
-def _itemsize(dtype: str) -> int:
+def itemsize(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
@@ -120,7 +120,7 @@ def plan_blocks(geo: ConvGeometry, ph: tuple[int, int, tuple[Phase, ...]], pw: t
     bw = (qw - 1) * isw + max(offs_w) - min(offs_w) + 1
     ci_pack = (gpp if gpp > 1 else 1) * geo.cin_g
     ci_tiles = -(-ci_pack // PMAX)
-    dsz = _itemsize(dtype)
+    dsz = itemsize(dtype)
     weights = ci_tiles * geo.kernel[0] * geo.kernel[1] * min(PMAX, max(gpp * geo.cout_g, 1)) * dsz
 
     def cost(nb: int, qb: int) -> int:
@@ -159,7 +159,7 @@ def _plan(node: fx.Node) -> tuple[ConvGeometry, Any, Any, int, tuple[int, int, i
     gpp = group_pack(geo)
     x = node.args[0].meta["val"]
     dtype = storage_dtype(x.dtype) or "float32"
-    out_bytes = _itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
+    out_bytes = itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
     return geo, ph, pw, gpp, plan_blocks(geo, ph, pw, gpp, dtype, out_bytes, 0)
 
 
@@ -183,13 +183,13 @@ def _conv_check(node: fx.Node) -> str | None:
     return None
 
 
-def _arg(args: list[int], buf: int) -> int:
+def arg_index(args: list[int], buf: int) -> int:
     if buf not in args:
         args.append(buf)
     return args.index(buf)
 
 
-def _nchw(view: View) -> tuple[int, tuple[int, int, int, int]]:
+def nchw(view: View) -> tuple[int, tuple[int, int, int, int]]:
     """Offset and (n, c, h, w) strides of a [N, C, L] or [N, C, H, W] view."""
     s = view.strides
     return view.offset, ((s[0], s[1], 0, s[2]) if len(s) == 3 else (s[0], s[1], s[2], s[3]))
@@ -232,24 +232,24 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
     geo, ph, pw, gpp, blocks = _plan(node)
     assert blocks is not None
     if post_nodes:
-        out_bytes = _itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
+        out_bytes = itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
         blocks = plan_blocks(geo, ph, pw, gpp, storage_dtype(x_node.meta["val"].dtype) or "float32", out_bytes,
                              len(post_nodes))
         assert blocks is not None
     xv, wv = gl.view_of(x_node), gl.view_of(w_node)
     args: list[int] = []
-    x_off, x_st = _nchw(xv)
-    x_acc = Access(_arg(args, xv.buffer), x_off, x_st)
+    x_off, x_st = nchw(xv)
+    x_acc = Access(arg_index(args, xv.buffer), x_off, x_st)
     ws = wv.strides if len(wv.strides) == 4 else (wv.strides[0], wv.strides[1], 0, wv.strides[2])
     if geo.transposed:  # weight [C_in, C_out / g, kh, kw]
         w_st = (geo.cin_g * ws[0], ws[1], ws[0], ws[2], ws[3])
     else:  # weight [C_out, C_in / g, kh, kw]
         w_st = (geo.cout_g * ws[0], ws[0], ws[1], ws[2], ws[3])
-    w_acc = Access(_arg(args, wv.buffer), wv.offset, w_st)
+    w_acc = Access(arg_index(args, wv.buffer), wv.offset, w_st)
     col_acc = []
     for c in (*cols, *([bias] if bias is not None else [])):
         cv = gl.view_of(c)
-        col_acc.append(Access(_arg(args, cv.buffer), cv.offset, (_channel_stride(cv, shape),)))
+        col_acc.append(Access(arg_index(args, cv.buffer), cv.offset, (_channel_stride(cv, shape),)))
     if bias is not None:
         func, scale, _, imm = evict
         evict = (func, scale, len(col_acc) - 1, imm)
@@ -257,10 +257,10 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
     for p in post_nodes:
         pv = gl.view_of(p)
         pst = _broadcast_nchw(pv, shape)
-        post_acc.append(Access(_arg(args, pv.buffer), pv.offset, pst))
+        post_acc.append(Access(arg_index(args, pv.buffer), pv.offset, pst))
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
-    o_off, o_st = _nchw(out)
+    o_off, o_st = nchw(out)
     cdt = storage_dtype(xv.torch_dtype) or "float32"
     kernel = ConvKernel(
         f"k{kernel_index}_conv{'_transpose' if geo.transposed else ''}", "conv",

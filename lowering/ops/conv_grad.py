@@ -15,7 +15,15 @@ from typing import Any
 import torch
 from neuron_compile.lowering.decomp_conv import CONV_WEIGHT_GRAD
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, ConvWgradKernel, KernelCall
-from neuron_compile.lowering.ops.conv import SBUF_BUDGET, ConvGeometry, _arg, _itemsize, _nchw, _pair, group_pack
+from neuron_compile.lowering.ops.conv import (
+    SBUF_BUDGET,
+    ConvGeometry,
+    arg_index,
+    group_pack,
+    itemsize,
+    nchw,
+    pair,
+)
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -36,8 +44,8 @@ def wgrad_geometry(node: fx.Node) -> ConvGeometry:
     hw = (1, xs[2]) if nsp == 1 else (xs[2], xs[3])
     ohw = (1, gs[2]) if nsp == 1 else (gs[2], gs[3])
     ks = (1, wsize[2]) if nsp == 1 else (wsize[2], wsize[3])
-    return ConvGeometry(xs[0], xs[1], gs[1], int(groups), hw, ohw, ks, _pair(stride, nsp, 1), _pair(padding, nsp, 0),
-                        _pair(dilation, nsp, 1), False)
+    return ConvGeometry(xs[0], xs[1], gs[1], int(groups), hw, ohw, ks, pair(stride, nsp, 1), pair(padding, nsp, 0),
+                        pair(dilation, nsp, 1), False)
 
 
 def wgrad_plan(geo: ConvGeometry, dtype: str) -> tuple[tuple[int, int, int], int, int] | None:
@@ -56,7 +64,7 @@ def wgrad_plan(geo: ConvGeometry, dtype: str) -> tuple[tuple[int, int, int], int
     nc, rc, cc = chunk
     br = (rc - 1) * geo.stride[0] + (geo.kernel[0] - 1) * geo.dilation[0] + 1
     bw = (cc - 1) * geo.stride[1] + (geo.kernel[1] - 1) * geo.dilation[1] + 1
-    dsz = _itemsize(dtype)
+    dsz = itemsize(dtype)
     sbuf = nc * br * bw * dsz + nc * rc * cc * dsz + 2 * PMAX * dsz + tpp * ci_tile * 4
     return (chunk, tpp, sbuf) if sbuf <= SBUF_BUDGET else None
 
@@ -91,10 +99,10 @@ def lower_conv_weight_grad(gl: Any, node: fx.Node) -> None:
     assert plan is not None
     chunk, tpp, _ = plan
     args: list[int] = []
-    x_off, x_st = _nchw(xv)
-    g_off, g_st = _nchw(gv)
-    x_acc = Access(_arg(args, xv.buffer), x_off, x_st)
-    g_acc = Access(_arg(args, gv.buffer), g_off, g_st)
+    x_off, x_st = nchw(xv)
+    g_off, g_st = nchw(gv)
+    x_acc = Access(arg_index(args, xv.buffer), x_off, x_st)
+    g_acc = Access(arg_index(args, gv.buffer), g_off, g_st)
     buf, out = gl.new_output(node, kernel_index, 0)
     kernel = ConvWgradKernel(
         f"k{kernel_index}_conv_wgrad", "conv_wgrad", tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args),

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.decomp_conv import MAX_POOL, MAX_POOL_BACKWARD, MAX_POOL_INDEX
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, PoolKernel
-from neuron_compile.lowering.ops.conv import SBUF_BUDGET, _arg, _pair
+from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index, pair
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import qualified_name, register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -52,7 +52,7 @@ def _sizes(x: fx.Node, node: fx.Node, out_node: fx.Node | None = None) -> tuple[
     return xs[0], xs[1], (xs[2], xs[3]), (os_[2], os_[3])
 
 
-def _rows(views: list[View]) -> tuple[int, int, list[tuple[int, int, int, int]]] | None:
+def plane_rows(views: list[View]) -> tuple[int, int, list[tuple[int, int, int, int]]] | None:
     """(outer, rows, per view (outer, row, h, w) strides): N x C merged onto partitions when every view allows."""
     n, c = views[0].shape[0], views[0].shape[1]
     if all(v.strides[0] == c * v.strides[1] or n == 1 for v in views):
@@ -86,22 +86,22 @@ def _geom(node: fx.Node) -> tuple[Any, ...]:
     a = node.args
     if t in (MAX_POOL, MAX_POOL_INDEX):
         mode = "max" if t is MAX_POOL else "max_index"
-        return mode, a[0], None, node, _pair(a[1], 2, 1), _pair(a[2], 2, 1), _pair(a[3], 2, 0), _pair(a[4], 2, 1), \
+        return mode, a[0], None, node, pair(a[1], 2, 1), pair(a[2], 2, 1), pair(a[3], 2, 0), pair(a[4], 2, 1), \
             False, 0.0
     if t is MAX_POOL_BACKWARD:
-        return "max_backward", a[1], a[0], a[0], _pair(a[2], 2, 1), _pair(a[3], 2, 1), _pair(a[4], 2, 0), \
-            _pair(a[5], 2, 1), False, 0.0
+        return "max_backward", a[1], a[0], a[0], pair(a[2], 2, 1), pair(a[3], 2, 1), pair(a[4], 2, 0), \
+            pair(a[5], 2, 1), False, 0.0
     if t is aten.avg_pool2d.default:
-        ks = _pair(a[1], 2, 1)
-        st = _pair(a[2], 2, 1) if len(a) > 2 and a[2] else ks
-        pad = _pair(a[3], 2, 0) if len(a) > 3 else (0, 0)
+        ks = pair(a[1], 2, 1)
+        st = pair(a[2], 2, 1) if len(a) > 2 and a[2] else ks
+        pad = pair(a[3], 2, 0) if len(a) > 3 else (0, 0)
         cip = a[5] if len(a) > 5 else True
         div = a[6] if len(a) > 6 else None
         return "avg", a[0], None, node, ks, st, pad, (1, 1), bool(cip), float(div or 0.0)
     # avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor)
-    ks = _pair(a[2], 2, 1)
-    st = _pair(a[3], 2, 1) if a[3] else ks
-    return "avg_backward", a[1], a[0], a[0], ks, st, _pair(a[4], 2, 0), (1, 1), bool(a[6]), float(a[7] or 0.0)
+    ks = pair(a[2], 2, 1)
+    st = pair(a[3], 2, 1) if a[3] else ks
+    return "avg_backward", a[1], a[0], a[0], ks, st, pair(a[4], 2, 0), (1, 1), bool(a[6]), float(a[7] or 0.0)
 
 
 def _pool_check(node: fx.Node) -> str | None:
@@ -136,10 +136,10 @@ def lower_pool(gl: Any, node: fx.Node) -> None:
     gv = gl.view_of(go) if go is not None else None
     buf, out = gl.new_output(node, kernel_index, 0)
     views = [v for v in (xv, gv, out) if v is not None]
-    outer, rows, strides = _rows(views)
+    outer, rows, strides = plane_rows(views)
     args: list[int] = []
-    x_acc = Access(_arg(args, xv.buffer), xv.offset, strides[0]) if mode != "avg_backward" else None
-    g_acc = Access(_arg(args, gv.buffer), gv.offset, strides[1]) if gv is not None else None
+    x_acc = Access(arg_index(args, xv.buffer), xv.offset, strides[0]) if mode != "avg_backward" else None
+    g_acc = Access(arg_index(args, gv.buffer), gv.offset, strides[1]) if gv is not None else None
     o_acc = Access(0, out.offset, strides[-1])
     taps_h = pool_taps(hw[0], ohw[0], ks[0], st[0], pad[0], dil[0], cip)
     taps_w = pool_taps(hw[1], ohw[1], ks[1], st[1], pad[1], dil[1], cip)

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from neuron_compile.lowering.decomp_conv import RESAMPLE
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, ResampleKernel
-from neuron_compile.lowering.ops.conv import SBUF_BUDGET, _arg
-from neuron_compile.lowering.ops.pool import _rows
+from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index
+from neuron_compile.lowering.ops.pool import plane_rows
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -164,9 +164,9 @@ def lower_resample(gl: Any, node: fx.Node) -> None:
     xv = gl.view_of(node.args[0])
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
-    outer, nrows, strides = _rows([xv, out])
+    outer, nrows, strides = plane_rows([xv, out])
     args: list[int] = []
-    x_acc = Access(_arg(args, xv.buffer), xv.offset, strides[0])
+    x_acc = Access(arg_index(args, xv.buffer), xv.offset, strides[0])
     kernel = ResampleKernel(
         f"k{kernel_index}_resample", "resample", tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args),
         (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),), outer, nrows,
