@@ -93,12 +93,17 @@ def _max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = ()
                              dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Values and indices as two ops: training needs only the values (the backward recomputes the argmax)."""
     ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    if x.dim() == 3:  # unbatched [C, H, W]
+        v, i = _max_pool2d_with_indices(x.unsqueeze(0), ks, st, pad, dil, ceil_mode)
+        return v.squeeze(0), i.squeeze(0)
     return MAX_POOL(x, ks, st, pad, dil, ceil_mode), MAX_POOL_INDEX(x, ks, st, pad, dil, ceil_mode)
 
 
 def _max_pool2d_with_indices_backward(go: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any,
                                       dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
     ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    if x.dim() == 3:  # unbatched [C, H, W]
+        return MAX_POOL_BACKWARD(go.unsqueeze(0), x.unsqueeze(0), ks, st, pad, dil, ceil_mode).squeeze(0)
     return MAX_POOL_BACKWARD(go, x, ks, st, pad, dil, ceil_mode)
 
 
@@ -111,8 +116,9 @@ def _resample_eager(x: torch.Tensor, in_size: list[int], out_size: list[int], mo
     """``A_h x A_w^T`` per plane (``A_h^T x A_w`` when ``transpose``: the backward), A from ``resample_matrix``."""
     from neuron_compile.lowering.ops.resample import resample_matrix
 
-    a = [torch.from_numpy(resample_matrix(mode, int(i), int(o), bool(align_corners), s).copy())
-         for i, o, s in zip(in_size, out_size, scales, strict=True)]
+    modes = mode.split(",") if "," in mode else [mode] * len(in_size)
+    a = [torch.from_numpy(resample_matrix(m, int(i), int(o), bool(align_corners), s).copy())
+         for m, i, o, s in zip(modes, in_size, out_size, scales, strict=True)]
     if transpose:
         a = [m.t() for m in a]
     return torch.einsum("nchw,oh,pw->ncop", x.float(), a[0], a[1]).to(x.dtype)
@@ -142,7 +148,7 @@ def _resample_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 torch.library.register_autograd("neuron_compile::resample", _resample_backward, setup_context=_resample_setup,
                                 lib=_LIB)
 _INTERP_MODES = {"nearest": "nearest", "nearest-exact": "nearest-exact", "linear": "bilinear",
-                 "bilinear": "bilinear", "bicubic": "bicubic"}
+                 "bilinear": "bilinear", "bicubic": "bicubic", "trilinear": "bilinear"}
 
 
 def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
@@ -151,7 +157,7 @@ def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None,
     """``F.interpolate`` for 1-D/2-D nearest, nearest-exact, (bi)linear and bicubic as ``neuron_compile::resample``
     (sizes and scales as F.interpolate passes them to the ATen op); any other case is F.interpolate itself."""
     nsp = input.dim() - 2
-    if antialias or nsp not in (1, 2) or mode not in _INTERP_MODES or (size is None) == (scale_factor is None):
+    if antialias or nsp not in (1, 2, 3) or mode not in _INTERP_MODES or (size is None) == (scale_factor is None):
         return torch.nn.functional.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                                antialias)
     in_hw = [int(s) for s in input.shape[2:]]
@@ -165,27 +171,64 @@ def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None,
     return _resample(input, in_hw, osize, _INTERP_MODES[mode], bool(align_corners), scales, False)
 
 
+def _upsample(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+              align_corners: bool | None = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def _upsample_nearest(input: torch.Tensor, size: Any = None, scale_factor: Any = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+def _upsample_bilinear(input: torch.Tensor, size: Any = None, scale_factor: Any = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
+
+
+_INTERP_CALLS = {torch.nn.functional.interpolate: interpolate, torch.nn.functional.upsample: _upsample,
+                 torch.nn.functional.upsample_nearest: _upsample_nearest,
+                 torch.nn.functional.upsample_bilinear: _upsample_bilinear}
+
+
 def rewrite_interpolate(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Point the Dynamo graph's ``F.interpolate`` calls at :func:`interpolate`: PyTorch decomposes the upsample ops
+    """Point the Dynamo graph's ``F.interpolate`` (and ``F.upsample*``) calls at :func:`interpolate`: PyTorch
+    decomposes the upsample ops
     above autograd into index/index_put graphs (multi-index gathers, float-to-int casts), so they must be
     replaced before AOTAutograd traces them. Returns ``gm`` (changed in place)."""
     changed = False
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.nn.functional.interpolate:
-            node.target = interpolate
+        if node.op == "call_function" and node.target in _INTERP_CALLS:
+            node.target = _INTERP_CALLS[node.target]
             changed = True
     if changed:
         gm.recompile()
     return gm
 
 
-def _resample(x: torch.Tensor, in_hw: list[int], out_hw: list[int], mode: str, align_corners: bool,
+def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, align_corners: bool,
               scales: list[float | None], transpose: bool) -> torch.Tensor:
-    """``neuron_compile::resample`` of a 3-D ([N, C, L], as H = 1) or 4-D input."""
-    if x.dim() == 3:
-        y = RESAMPLE(x.unsqueeze(2), [1, *in_hw], [1, *out_hw], mode, align_corners, [None, *scales], transpose)
+    """``neuron_compile::resample`` over the 1, 2 or 3 trailing spatial dims of a batched input ([N, C, *sp]).
+
+    1-D runs as H = 1; 3-D as two separable passes: (H, W) on the [N, C x D, H, W] view, then D on
+    [N, C, D, H x W] (its W map the identity); ``transpose`` (a backward) applies them in reverse order."""
+    nsp = len(in_sp)
+    scales = (list(scales) + [None] * nsp)[:nsp]
+    if nsp == 1:
+        y = RESAMPLE(x.unsqueeze(2), [1, *in_sp], [1, *out_sp], mode, align_corners, [None, *scales], transpose)
         return y.squeeze(2)
-    return RESAMPLE(x, list(in_hw), list(out_hw), mode, align_corners, list(scales), transpose)
+    if nsp == 2:
+        return RESAMPLE(x, list(in_sp), list(out_sp), mode, align_corners, scales, transpose)
+    n, c = x.shape[0], x.shape[1]
+    (d, h, w), (od, oh, ow) = in_sp, out_sp
+    depth_mode = f"{mode},identity"
+    if not transpose:
+        y = RESAMPLE(x.reshape(n, c * d, h, w), [h, w], [oh, ow], mode, align_corners, scales[1:], False)
+        y = RESAMPLE(y.reshape(n, c, d, oh * ow), [d, oh * ow], [od, oh * ow], depth_mode, align_corners,
+                     [scales[0], None], False)
+        return y.reshape(n, c, od, oh, ow)
+    y = RESAMPLE(x.reshape(n, c, od, oh * ow), [d, oh * ow], [od, oh * ow], depth_mode, align_corners,
+                 [scales[0], None], True)
+    y = RESAMPLE(y.reshape(n, c * d, oh, ow), [h, w], [oh, ow], mode, align_corners, scales[1:], True)
+    return y.reshape(n, c, d, h, w)
 
 
 def _vec_sizes(x: torch.Tensor, output_size: Any, scale_factors: Any) -> tuple[list[int], list[float | None]]:
@@ -219,18 +262,45 @@ def _upsample(mode: str, ac: bool | None) -> dict[str, Callable[..., Any]]:
     return {"default": default, "vec": vec, "backward": backward}
 
 
-def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Any) -> torch.Tensor:
-    return _resample(x, list(x.shape[2:]), [int(s) for s in output_size], "adaptive_avg", False, [None, None], False)
+def _batched(nsp: int, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` for an op that also takes an unbatched input ([C, *sp]): run it on [1, C, *sp]."""
+
+    def wrapped(*args: Any) -> torch.Tensor:
+        if args[0].dim() == nsp + 2:
+            return fn(*args)
+        return fn(*(a.unsqueeze(0) if isinstance(a, torch.Tensor) else a for a in args)).squeeze(0)
+
+    return wrapped
 
 
-def _adaptive_avg_pool2d_backward(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return _resample(go, list(x.shape[2:]), list(go.shape[2:]), "adaptive_avg", False, [None, None], True)
+def _adaptive_avg_pool(x: torch.Tensor, output_size: Any) -> torch.Tensor:
+    return _resample(x, list(x.shape[2:]), [int(s) for s in output_size], "adaptive_avg", False, [], False)
+
+
+def _adaptive_avg_pool_backward(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _resample(go, list(x.shape[2:]), list(go.shape[2:]), "adaptive_avg", False, [], True)
+
+
+def _unbatched_only(op: Any, nsp: int) -> Callable[..., Any]:
+    """A decomposition that turns an unbatched call of ``op`` into a batched one (NotImplemented otherwise)."""
+
+    def fn(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if x.dim() != nsp + 1:
+            return NotImplemented
+        rest = [a.unsqueeze(0) if isinstance(a, torch.Tensor) and a.dim() == nsp + 1 else a for a in args]
+        return op(x.unsqueeze(0), *rest, **kwargs).squeeze(0)
+
+    return fn
 
 
 def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = {
-        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
-        aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
+        aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
+        aten._adaptive_avg_pool2d_backward.default: _batched(2, _adaptive_avg_pool_backward),
+        aten._adaptive_avg_pool3d.default: _batched(3, _adaptive_avg_pool),
+        aten._adaptive_avg_pool3d_backward.default: _batched(3, _adaptive_avg_pool_backward),
+        aten.avg_pool2d.default: _unbatched_only(aten.avg_pool2d.default, 2),
+        aten.avg_pool2d_backward.default: _unbatched_only(aten.avg_pool2d_backward.default, 2),
     }
     for mode, ac, fwd, bwd in (
             ("nearest", None, aten.upsample_nearest2d, aten.upsample_nearest2d_backward),
@@ -239,7 +309,10 @@ def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
             ("nearest-exact", None, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact1d_backward),
             ("bilinear", True, aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward),
             ("bilinear", True, aten.upsample_linear1d, aten.upsample_linear1d_backward),
-            ("bicubic", True, aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward)):
+            ("bicubic", True, aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward),
+            ("nearest", None, aten.upsample_nearest3d, aten.upsample_nearest3d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact3d, aten._upsample_nearest_exact3d_backward),
+            ("bilinear", True, aten.upsample_trilinear3d, aten.upsample_trilinear3d_backward)):
         fns = _upsample(mode, ac)
         table[fwd.default] = fns["default"]
         table[fwd.vec] = fns["vec"]

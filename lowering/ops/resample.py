@@ -57,6 +57,8 @@ def _eager_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: 
         y = aten.upsample_bicubic2d.default(basis, [out_n, 1], align_corners, scale, None)
     elif mode == "adaptive_avg":
         y = aten._adaptive_avg_pool2d.default(basis, [out_n, 1])
+    elif mode == "identity":
+        return np.eye(in_n, dtype=np.float32)
     else:
         raise ValueError(f"unknown resample mode {mode!r}")
     return y[0, :, :, 0].t().contiguous().numpy()
@@ -125,8 +127,9 @@ def stages(a_h: np.ndarray, in_w: int, out_w: int) -> tuple[tuple[int, int, int,
 
 def _matrices(node: fx.Node) -> tuple[np.ndarray, np.ndarray]:
     _, in_size, out_size, mode, align_corners, scales, transpose = node.args
-    a = [resample_matrix(mode, int(i), int(o), bool(align_corners), None if s is None else float(s))
-         for i, o, s in zip(in_size, out_size, scales, strict=True)]
+    modes = mode.split(",") if "," in mode else [mode] * len(in_size)  # one mode per dim, or one for both
+    a = [resample_matrix(m, int(i), int(o), bool(align_corners), None if s is None else float(s))
+         for m, i, o, s in zip(modes, in_size, out_size, scales, strict=True)]
     return (a[0].T, a[1].T) if transpose else (a[0], a[1])
 
 
