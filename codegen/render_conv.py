@@ -18,6 +18,7 @@ from neuron_compile.simulator_limits import PMAX
 log = logging.getLogger(__name__)
 
 MATMUL_N = 512  # fp32 elements of one PSUM bank per partition: the moving free size of one matmul
+PSUM_BANK_BYTES = 2048
 
 TEMPLATE_KERNELS: tuple[type, ...] = (ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel)
 
@@ -28,7 +29,12 @@ def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) 
     return (min(offs), max(offs)) if offs else (0, 0)
 
 
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
 def conv_context(k: ConvKernel) -> dict[str, Any]:
+    ci_major = k.w.strides[2] > k.w.strides[1]
     lo_h, hi_h = tap_range(k.phases_h)
     lo_w, hi_w = tap_range(k.phases_w)
     nb, _, rb, cb = k.block
@@ -38,6 +44,11 @@ def conv_context(k: ConvKernel) -> dict[str, Any]:
         "nbp": max(1, min(nb, MATMUL_N // (rb * cb))),
         # whole-tile steps after the eviction run in fp32; otherwise the eviction rounds to the output dtype
         "stage_dtype": "float32" if k.post else k.outputs[0].dtype,
+        # weights whose C_in stride exceeds the C_out stride (transposed-conv layout) load C_in-major directly
+        "w_ci_major": ci_major,
+        "stationary": ("w_sb[it][:, kh, kw, :]" if k.gpp > 1 else "w_sb[it][:, :, kh, kw]" if ci_major
+                       else "w_sb[it][:, kh * KW + kw, :]"),
+        "taps_per_bank": max(1, PSUM_BANK_BYTES // (min(PMAX, k.gpp * k.cout_g) * _itemsize(k.compute_dtype))),
     }
 
 
