@@ -29,6 +29,15 @@ def tap_range(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) 
     return (min(offs), max(offs)) if offs else (0, 0)
 
 
+ZERO_TILE_ELEMS = 8192  # elements per partition of the zero tile that pads a tap-packed conv's HBM scratch
+
+
+def _tap_step(phases: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]) -> int:
+    """Input offset between consecutive taps of a single-phase dim (its dilation)."""
+    taps = phases[0][2]
+    return taps[1][1] - taps[0][1] if len(taps) > 1 else 1
+
+
 def _itemsize(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
@@ -49,6 +58,10 @@ def conv_context(k: ConvKernel) -> dict[str, Any]:
         "stationary": ("w_sb[it][:, kh, kw, :]" if k.gpp > 1 else "w_sb[it][:, :, kh, kw]" if ci_major
                        else "w_sb[it][:, kh * KW + kw, :]"),
         "taps_per_bank": max(1, PSUM_BANK_BYTES // (min(PMAX, k.gpp * k.cout_g) * _itemsize(k.compute_dtype))),
+        # tap packing (k.tap_rows): padding (the input goes through a zero-padded HBM scratch) and dilation
+        "pad": (-lo_h, -lo_w), "dil": tuple(_tap_step(ph) for ph in (k.phases_h, k.phases_w)),
+        "scratch": bool(k.tap_rows and (lo_h < 0 or lo_w < 0)), "cp": min(PMAX, k.groups * k.cin_g),
+        "zero_images": max(1, ZERO_TILE_ELEMS // max(-lo_h * (k.in_hw[1] - 2 * lo_w), -lo_w * k.in_hw[0], 1)),
     }
 
 

@@ -305,12 +305,13 @@ class ConvKernel:
     post_access: tuple[Access, ...] = ()  # full operands of ``post`` steps, strides over (n, c, h, w)
     col_access: tuple[Access, ...] = ()  # per-channel columns (scale/bias): strides over (c,)
     source_ops: tuple[str, ...] = ()
+    tap_rows: int = 0  # > 0: taps packed onto partitions, this many kernel rows (x KW taps x C_in) per matmul
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:
-        return (f"kernel {self.name} [conv] n={self.batch} in={self.in_hw} out={self.out_hw} k={self.kernel} "
+        return (f"kernel {self.name} [conv] tap_rows={self.tap_rows} n={self.batch} in={self.in_hw} out={self.out_hw} k={self.kernel} "
                 f"groups={self.groups} cin/g={self.cin_g} cout/g={self.cout_g} gpp={self.gpp} "
                 f"steps={self.out_step}/{self.in_step} block={self.block} dtype={self.compute_dtype} "
                 f"evict={self.evict} post={self.post}")

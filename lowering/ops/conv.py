@@ -11,6 +11,7 @@ convolution (grad_input), ``neuron_compile::conv_weight_grad`` (grad_weight) and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -110,21 +111,25 @@ def itemsize(dtype: str) -> int:
 
 
 def plan_blocks(geo: ConvGeometry, ph: tuple[int, int, tuple[Phase, ...]], pw: tuple[int, int, tuple[Phase, ...]],
-                gpp: int, dtype: str, out_bytes: int, n_full: int) -> tuple[int, int, int, int] | None:
+                gpp: int, dtype: str, out_bytes: int, n_full: int, tap_rows: int = 0
+                ) -> tuple[int, int, int, int] | None:
     """(images per stage, q rows per stage, q rows per PSUM tile, q cols per PSUM tile) within the SBUF budget."""
     (sh, ish, phs_h), (sw, isw, phs_w) = ph, pw
     qh = max(q for _, q, _ in phs_h)
     qw = max(q for _, q, _ in phs_w)
     offs_h = [o for _, _, t in phs_h for _, o in t] or [0]
     offs_w = [o for _, _, t in phs_w for _, o in t] or [0]
-    bw = (qw - 1) * isw + max(offs_w) - min(offs_w) + 1
+    reach_h, reach_w = max(offs_h) - min(offs_h), max(offs_w) - min(offs_w)
+    if tap_rows:  # each tap group's band holds only the window origins (its partitions are the shifted copies)
+        reach_h = reach_w = 0
+    bw = (qw - 1) * isw + reach_w + 1
     ci_pack = (gpp if gpp > 1 else 1) * geo.cin_g
-    ci_tiles = -(-ci_pack // PMAX)
+    ci_tiles = -(-geo.kernel[0] // tap_rows) if tap_rows else -(-ci_pack // PMAX)
     dsz = itemsize(dtype)
     weights = ci_tiles * geo.kernel[0] * geo.kernel[1] * min(PMAX, max(gpp * geo.cout_g, 1)) * dsz
 
     def cost(nb: int, qb: int) -> int:
-        br = (qb - 1) * ish + max(offs_h) - min(offs_h) + 1
+        br = (qb - 1) * ish + reach_h + 1
         stage = nb * qb * sh * qw * sw
         return weights + ci_tiles * nb * br * bw * dsz + stage * (out_bytes + 4 * n_full) + 4 * MATMUL_N
 
@@ -141,6 +146,16 @@ def plan_blocks(geo: ConvGeometry, ph: tuple[int, int, tuple[Phase, ...]], pw: t
     if cost(1, qb) > SBUF_BUDGET:
         return None
     return 1, qb, max(1, min(qb, MATMUL_N // cb)), cb
+
+
+def tap_rows(geo: ConvGeometry, ph: Any, pw: Any, w_strides: tuple[int, ...]) -> int:
+    """Kernel rows per tap group when taps can be packed onto partitions (0: not applicable): a plain convolution
+    with few input channels (KW x C_in <= 128), every tap present, C_out-major weights."""
+    kh, kw = geo.kernel
+    if geo.transposed or geo.groups != 1 or kh * kw == 1 or kw * geo.cin > PMAX or w_strides[2] > w_strides[1] \
+            or len(ph[2][0][2]) != kh or len(pw[2][0][2]) != kw:
+        return 0
+    return min(kh, PMAX // (kw * geo.cin))
 
 
 def group_pack(geo: ConvGeometry) -> int:
@@ -231,8 +246,8 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
         return
     geo, ph, pw, gpp, blocks = _plan(node)
     assert blocks is not None
+    out_bytes = itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
     if post_nodes:
-        out_bytes = itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
         blocks = plan_blocks(geo, ph, pw, gpp, storage_dtype(x_node.meta["val"].dtype) or "float32", out_bytes,
                              len(post_nodes))
         assert blocks is not None
@@ -269,9 +284,27 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
         geo.batch, geo.in_hw, geo.out_hw, geo.kernel, geo.groups, geo.cin_g, geo.cout_g, gpp,
         x_acc, w_acc, Access(0, o_off, o_st), (ph[0], pw[0]), (ph[1], pw[1]), ph[2], pw[2], blocks, cdt,
         evict, post, tuple(post_acc), tuple(col_acc), source_ops)
+    rows = tap_rows(geo, ph, pw, w_st)
+    packed_blocks = plan_blocks(geo, ph, pw, gpp, cdt, out_bytes, len(post_nodes), rows) if rows else None
+    if packed_blocks is not None:
+        packed = dataclasses.replace(kernel, block=packed_blocks, tap_rows=rows)
+        kernel = min((kernel, packed), key=estimated_ns)  # the cost model decides (extra DMAs vs fewer matmuls)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
     log.debug("%s: %s", node.name, kernel)
+
+
+def estimated_ns(kernel: ConvKernel) -> float:
+    """The cost model's time of ``kernel`` on the configured target (its rendered instruction stream)."""
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.config import config
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import source_stream
+
+    args = [(a.numel, a.dtype) for a in kernel.inputs]
+    ns = estimate(source_stream(render_kernel(kernel), kernel.name, args), config.target).time_ns
+    log.debug("%s (tap_rows=%d): %.1f us", kernel.name, kernel.tap_rows, ns / 1e3)
+    return ns
 
 
 def _channel_stride(view: View, shape: tuple[int, ...]) -> int:

@@ -224,3 +224,14 @@ def test_rendered_conv_kernels_use_only_current_nki_api() -> None:
             seen.add(k.family)
             assert checker.check_source_against_api(src) == [], name
     assert {"conv", "conv_wgrad"} <= seen
+
+
+@pytest.mark.parametrize("cin,k,stride,padding,dilation", [(3, 7, 2, 3, 1), (2, 3, 2, 0, 2), (5, 5, 1, 2, 1)])
+def test_few_input_channels_pack_taps_onto_partitions(cin: int, k: int, stride: int, padding: int,
+                                                      dilation: int) -> None:
+    """A stem-like conv (C_in x KW <= 128): taps are packed onto partitions (an SBUF im2col through a padded
+    HBM scratch), so each matmul contracts over kernel rows x KW x C_in instead of C_in."""
+    x, w = torch.randn(2, cin, 19, 17), torch.randn(8, cin, k, k) / k
+    kernels = check_grads(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation), x, w)
+    forward = next(kk for kk in kernels if kk.family == "conv")
+    assert forward.tap_rows > 0
