@@ -297,6 +297,7 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
 def estimated_ns(kernel: ConvKernel) -> float:
     """The cost model's time of ``kernel`` on the configured target (its rendered instruction stream)."""
     from neuron_compile.codegen.render import render_kernel
+
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate
     from neuron_compile.instruction_stream import source_stream
