@@ -55,7 +55,8 @@ def conv_context(k: ConvKernel) -> dict[str, Any]:
         "stage_dtype": "float32" if k.post else k.outputs[0].dtype,
         # weights whose C_in stride exceeds the C_out stride (transposed-conv layout) load C_in-major directly
         "w_ci_major": ci_major,
-        "stationary": ("w_sb[it][:, kh, kw, :]" if k.gpp > 1 else "w_sb[it][:, :, kh, kw]" if ci_major
+        "stationary": ("w_sb[it][:, :, kh * KW + kw]" if k.gpp > 1 and k.cin_g == 1 else
+                       "w_sb[it][:, kh, kw, :]" if k.gpp > 1 else "w_sb[it][:, :, kh, kw]" if ci_major
                        else "w_sb[it][:, kh * KW + kw, :]"),
         "taps_per_bank": max(1, PSUM_BANK_BYTES // (min(PMAX, k.gpp * k.cout_g) * _itemsize(k.compute_dtype))),
         # tap packing (k.tap_rows): padding (the input goes through a zero-padded HBM scratch) and dilation
