@@ -70,7 +70,9 @@ def template_context(kernel: Any) -> dict[str, Any]:
     if isinstance(kernel, ConvKernel):
         return {"k": kernel, "p": conv_context(kernel), "pmax": PMAX}
     if isinstance(kernel, ConvWgradKernel):
-        return {"k": kernel, "pmax": PMAX, "bank": MATMUL_N}
+        cin = min(PMAX, kernel.gpp * kernel.cin_g)
+        return {"k": kernel, "pmax": PMAX, "bank": MATMUL_N,
+                "xtb": max(1, min(kernel.taps_per_pass, PSUM_BANK_BYTES // (cin * _itemsize(kernel.compute_dtype))))}
     if isinstance(kernel, PoolKernel):
         # what a tap's index tile holds: its flat input offset (max indices) or its number (backward)
         tap_id = "(kh * DH - PH) * W + kw * DW - PW" if kernel.mode == "max_index" else "kh * KW + kw"

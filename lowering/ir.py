@@ -351,6 +351,7 @@ class ConvWgradKernel:
     taps_per_pass: int
     compute_dtype: str
     source_ops: tuple[str, ...] = ()
+    stage_rows: int = 1  # output rows whose go and input band are loaded together (chunks are views into them)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))

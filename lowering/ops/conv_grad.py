@@ -49,7 +49,10 @@ def wgrad_geometry(node: fx.Node) -> ConvGeometry:
 
 
 def wgrad_plan(geo: ConvGeometry, dtype: str) -> tuple[tuple[int, int, int], int, int] | None:
-    """(chunk, taps per pass, SBUF bytes per partition), None when a chunk's band exceeds the budget."""
+    """(chunk, taps per pass, output rows per stage), None when even one chunk's stage exceeds the SBUF budget.
+
+    A chunk is <= 128 output positions (images x rows x cols); a stage loads go and the input band of several
+    chunk rows at once (one DMA each), as many as the budget allows."""
     oh, ow = geo.out_hw
     if oh * ow <= PMAX:
         chunk = (max(1, min(geo.batch, PMAX // (oh * ow))), oh, ow)
@@ -62,11 +65,17 @@ def wgrad_plan(geo: ConvGeometry, dtype: str) -> tuple[tuple[int, int, int], int
     taps = geo.kernel[0] * geo.kernel[1]
     tpp = min(taps, PSUM_BANKS * max(1, MATMUL_N // ci_tile))
     nc, rc, cc = chunk
-    br = (rc - 1) * geo.stride[0] + (geo.kernel[0] - 1) * geo.dilation[0] + 1
-    bw = (cc - 1) * geo.stride[1] + (geo.kernel[1] - 1) * geo.dilation[1] + 1
+    bw = max((ow - 1) * geo.stride[1] + (geo.kernel[1] - 1) * geo.dilation[1] + 1, geo.padding[1] + geo.in_hw[1])
     dsz = itemsize(dtype)
-    sbuf = nc * br * bw * dsz + nc * rc * cc * dsz + 2 * PMAX * dsz + tpp * ci_tile * 4
-    return (chunk, tpp, sbuf) if sbuf <= SBUF_BUDGET else None
+
+    def cost(rows: int) -> int:
+        br = (rows - 1) * geo.stride[0] + (geo.kernel[0] - 1) * geo.dilation[0] + 1
+        return dsz * (nc * br * bw + nc * rows * ow + 2 * PMAX + 2048 // dsz)
+
+    rows = oh if oh == rc else rc * max(1, oh // rc)
+    while rows > rc and cost(rows) > SBUF_BUDGET:
+        rows = max(rc, (rows // 2) // rc * rc)
+    return (chunk, tpp, rows) if cost(rows) <= SBUF_BUDGET else None
 
 
 def _wgrad_check(node: fx.Node) -> str | None:
@@ -97,7 +106,7 @@ def lower_conv_weight_grad(gl: Any, node: fx.Node) -> None:
     cdt = storage_dtype(xv.torch_dtype) or "float32"
     plan = wgrad_plan(geo, cdt)
     assert plan is not None
-    chunk, tpp, _ = plan
+    chunk, tpp, stage_rows = plan
     args: list[int] = []
     x_off, x_st = nchw(xv)
     g_off, g_st = nchw(gv)
@@ -109,7 +118,7 @@ def lower_conv_weight_grad(gl: Any, node: fx.Node) -> None:
         (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),), geo.batch, geo.in_hw, geo.out_hw, geo.kernel,
         geo.stride, geo.padding, geo.dilation, geo.groups, geo.cin_g, geo.cout_g, group_pack(geo), x_acc, g_acc,
         Access(0, out.offset, (out.strides[0], out.strides[1])), chunk, tpp, cdt,
-        ("aten.convolution_backward.default",))
+        ("aten.convolution_backward.default",), stage_rows)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
     log.debug("%s: %s", node.name, kernel)
