@@ -286,12 +286,27 @@ def emit_conv(gl: Any, node: fx.Node, x_node: fx.Node, w_node: fx.Node, bias: fx
         evict, post, tuple(post_acc), tuple(col_acc), source_ops)
     rows = tap_rows(geo, ph, pw, w_st)
     packed_blocks = plan_blocks(geo, ph, pw, gpp, cdt, out_bytes, len(post_nodes), rows) if rows else None
+    candidates = [kernel] + [dataclasses.replace(kernel, block=b) for b in _smaller_stages(blocks)]
     if packed_blocks is not None:
         packed = dataclasses.replace(kernel, block=packed_blocks, tap_rows=rows)
-        kernel = min((kernel, packed), key=estimated_ns)  # the cost model decides (extra DMAs vs fewer matmuls)
+        candidates += [packed] + [dataclasses.replace(packed, block=b) for b in _smaller_stages(packed_blocks)]
+    if len(candidates) > 1:  # the cost model decides: fewer matmuls vs extra DMAs, stage overlap vs DMA count
+        kernel = min(candidates, key=estimated_ns)
     gl.kernels.append(kernel)
     gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
     log.debug("%s: %s", node.name, kernel)
+
+
+def _smaller_stages(block: tuple[int, int, int, int]) -> list[tuple[int, int, int, int]]:
+    """Stage heights a half and a quarter of ``block``'s (more stages: a band's DMA overlaps the previous stage's
+    matmuls), when a stage holds more than one PSUM tile of rows of one image."""
+    nb, qb, rb, cb = block
+    out = []
+    for div in (2, 4):
+        q = -(-qb // div)
+        if nb == 1 and q >= rb and q < qb:
+            out.append((nb, q, min(rb, q), cb))
+    return out
 
 
 def estimated_ns(kernel: ConvKernel) -> float:
