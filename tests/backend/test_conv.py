@@ -235,3 +235,12 @@ def test_few_input_channels_pack_taps_onto_partitions(cin: int, k: int, stride: 
     kernels = check_grads(lambda x, w: F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation), x, w)
     forward = next(kk for kk in kernels if kk.family == "conv")
     assert forward.tap_rows > 0
+
+
+def test_float16_and_unbatched_inputs() -> None:
+    x, w = torch.randn(2, 4, 9, 9).half(), torch.randn(6, 4, 3, 3).half() / 6
+    with torch.no_grad():
+        got = torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron")(x, w)
+    torch.testing.assert_close(got.float(), F.conv2d(x, w, padding=1).float(), rtol=4e-3, atol=4e-3)
+    torch._dynamo.reset()
+    check_grads(lambda x, w: F.conv_transpose2d(x, w, stride=2), torch.randn(4, 5, 5), torch.randn(4, 3, 3, 3))

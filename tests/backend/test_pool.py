@@ -176,3 +176,21 @@ def test_rendered_pool_kernels_use_only_current_nki_api() -> None:
             seen.add(getattr(k, "mode", k.family))
             assert checker.check_source_against_api(src) == [], name
     assert {"max", "max_index", "avg", "max_backward", "avg_backward", "resample"} <= seen
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 3, 2, 1),
+                                lambda x: F.interpolate(x, scale_factor=2), lambda x: F.adaptive_avg_pool2d(x, 3),
+                                lambda x: F.group_norm(x, 3)],
+                         ids=["max", "avg", "interpolate", "adaptive", "group_norm"])
+def test_empty_batch(fn: Any) -> None:
+    x = torch.randn(0, 3, 9, 9)
+    got = torch.compile(fn, backend="neuron")(x)
+    assert got.shape == fn(x).shape
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 2),
+                                lambda x: F.adaptive_avg_pool2d(x, 4)], ids=["max", "avg", "adaptive"])
+def test_unbatched_and_channels_last(fn: Any) -> None:
+    H.check_grads(fn, torch.randn(3, 9, 10))
+    torch._dynamo.reset()
+    H.check_grads(fn, torch.randn(2, 3, 9, 10).to(memory_format=torch.channels_last))
