@@ -204,6 +204,30 @@ def rewrite_interpolate(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def _adaptive_windows(x: torch.Tensor, output_size: Any) -> list[int] | None:
+    """The window of an adaptive pooling whose output size divides the input (then it is a plain pooling)."""
+    sizes = [int(s) for s in x.shape[-2:]]
+    out = [int(o) for o in output_size]
+    if any(o <= 0 or s % o for s, o in zip(sizes, out, strict=True)):
+        return None
+    return [s // o for s, o in zip(sizes, out, strict=True)]
+
+
+def _adaptive_max_pool2d(x: torch.Tensor, output_size: Any) -> Any:
+    """adaptive_max_pool2d with an output size that divides the input: max pooling with kernel = stride."""
+    k = _adaptive_windows(x, output_size)
+    if k is None:
+        return NotImplemented
+    return _max_pool2d_with_indices(x, k, k, [0, 0], [1, 1], False)
+
+
+def _adaptive_max_pool2d_backward(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> Any:
+    k = _adaptive_windows(x, go.shape[-2:])
+    if k is None:
+        return NotImplemented
+    return _max_pool2d_with_indices_backward(go, x, k, k, [0, 0], [1, 1], False, indices)
+
+
 def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, align_corners: bool,
               scales: list[float | None], transpose: bool) -> torch.Tensor:
     """``neuron_compile::resample`` over the 1, 2 or 3 trailing spatial dims of a batched input ([N, C, *sp]).
@@ -370,4 +394,6 @@ def conv_decompositions() -> dict[Any, Callable[..., Any]]:
             aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
             aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward,
             aten.native_group_norm.default: _native_group_norm,
+            aten.adaptive_max_pool2d.default: _adaptive_max_pool2d,
+            aten.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
             **_resample_decompositions()}

@@ -119,6 +119,18 @@ def _pool_check(node: fx.Node) -> str | None:
     return None
 
 
+def _adaptive_max_check(node: fx.Node) -> str | None:
+    return (f"adaptive max pooling of {node_shape(node.args[0])[-2:]} to {tuple(node.args[1])}: only output sizes that "
+            f"divide the input are supported (then it is max pooling with kernel = stride); use max_pool2d or "
+            f"adaptive_avg_pool2d")
+
+
+@register_lowering(aten.adaptive_max_pool2d.default, family="pool", kind="conv", check=_adaptive_max_check)
+def lower_adaptive_max_pool2d(gl: Any, node: fx.Node) -> None:
+    """aten.adaptive_max_pool2d: decomposed into max pooling when the output divides the input, else refused."""
+    raise AssertionError(_adaptive_max_check(node))
+
+
 @register_lowering(MAX_POOL, MAX_POOL_INDEX, MAX_POOL_BACKWARD, aten.avg_pool2d.default,
                    aten.avg_pool2d_backward.default, family="pool", kind="conv", check=_pool_check)
 def lower_pool(gl: Any, node: fx.Node) -> None:

@@ -194,3 +194,16 @@ def test_unbatched_and_channels_last(fn: Any) -> None:
     H.check_grads(fn, torch.randn(3, 9, 10))
     torch._dynamo.reset()
     H.check_grads(fn, torch.randn(2, 3, 9, 10).to(memory_format=torch.channels_last))
+
+
+def test_adaptive_max_pool_divisible_and_refused_otherwise() -> None:
+    ks = H.check_grads(lambda x: F.adaptive_max_pool2d(x, (4, 5)), torch.randn(2, 3, 8, 10))
+    assert sorted(k.mode for k in ks if k.family == "pool") == ["max", "max_backward"]
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 8, 10)
+    got = torch.compile(lambda x: F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1], backend="neuron")(x)
+    assert torch.equal(got, F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1])
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: F.adaptive_max_pool2d(x, (3, 4)), backend="neuron")(x)
+    assert "only output sizes that divide the input are supported" in str(H.unsupported(info.value))
