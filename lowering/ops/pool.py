@@ -24,6 +24,8 @@ from neuron_compile.lowering.registry import qualified_name, register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
 
+from neuron_compile.errors import LoweringError
+
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
@@ -120,15 +122,21 @@ def _pool_check(node: fx.Node) -> str | None:
 
 
 def _adaptive_max_check(node: fx.Node) -> str | None:
-    return (f"adaptive max pooling of {node_shape(node.args[0])[-2:]} to {tuple(node.args[1])}: only output sizes that "
-            f"divide the input are supported (then it is max pooling with kernel = stride); use max_pool2d or "
-            f"adaptive_avg_pool2d")
+    xv = node.args[0].meta.get("val")
+    if not isinstance(xv, torch.Tensor) or not xv.dtype.is_floating_point:
+        return "adaptive max pooling of a floating-point tensor only"
+    size, out = node_shape(node.args[0])[-2:], [int(o) for o in node.args[1]]
+    if any(o <= 0 or s % o for s, o in zip(size, out, strict=True)):
+        return (f"adaptive max pooling of {size} to {tuple(out)}: only output sizes that divide the input are "
+                f"supported (then it is max pooling with kernel = stride); use max_pool2d or adaptive_avg_pool2d")
+    return None
 
 
 @register_lowering(aten.adaptive_max_pool2d.default, family="pool", kind="conv", check=_adaptive_max_check)
 def lower_adaptive_max_pool2d(gl: Any, node: fx.Node) -> None:
-    """aten.adaptive_max_pool2d: decomposed into max pooling when the output divides the input, else refused."""
-    raise AssertionError(_adaptive_max_check(node))
+    """aten.adaptive_max_pool2d when the output size divides the input: max pooling with kernel = stride (the
+    decomposition in lowering/decomp_conv.py rewrites it before lowering; other sizes are refused)."""
+    raise LoweringError(f"{node.name}: adaptive_max_pool2d reached the lowering undecomposed")
 
 
 @register_lowering(MAX_POOL, MAX_POOL_INDEX, MAX_POOL_BACKWARD, aten.avg_pool2d.default,
