@@ -360,7 +360,8 @@ def _native_group_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     if bias is not None:
         out = aten.add.Tensor(out, aten.view.default(bias, [group, c // group, 1]))
     out = aten.view.default(out.to(x.dtype), list(x.shape))
-    return out, aten.view.default(mean, [n, group]), aten.view.default(rstd, [n, group])
+    # eager returns the statistics in the input dtype (and its backward reads them rounded)
+    return out, aten.view.default(mean, [n, group]).to(x.dtype), aten.view.default(rstd, [n, group]).to(x.dtype)
 
 
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
