@@ -120,8 +120,12 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     table.update(OWN)
     from neuron_compile.lowering.decomp_attention import ATTENTION
+    from neuron_compile.lowering.decomp_index import INDEX
+    from neuron_compile.lowering.decomp_nn import NN
 
     table.update(ATTENTION)
+    table.update(NN)
+    table.update(INDEX)
     from neuron_compile.lowering.decomp_conv import conv_decompositions
 
     table.update(conv_decompositions())

@@ -15,11 +15,14 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering import mathlib
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
+from neuron_compile.lowering.graph_checks import insert_index_checks
+from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
 from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
@@ -27,12 +30,14 @@ from neuron_compile.lowering.ir import (
     ArgSpec,
     BufferRef,
     CopyKernel,
+    DeviceCheck,
     InputSpec,
     Kernel,
     KernelCall,
     LoopKernel,
     OutputSpec,
     Plan,
+    RandomSpec,
     TileOp,
 )
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
@@ -63,9 +68,13 @@ class GraphLowering:
         self.constants: list[tuple[str, tuple[int, ...], list[Any]]] = []
         self.inputs: list[InputSpec] = []
         self.buffer_nodes: dict[int, str] = {}  # kernel result buffer -> the graph node it holds (check mode)
+        self.checks: list[DeviceCheck] = []  # device-side assertions (lowering.ops.checks)
+        self.randoms: list[RandomSpec] = []  # random buffers the runner draws (lowering.ops.random)
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
+        self.gm = insert_index_checks(self.gm)  # out-of-range indices raise like eager (device-side flags)
+        self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
@@ -87,7 +96,7 @@ class GraphLowering:
             "buffer_nodes": dict(self.buffer_nodes),
         }
         return Plan(tuple(self.kernels), tuple(self.buffers), tuple(self.calls), tuple(self.inputs),
-                    tuple(outputs), tuple(self.constants), summary)
+                    tuple(outputs), tuple(self.constants), summary, tuple(self.checks), tuple(self.randoms))
 
     def _placeholders(self) -> None:
         phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -169,6 +178,11 @@ class GraphLowering:
             LoopGroupEmitter(self, g).emit()
         else:
             node = g.members[0]
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.numel() == 0:  # nothing to compute or move
+                buf = self._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(val.dtype) or "float32"))
+                self.views[node] = View(buf, node_shape(node), contiguous_strides(node_shape(node)), 0, val.dtype)
+                return
             rule = lookup(node.target)
             assert rule is not None
             rule.fn(self, node)
@@ -335,7 +349,13 @@ class LoopGroupEmitter:
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))
+            elif node_dtype(node) in _NARROW_INTS and val.dtype == "int32" and rule.kind == "pointwise":
+                b.int_mode = True
+                val = mathlib.wrap_int(b, val, node_dtype(node))  # torch wraps 8/16-bit integers
             self.values[node] = val
+        # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
+        # index is only known now.
+        kernel_index = len(self.gl.kernels)
         # Stores: values used outside the group (or as graph outputs).
         results: list[int] = []
         widened = self._widened_stores()
@@ -484,6 +504,7 @@ class LoopGroupEmitter:
 
 
 _INT_STORAGE = ("int32", "int16", "int8", "uint8")
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
 
 
 def _short(g: Group) -> str:

@@ -30,8 +30,14 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError
+from neuron_compile.errors import (
+    DeviceAssertionError,
+    IndexOutOfRangeError,
+    NeuronCompileError,
+    RuntimeExecutionError,
+)
 from neuron_compile.lowering.ir import Plan
+from neuron_compile.lowering.ops.random import draw
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +186,8 @@ class CompiledGraph:
             if ref.kind == "empty":  # a zero-element value: no kernel computes it
                 bufs[b] = np.zeros(0, dtype=_NP_DTYPES[ref.dtype])
                 continue
-            if ref.kind == "random":  # training dropout: torch's CPU generator, in graph order (see lowering.ops.index)
-                bufs[b] = to_numpy(torch.rand(ref.numel, dtype=_TORCH_DTYPES[ref.dtype]), ref.dtype)
+            if ref.kind == "random":  # torch's CPU generator, in graph order (see lowering.ops.random)
+                bufs[b] = to_numpy(draw(plan.randoms[ref.index]), ref.dtype)
                 continue
             if ref.kind != "input":
                 continue
@@ -199,7 +205,16 @@ class CompiledGraph:
             bufs[b] = to_numpy(flat, ref.dtype)
         with self._target():
             self._run_calls(bufs)
+        self._check(bufs)
         return bufs
+
+    def _check(self, bufs: list[np.ndarray | None]) -> None:
+        """Device-side assertions (index bounds, int32 overflow): raise before any output is returned."""
+        for check in self.plan.checks:
+            flag = bufs[check.buffer]
+            if flag is not None and flag.size and not flag.reshape(-1)[check.offset]:
+                cls = IndexOutOfRangeError if check.kind == "index" else DeviceAssertionError
+                raise cls(check.message)
 
     def _target(self) -> Any:
         if self.executor != "simulator":
@@ -254,11 +269,21 @@ def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
         "calls": [asdict(c) for c in plan.calls],
         "inputs": [asdict(i) for i in plan.inputs],
         "outputs": [asdict(o) for o in plan.outputs],
+        "checks": [asdict(c) for c in plan.checks],
+        "randoms": [asdict(r) for r in plan.randoms],
     }
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:
-    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec, kernel_from_json
+    from neuron_compile.lowering.ir import (
+        BufferRef,
+        DeviceCheck,
+        InputSpec,
+        KernelCall,
+        OutputSpec,
+        RandomSpec,
+        kernel_from_json,
+    )
 
     def tup(d: dict[str, Any]) -> dict[str, Any]:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
@@ -269,6 +294,8 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
         calls=tuple(KernelCall(**tup(c)) for c in data["calls"]),
         inputs=tuple(InputSpec(**tup(i)) for i in data["inputs"]),
         outputs=tuple(OutputSpec(**tup(o)) for o in data["outputs"]),
+        checks=tuple(DeviceCheck(**c) for c in data.get("checks", ())),
+        randoms=tuple(RandomSpec(**tup(r)) for r in data.get("randoms", ())),
     )
 
 

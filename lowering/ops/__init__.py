@@ -2,14 +2,17 @@
 
 from neuron_compile.lowering.ops import (  # noqa: F401
     attention,
+    checks,
     constant,
     conv,
     conv_grad,
     elementwise,
+    elementwise_math,
     index,
     matmul,
     movement,
     pool,
+    random,
     reduction,
     resample,
     scan,

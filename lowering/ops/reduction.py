@@ -102,10 +102,6 @@ def lower_var(ctx, node, x, dims=None, *, correction=1, keepdim=False):
 
 
 def _arg_check(node: fx.Node) -> str | None:
-    if len(node.args) < 2 or node.args[1] is None:
-        shape = node_shape(node.args[0])
-        if len(shape) > 1:
-            return "argmax/argmin over a flattened multi-dim tensor is not supported (pass dim=)"
     if _count(node) > 2**24:
         return (f"{node.target} along a dim of {_count(node)} elements is not supported: indices are "
                 f"computed with an fp32 iota, exact up to 2**24")
