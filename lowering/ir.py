@@ -307,6 +307,13 @@ class ConvKernel:
     source_ops: tuple[str, ...] = ()
     tap_rows: int = 0  # > 0: taps packed onto partitions, this many kernel rows (x KW taps x C_in) per matmul
 
+    def roofline_flops(self) -> tuple[int, str, int]:
+        """The convolution's math: 2 x C_in/g per (output element, tap that reaches it); the epilogue per element."""
+        pairs = sum(qh * qw * len(th) * len(tw) for _, qh, th in self.phases_h for _, qw, tw in self.phases_w)
+        cout = self.groups * self.cout_g
+        out = self.batch * cout * self.out_hw[0] * self.out_hw[1]
+        return 2 * self.batch * cout * self.cin_g * pairs, self.compute_dtype, out * (1 + len(self.post))
+
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
@@ -353,6 +360,12 @@ class ConvWgradKernel:
     source_ops: tuple[str, ...] = ()
     stage_rows: int = 1  # output rows whose go and input band are loaded together (chunks are views into them)
 
+    def roofline_flops(self) -> tuple[int, str, int]:
+        """2 x (output positions) per weight element."""
+        taps = self.kernel[0] * self.kernel[1]
+        pos = self.batch * self.out_hw[0] * self.out_hw[1]
+        return 2 * pos * self.groups * self.cout_g * self.cin_g * taps, self.compute_dtype, 0
+
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
@@ -398,6 +411,11 @@ class PoolKernel:
     divisor: float = 0.0  # avg: a divisor_override (0: count the window)
     source_ops: tuple[str, ...] = ()
 
+    def roofline_flops(self) -> tuple[int, str, int]:
+        """One elementwise op per (output element, tap)."""
+        taps = sum(hi - lo for _, lo, hi, _, _ in self.taps_h) * sum(hi - lo for _, lo, hi, _, _ in self.taps_w)
+        return 0, "float32", self.outer * self.rows * taps
+
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
@@ -435,6 +453,12 @@ class ResampleKernel:
     x: Access
     out: Access
     source_ops: tuple[str, ...] = ()
+
+    def roofline_flops(self) -> tuple[int, str, int]:
+        """One multiply-add per matrix entry applied: the W pass over every input row, the H pass per output column."""
+        w_pass = sum(run[3] for run in self.runs_w) * self.in_hw[0]
+        h_pass = sum(run[3] for run in self.runs_h) * self.out_hw[1]
+        return 0, "float32", 2 * self.outer * self.rows * (w_pass + h_pass)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
