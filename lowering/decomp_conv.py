@@ -366,10 +366,12 @@ def _native_group_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
 
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
-                          groups: int, output_mask: list[bool]) -> tuple[Any, Any, Any]:
+                          groups: int, output_mask: list[bool]) -> Any:
     """convolution_backward as two convolutions' worth of kernels: the grad_input is a convolution running
     the other way (transposed <-> not), the grad_weight a correlation of the input with grad_output."""
     nsp = x.dim() - 2
+    if nsp not in (1, 2):  # 3-D convolutions are refused: keep the op for the refusal message
+        return NotImplemented
     stride, padding, dilation = (list(v) * nsp if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     gi = gw = gb = None
     if output_mask[0]:
