@@ -114,3 +114,15 @@ def test_unet_bf16_autocast_forward() -> None:
     assert got.dtype == want.dtype
     # bf16 rounds every layer differently in a fused kernel than eager's per-op rounding: compare loosely
     torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2 * want.float().abs().max().item())
+
+
+@pytest.mark.parametrize("target", ["trn1"])
+def test_unet_on_other_targets(target: str) -> None:
+    """The template kernels respect the oldest generation's rules too (NC-v2: bias tiles, fp32 PSUM matmuls)."""
+    torch.manual_seed(0)
+    model = UNetSmall()
+    x, t = torch.randn(2, 3, 16, 16), torch.randn(2, 16)
+    got = torch.compile(model, backend="neuron", dynamic=False, options={"target": target})(x, t)
+    close(got, model(x, t), f"unet forward on {target}")
+    got.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
