@@ -60,7 +60,11 @@ def render_kernel(kernel: Kernel) -> str:
     if isinstance(kernel, FAMILY_KERNELS):  # the family template is the whole kernel (codegen/render_family.py)
         from neuron_compile.codegen.render_family import family_plan
 
-        return _wrap(kernel, "", family_plan(kernel))
+        return _wrap(kernel, "", k=kernel, plan=family_plan(kernel), pmax=PMAX)
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS, template_context
+
+    if isinstance(kernel, TEMPLATE_KERNELS):  # the template is the whole kernel; Python gives it the plan
+        return _wrap(kernel, "", **template_context(kernel))
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
@@ -80,11 +84,11 @@ def render_kernel(kernel: Kernel) -> str:
     return _wrap(kernel, body)
 
 
-def _wrap(kernel: Kernel, body: str, plan: dict[str, Any] | None = None) -> str:
+def _wrap(kernel: Kernel, body: str, **context: Any) -> str:
     """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
 
-    Family templates (``plan`` given) override the frame's body block and render the kernel from the
-    IR (``k``) and the plan Python computed for it (plain data).
+    Family templates (``context`` given: the IR as ``k`` and the plan Python computed for it, plain data)
+    override the frame's body block and render the whole kernel.
     """
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
@@ -94,8 +98,7 @@ def _wrap(kernel: Kernel, body: str, plan: dict[str, Any] | None = None) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc,
-            k=kernel, plan=plan or {}, pmax=PMAX)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, **context)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:

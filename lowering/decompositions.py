@@ -203,4 +203,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 
     table.update(SCATTER)
+    from neuron_compile.lowering.decomp_conv import conv_decompositions
+
+    table.update(conv_decompositions())
     return table

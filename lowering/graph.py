@@ -20,6 +20,7 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
 from neuron_compile.lowering.graph_checks import insert_index_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
@@ -78,6 +79,7 @@ class GraphLowering:
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
             self.gm = mlp_hidden_feature_major(self.gm)  # MLP hidden stored K-major for the 2nd matmul
+            self.gm = fuse_conv_epilogue(self.gm)  # conv + bias / folded BatchNorm / activation / residual
         self._placeholders()
         part = Partitioner(self.gm, fuse=config.fuse).run()
         self.part = part

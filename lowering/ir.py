@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from neuron_compile.lowering.ir_conv import ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel
+
 # Values attached to ops are JSON scalars, tuples of them, or value names.
 Attr = tuple[str, Any]
 
@@ -418,7 +420,7 @@ class ScanKernel:
 FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel)  # rendered by their family template (codegen/render_family.py)
 
 Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
-          | LineGatherKernel | ScatterKernel)
+          | LineGatherKernel | ScatterKernel | ConvKernel | ConvWgradKernel | PoolKernel | ResampleKernel)
 
 
 @dataclass(frozen=True)
@@ -571,7 +573,8 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel, AttentionKernel, *FAMILY_KERNELS)})
+                                                            ScanKernel, AttentionKernel, *FAMILY_KERNELS, ConvKernel,
+                                                            ConvWgradKernel, PoolKernel, ResampleKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

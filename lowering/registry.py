@@ -13,6 +13,8 @@ Rule kinds:
 - ``alias``: the node's value is its first argument (detach, alias, clone in a view-free context).
 - ``attention``: the fused ``neuron_compile::attention`` node (``lowering/attention.py``), lowered like
   ``copy``/``gather`` anchors: ``fn(gl, node)`` emits its own kernel.
+- ``conv``: convolution, pooling and resampling (``lowering/ops/conv.py``, ``lowering/ops/pool.py``):
+  template kernels, emitted like ``attention`` anchors.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from neuron_compile.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention")
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention", "conv")
 
 
 @dataclass(frozen=True)

@@ -399,6 +399,9 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     from neuron_compile import metrics
 
     metrics.dynamo_graph(gm)
+    from neuron_compile.lowering.decomp_conv import rewrite_interpolate
+
+    gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)
