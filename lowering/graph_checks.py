@@ -51,11 +51,24 @@ def index_operands(node: fx.Node) -> Iterator[tuple[fx.Node, int, bool]]:
                 yield idx, x.shape[d], True
 
 
+def _provably_in_range(idx: Any, lo: int, size: int) -> bool:
+    """An ``arange(start, end)`` index (position ids) whose values lie in ``[lo, size)`` needs no check."""
+    from neuron_compile.lowering.graph_passes import _arange_range
+
+    while isinstance(idx, fx.Node) and idx.target in (aten.view.default, aten.unsqueeze.default,
+                                                       aten.expand.default, aten.reshape.default):
+        idx = idx.args[0]
+    rng = _arange_range(idx)
+    return rng is not None and lo <= rng[0] and rng[1] <= size
+
+
 def insert_index_checks(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` with a bounds check before each indexing node (``gm`` if there is none)."""
     todo = [(n, list(index_operands(n))) for n in gm.graph.nodes if n.op == "call_function"]
-    todo = [(n, ops) for n, ops in todo if any(isinstance(i, fx.Node) and _val(i) is not None and _val(i).numel()
-                                               for i, _, _ in ops)]
+    todo = [(n, [(i, size, neg) for i, size, neg in ops
+                 if isinstance(i, fx.Node) and _val(i) is not None and _val(i).numel()
+                 and not _provably_in_range(i, -size if neg else 0, size)]) for n, ops in todo]
+    todo = [(n, ops) for n, ops in todo if ops]
     if not todo:
         return gm
     graph = fx.Graph()

@@ -90,7 +90,9 @@ def test_embedding_groups_index_loads_and_stores():
     with torch.no_grad():
         out = torch.compile(lambda w, i: F.embedding(i, w), backend="neuron", dynamic=False)(weight, idx)
     torch.testing.assert_close(out, F.embedding(idx, weight), rtol=0, atol=0)
-    (kern,) = B.compiled_graphs()[-1]["plan"].kernels
+    plan = B.compiled_graphs()[-1]["plan"]
+    assert len(plan.kernels) == 2 and len(plan.checks) == 1  # the bounds check of the indices, then the gather
+    kern = plan.kernels[-1]
     counts = {"index": 0, "gather": 0, "store": 0}
     for rec, n in kernel_stream(kern).items():
         if rec.engine == "dma":
@@ -230,21 +232,24 @@ def _cause(exc: BaseException) -> UnsupportedOpError:
     return exc
 
 
-def test_index_put_without_accumulate_is_rejected():
+def test_index_put_without_accumulate_last_write_wins_like_eager():
     def f(x, i, v):
         return torch.ops.aten.index_put.default(x, [i], v, False)
 
-    with pytest.raises(Exception) as info:
-        _compile(f)(torch.zeros(10, 4), torch.tensor([1, 1]), torch.ones(2, 4))
-    msg = str(_cause(info.value))
-    assert "aten.index_put.default" in msg and "accumulate=True" in msg
+    x, i, v = torch.zeros(10, 4), torch.tensor([1, 7, 1]), torch.arange(12.0).view(3, 4)
+    torch.testing.assert_close(_compile(f)(x, i, v), f(x, i, v), rtol=0, atol=0)
 
 
-def test_gather_with_several_indices_per_row_is_rejected():
-    with pytest.raises(Exception) as info:
-        _compile(lambda x, i: torch.gather(x, 1, i))(torch.randn(4, 10), torch.zeros(4, 3, dtype=torch.long))
-    msg = str(_cause(info.value))
-    assert "aten.gather.default" in msg and "one index per row" in msg
+def test_gather_with_several_indices_per_row():
+    x, i = torch.randn(4, 10), torch.tensor([[0, 9, 3], [1, 1, 1], [5, 0, 2], [9, 8, 7]])
+    torch.testing.assert_close(_compile(lambda x, i: torch.gather(x, 1, i))(x, i), torch.gather(x, 1, i),
+                               rtol=0, atol=0)
+
+
+def test_gather_of_a_1d_self_lowers():
+    x, i = torch.randn(4, 10), torch.tensor([[0, 9, 9], [1, 2, 3], [5, 5, 0], [7, 8, 9]])
+    got = _compile(lambda x, i: torch.gather(x[0], 0, i[1]))(x, i)
+    assert torch.equal(got, torch.gather(x[0], 0, i[1]))
 
 
 def test_rendered_index_kernels_use_only_current_nki_api():
