@@ -8,7 +8,8 @@ Workloads: ``quickstart`` (examples/quickstart.py's GPT, inference under no_grad
 (examples/train.py's GPT + cross-entropy: the first training step, forward and backward, and an
 AdamW step), ``gpt2`` (a Hugging Face GPT-2 with a tiny config, inference; skipped without
 ``transformers``), ``zoo:NAME`` / ``zoo:NAME:train`` (a model of tests/models/zoo.py, inference or
-one training step, e.g. ``zoo:llama:train``). Targets (issue 15): neuron warm <= 0.5x neuron cold, and <= 0.75x Inductor's
+one training step, e.g. ``zoo:llama:train``), ``resnet`` / ``resnet:train`` (examples/cnn_models.py's
+ResNet-18-style CNN on 2 x 3 x 32 x 32: inference with BatchNorm folded, or one SGD step). Targets (issue 15): neuron warm <= 0.5x neuron cold, and <= 0.75x Inductor's
 warm first call measured in the same run.
 
 Also printed: the second call (the run alone: kernels on the bundled simulator for neuron, native
@@ -64,6 +65,25 @@ elif workload == "train":
         loss.backward()
         opt.step()
         return loss
+elif workload.split(":")[0] == "resnet":
+    import torch.nn.functional as F
+    from cnn_models import ResNetSmall
+    model = ResNetSmall()
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    if workload.endswith(":train"):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def first():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(compiled(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        model.eval()
+        def first():
+            with torch.no_grad():
+                return compiled(x)
 elif workload.startswith("zoo:"):
     sys.path.insert(0, %(zoo)r)
     import transformers

@@ -245,10 +245,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _rank() -> tuple[int, int]:
-    try:
-        return int(os.environ.get("RANK", "0")), max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 0, 1
+    """This process's torchrun rank and world size (0, 1 outside torchrun); a bad value raises ValueError
+    naming the variable."""
+    values = []
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
+        raw = os.environ.get(name, "").strip() or default
+        try:
+            values.append(int(raw))
+        except ValueError:
+            raise ValueError(f"{name}={raw}: expected a non-negative integer (torchrun sets it)") from None
+    rank, world = values
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank}, WORLD_SIZE={world}: expected 0 <= RANK < WORLD_SIZE (torchrun sets them)")
+    return rank, world
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,6 +272,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.steps < 1:
         print(f"neuron-compile precompile: --steps {args.steps}: expected an integer >= 1", file=sys.stderr)
+        return 2
+    try:
+        _rank()
+    except ValueError as exc:
+        print(f"neuron-compile precompile: {exc}", file=sys.stderr)
         return 2
     script = Path(args.script)
     if not script.is_file():

@@ -339,6 +339,38 @@ def test_numeric_knobs_are_range_checked(knob: str, value: object, message: str)
     assert str(info.value) == message
 
 
+
+def _bad_env_values(knob: object) -> list[str]:
+    """Values each kind of knob must refuse: unparsable, nan/inf, negative, huge; a bad choice or boolean."""
+    if knob.type is bool:  # type: ignore[attr-defined]
+        return ["maybe", "2"]
+    if knob.choices is not None:  # type: ignore[attr-defined]
+        return ["nope"]
+    if knob.type in (int, float):  # type: ignore[attr-defined]
+        return ["abc", "nan", "inf", "-1", "1e30" if knob.type is float else "10000000000000"]  # type: ignore[attr-defined]
+    return []
+
+
+_ENV_CASES = [(k.env, raw) for k in config.knobs().values() if k.env for raw in _bad_env_values(k)]
+
+
+def test_every_numeric_knob_has_a_range() -> None:
+    unbounded = [k.name for k in config.knobs().values() if k.type in (int, float) and k.bounds is None]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize(("env", "raw"), _ENV_CASES, ids=[f"{e}={r}" for e, r in _ENV_CASES])
+def test_every_env_parse_error_is_one_line_naming_the_variable(env: str, raw: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each NEURON_COMPILE_* knob refuses a bad value with one line: VARIABLE=value: expected ..."""
+    name = env.removeprefix("NEURON_COMPILE_").lower()
+    monkeypatch.setenv(env, raw)
+    with pytest.raises(ConfigError) as info:
+        getattr(config, name)
+    message = str(info.value)
+    assert message.startswith(f"{env}={raw}: expected ") and "\n" not in message, message
+
+
 _HELD_LOCK = LIGHT_IMPORT + """
 import fcntl, os, sys, time
 from neuron_compile.cache.store import CacheStore

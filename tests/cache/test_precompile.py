@@ -103,13 +103,30 @@ def test_torchrun_ranks_split_the_work(tmp_path: Path) -> None:
     assert not any(r["failed"] for r in reports)
 
 
-def test_precompile_usage_errors(tmp_path: Path) -> None:
+def test_precompile_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from neuron_compile.cli import main
 
-    assert main(["precompile", str(tmp_path / "missing.py")]) == 2
+    def err_of(argv: list[str]) -> str:
+        assert main(argv) == 2
+        return capsys.readouterr().err
+
+    assert err_of(["precompile", str(tmp_path / "missing.py")]) == \
+        f"neuron-compile precompile: {tmp_path / 'missing.py'}: no such file\n"
     script = tmp_path / "s.py"
     script.write_text("raise SystemExit(3)\n")
-    assert main(["precompile", "--workers", "0", str(script)]) == 2
+    assert err_of(["precompile", "--workers", "0", str(script)]) == "neuron-compile precompile: --workers 0: expected 1..1024\n"
+    assert err_of(["precompile", "--steps", "-1", str(script)]) == \
+        "neuron-compile precompile: --steps -1: expected an integer >= 1\n"
+    monkeypatch.setenv("RANK", "one")
+    assert err_of(["precompile", str(script)]) == \
+        "neuron-compile precompile: RANK=one: expected a non-negative integer (torchrun sets it)\n"
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert err_of(["precompile", str(script)]) == \
+        "neuron-compile precompile: RANK=2, WORLD_SIZE=2: expected 0 <= RANK < WORLD_SIZE (torchrun sets them)\n"
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
     proc = subprocess.run([sys.executable, "-m", "neuron_compile", "precompile", str(script)], env=_env(tmp_path / "c"),
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 1
