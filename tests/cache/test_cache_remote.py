@@ -160,6 +160,44 @@ def test_unsigned_entries_are_verified_by_recompiling(redis: RedisServer, tmp_pa
     assert totals["remote"]["hits"] == 1 and totals["remote"]["rejected"] == 1  # whole graph: not verifiable here
 
 
+
+_TRAIN = """
+import json, logging, torch
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+import neuron_compile.backend as B
+from neuron_compile.cache.store import CacheStore
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+ref.load_state_dict(m.state_dict())
+x = torch.randn(6, 8)
+loss = torch.compile(m, backend="neuron", dynamic=False)(x).pow(2).mean()
+loss.backward()
+ref(x).pow(2).mean().backward()
+torch.testing.assert_close(loss, ref(x).pow(2).mean())
+for p, q in zip(m.parameters(), ref.parameters()):
+    torch.testing.assert_close(p.grad, q.grad)
+CacheStore.default().remote.flush()
+print(json.dumps({"aot_calls": counters["aot_autograd"]["total"],
+                  "graphs": [[g["kind"], g["cache_hit"], bool(g.get("whole_graph"))] for g in B.compiled_graphs()]}))
+"""
+
+
+def test_signed_remote_gives_another_root_a_warm_start(redis: RedisServer, tmp_path: Path) -> None:
+    """A fleet host with an empty local cache and the team secret: the training step (forward and
+    backward) comes from Redis and is rebuilt without AOTAutograd; gradients match eager."""
+    env = {"NEURON_COMPILE_REMOTE_CACHE": redis.url, "NEURON_COMPILE_REMOTE_CACHE_SECRET": SECRET}
+    runs = []
+    for root in ("a", "b"):
+        proc = run_py(_TRAIN, env={**env, "NEURON_COMPILE_CACHE_DIR": str(tmp_path / root)}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")] == [], proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0] == {"aot_calls": 1, "graphs": [["forward", False, False], ["backward", False, False]]}
+    assert runs[1] == {"aot_calls": 0, "graphs": [["forward", True, True], ["backward", True, True]]}
+    assert stats.read_stats(tmp_path / "b")["remote"]["hits"] == 3  # the warm entry and its two children
+
 def test_remote_down(tmp_path: Path) -> None:
     """A remote that refuses connections: one clear warning, then the local cache; the compile runs."""
     url = f"redis://127.0.0.1:{_free_port()}/0"
