@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -47,9 +46,21 @@ from neuron_compile.lowering.ops.random import draw
 log = logging.getLogger(__name__)
 
 _NP_DTYPES: dict[str, Any] = {
-    "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "int32": np.int32,
-    "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
+    "float32": np.float32, "float16": np.float16, "int32": np.int32, "int16": np.int16, "int8": np.int8,
+    "uint8": np.uint8,
 }
+
+
+def _bf16() -> Any:
+    """ml_dtypes' bfloat16, imported on first use (its import costs seconds; see simulator.dtypes)."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+def _np_dtype(name: str) -> Any:
+    """NumPy storage type of a buffer dtype."""
+    return _bf16() if name == "bfloat16" else _NP_DTYPES[name]
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "int64": torch.int64, "bool": torch.bool,
@@ -157,7 +168,7 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
 
 def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(_bf16())
     if t.dtype == torch.int64:
         if t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
             raise RuntimeExecutionError("an int64 input holds values outside int32, which NeuronCores cannot "
@@ -171,7 +182,7 @@ def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == ml_dtypes.bfloat16:
+    if a.dtype.name == "bfloat16":  # ml_dtypes' bf16 (comparing by name imports nothing)
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -230,7 +241,7 @@ class CompiledGraph:
         bufs: list[Any] = [None] * len(plan.buffers)
         for b, ref in enumerate(plan.buffers):
             if ref.kind == "empty":  # a zero-element value: no kernel computes it
-                bufs[b] = device.upload(np.zeros(0, dtype=_NP_DTYPES[ref.dtype]))
+                bufs[b] = device.upload(np.zeros(0, dtype=_np_dtype(ref.dtype)))
                 continue
             if ref.kind == "random":  # torch's CPU generator, in graph order (see lowering.ops.random)
                 bufs[b] = device.upload(to_numpy(draw(plan.randoms[ref.index]), ref.dtype))

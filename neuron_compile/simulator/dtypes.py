@@ -5,16 +5,20 @@ in the real API) and NumPy / ml_dtypes storage types, plus the casts every instr
 write results: round-to-nearest-even for floats (ml_dtypes for bf16/fp8, bit arithmetic for
 tf32), round-half-even plus saturation for integers. ``NKI_PRECISE_FP=0`` stores bf16/fp8 tensors
 as fp32 (as the real simulator does) to separate algorithm bugs from rounding.
+
+``ml_dtypes`` is imported on the first bf16/fp8 use, not at import: its extension registers its NumPy
+loops one by one (quadratic in NumPy's loop list), several seconds of every process start here, which
+an fp32 model (and a warm start) never needs.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from neuron_compile.errors import SimulatorError
@@ -67,13 +71,26 @@ ALL_DTYPES = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32
               float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float8_e5m2_x4, float8_e4m3fn_x4,
               float4_e2m1fn_x4)
 
-_LOW_PRECISION = {
-    bfloat16: ml_dtypes.bfloat16,
-    float8_e4m3: ml_dtypes.float8_e4m3,
-    float8_e4m3fn: ml_dtypes.float8_e4m3fn,
-    float8_e5m2: ml_dtypes.float8_e5m2,
-    float8_e8m0fnu: ml_dtypes.float8_e8m0fnu,
-}
+LOW_PRECISION_NAMES = (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
+
+
+@functools.cache
+def low_precision_types() -> dict[str, type]:
+    """NKI name -> ml_dtypes scalar type of the bf16/fp8 dtypes (imports ml_dtypes on first use)."""
+    import ml_dtypes
+
+    return {name: getattr(ml_dtypes, name) for name in LOW_PRECISION_NAMES}
+
+
+def low_precision_type(name: str) -> type | None:
+    """The ml_dtypes type storing NKI dtype ``name``, or None for a dtype NumPy stores itself."""
+    return low_precision_types()[name] if name in LOW_PRECISION_NAMES else None
+
+
+def __getattr__(name: str) -> object:
+    if name == "_LOW_PRECISION":  # the table, for callers that index it by a bf16/fp8 name
+        return low_precision_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def precise_fp() -> bool:
@@ -88,6 +105,7 @@ def _int_info(name: str, np_t: type) -> DTypeInfo:
 
 
 def _build(precise: bool) -> dict[str, DTypeInfo]:
+    """Every dtype but bf16/fp8 (added by :func:`_table` on the first lookup of one of them)."""
     table = {
         bool_: DTypeInfo(bool_, np.dtype(np.uint8), 1, "b", 0.0, 1.0),
         int8: _int_info(int8, np.int8),
@@ -100,29 +118,37 @@ def _build(precise: bool) -> dict[str, DTypeInfo]:
         float32: DTypeInfo(float32, F32, 4, "f"),
         tfloat32: DTypeInfo(tfloat32, F32, 4, "f"),
     }
-    for name, t in _LOW_PRECISION.items():
-        table[name] = DTypeInfo(name, np.dtype(t) if precise else F32, np.dtype(t).itemsize, "f")
     for name in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
         table[name] = DTypeInfo(name, np.dtype(np.uint32), 4, "x")
     return table
 
 
 _TABLES = {True: _build(True), False: _build(False)}
+_NAMES = frozenset(ALL_DTYPES)
+
+
+def _table(precise: bool, name: str) -> dict[str, DTypeInfo]:
+    table = _TABLES[precise]
+    if name in LOW_PRECISION_NAMES and name not in table:
+        for low, t in low_precision_types().items():
+            table[low] = DTypeInfo(low, np.dtype(t) if precise else F32, np.dtype(t).itemsize, "f")
+    return table
 
 
 def info(dtype: object) -> DTypeInfo:
     """The :class:`DTypeInfo` of an NKI dtype name (also accepts NumPy/ml_dtypes/torch dtypes)."""
-    table = _TABLES[precise_fp()]
-    got = table.get(dtype) if isinstance(dtype, str) else None
+    precise = precise_fp()
+    got = _TABLES[precise].get(dtype) if isinstance(dtype, str) else None
     if got is not None:
         return got
-    return table[normalize(dtype)]
+    name = normalize(dtype)
+    return _table(precise, name)[name]
 
 
 def normalize(dtype: object) -> str:
     """Turn any accepted dtype spelling into the NKI dtype name."""
     if isinstance(dtype, str):
-        if dtype in _TABLES[True]:
+        if dtype in _NAMES:
             return dtype
         if dtype in ("bool", "float64", "int64", "uint64"):
             return {"bool": bool_, "float64": float32, "int64": int32, "uint64": uint32}[dtype]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError
@@ -32,7 +31,7 @@ from neuron_compile.simulator.tensor import PSUM, NkiTensor
 log = logging.getLogger(__name__)
 
 F32 = np.float32
-_FP8 = {_dt.float8_e5m2_x4: ml_dtypes.float8_e5m2, _dt.float8_e4m3fn_x4: ml_dtypes.float8_e4m3fn}
+_FP8 = {_dt.float8_e5m2_x4: _dt.float8_e5m2, _dt.float8_e4m3fn_x4: _dt.float8_e4m3fn}  # packed -> element dtype
 _EMAX = {_dt.float8_e5m2_x4: 15, _dt.float8_e4m3fn_x4: 8}
 _PACKED = (_dt.float8_e5m2_x4, _dt.float8_e4m3fn_x4, _dt.float4_e2m1fn_x4)
 _SCALE_DTYPES = (_dt.float8_e8m0fnu, _dt.uint8)
@@ -49,8 +48,10 @@ def unpack(t: NkiTensor) -> np.ndarray:
     words = np.ascontiguousarray(np.asarray(t.arr)).astype(np.uint32).reshape(t.shape[0], -1)
     raw = words.view(np.uint8).reshape(words.shape[0], -1)  # little-endian: byte q = value q
     if t.dtype == _dt.float4_e2m1fn_x4:
+        import ml_dtypes
+
         return (raw & 0x0F).astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(F32)
-    return raw.view(_FP8[t.dtype]).astype(F32)
+    return raw.view(_dt.low_precision_types()[_FP8[t.dtype]]).astype(F32)
 
 
 def _scales(api: str, name: str, t: NkiTensor, p: int, f: int) -> np.ndarray:
@@ -114,7 +115,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str 
         exp = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - (_EMAX[dst.dtype] - 1), -127)
     exp = np.clip(exp, -127, 127)
     scale = np.exp2(exp).astype(F32)
-    q = (x / scale[:, None, :, None]).reshape(p, fd, 4).astype(_FP8[dst.dtype])
+    q = (x / scale[:, None, :, None]).reshape(p, fd, 4).astype(_dt.low_precision_types()[_FP8[dst.dtype]])
     C.write_raw(dst, np.ascontiguousarray(q).view(np.uint8).reshape(p, fd * 4).view(np.uint32).reshape(dst.shape))
     cur = np.array(dst_scale.arr).reshape(ps, fs)
     if dst_scale.dtype == _dt.uint8:

@@ -51,9 +51,9 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
         raise SimulatorError(f"the simulator takes CPU tensors, got a tensor on {t.device}")
     t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_dt._LOW_PRECISION["bfloat16"])
+        return t.view(torch.int16).numpy().view(_dt.low_precision_types()["bfloat16"])
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return t.view(torch.uint8).numpy().view(_dt._LOW_PRECISION[str(t.dtype).removeprefix("torch.")])
+        return t.view(torch.uint8).numpy().view(_dt.low_precision_types()[str(t.dtype).removeprefix("torch.")])
     return t.numpy()
 
 

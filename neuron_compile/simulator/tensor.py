@@ -779,7 +779,7 @@ def to_numpy(t: NkiTensor) -> np.ndarray:
     a = np.array(t.arr, copy=True)
     if t.dtype == _dt.bool_:
         return a != 0
-    real = _dt._LOW_PRECISION.get(t.dtype)
+    real = _dt.low_precision_type(t.dtype)
     if real is not None and a.dtype != np.dtype(real):
         return a.astype(real)
     return a
