@@ -112,6 +112,33 @@ CONVERT_VIA_FP32_BYTES = 4  # dtype-converting DMAs go through fp32
 REGISTER_LOAD_NS = 2000.0
 SEQUENCER = "sequencer"
 
+# ---- the scheduling model (neuron_compile.scheduler); every number cites its AWS document or says "assumed"
+# Dependent-instruction issue interval: back-to-back one-element ScalarE instructions with a read-after-write
+# dependency start every ~264 cycles on NC-v2 (189 ns) and ~266 ScalarE cycles on NC-v3 (222 ns): "NKI Performance
+# Optimizations" guide, Opt #5a. The instruction itself costs INSTRUCTION_OVERHEAD of them, so a consumer on the same
+# engine waits DEP_II - INSTRUCTION_OVERHEAD cycles after its producer ends (the write-back before the read).
+DEP_II_CYCLES = {2: 264, 3: 266, 4: 266}
+# Cross-engine wait on a compute engine's completion semaphore ("NKI Performance Optimizations", Opt #3: engines
+# synchronise through semaphores). Not documented as a number: assumed to equal the same-engine write-back wait
+# at a 1.2 GHz engine clock, ~140 ns.
+SEMAPHORE_NS = 140.0
+# DMA issue: a hardware-DGE dma_copy occupies its issuing queue ~600 ns ("Trainium2 Architecture Guide",
+# "Descriptor Generation Engine (DGE)"; "NKI DGE" deep dive: "hwdge ~600 ns per instruction"). NC-v2 has no DGE
+# (static descriptors: "zero on-device overhead", same deep dive); its issue cost is taken as one engine
+# instruction overhead (assumed).
+DGE_ISSUE_NS = {2: 100.0, 3: 600.0, 4: 600.0}
+# Latency from the trigger to the data moving: "descriptor setup, synchronization, and semaphore-to-start latency
+# (~1300 ns cross-engine)" ("NKI DMA Bandwidth Guide", "Why Large Contiguous DMA Payloads Are Required"). It
+# overlaps other transfers: a lone 32 KiB transfer on one engine takes 1416 ns of engine time ("NKI DMA overview",
+# Example 1), i.e. its bytes at 23 B/ns.
+DMA_START_LATENCY_NS = DMA_FIXED_NS
+# Kernel launch and final drain: not documented; assumed one DMA start latency + a semaphore round per kernel.
+KERNEL_LAUNCH_NS = DMA_FIXED_NS + 2 * SEMAPHORE_NS
+# Double buffering: a tile allocated inside a loop rotates among this many physical buffers of its allocation site
+# (an allocator choice, not documented; the "NKI Performance Optimizations" guide, Opt #2 gotchas, only says
+# tiles declared inside the loop let the compiler multi-buffer). Assumed 2, within SBUF capacity.
+ALLOC_BUFFERS = 2
+
 _ITEMSIZE = {"float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
              "uint16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3": 1, "float8_e4m3fn": 1,
              "float8_e5m2": 1, "float8e4": 1, "float8e5": 1, "int64": 8, "float64": 8}
@@ -267,7 +294,12 @@ def dma_cost(hw: Hardware, rec: InstructionRecord) -> DmaCost:
 
 @dataclass
 class Estimate:
-    """Estimated time of one kernel (or a sum of kernels) on one NeuronCore."""
+    """Estimated time of one kernel (or a sum of kernels).
+
+    From a scheduled stream (:class:`~neuron_compile.instruction_stream.Stream`): ``time_ns`` is the scheduler's
+    makespan plus the kernel launch (``scheduled_ns``), ``engine_ns`` each queue's busy time per core, and
+    ``first_order_ns`` the old first-order figure for comparison. From bare records (a list or ``{record: count}``)
+    only the first-order model applies: the busiest engine + ``dependency_ns``."""
 
     target: str
     engine_ns: dict[str, float] = field(default_factory=dict)
@@ -277,20 +309,38 @@ class Estimate:
     hbm_bytes: int = 0  # actual HBM traffic of the DMAs
     store_tiles: int = 0  # DMAs writing HBM (one per finished output tile)
     executed_flops: int = 0  # TensorE 2*K*M*N per matmul (transposes excluded)
+    scheduled_ns: float | None = None  # makespan + launch (None: not scheduled)
+    first_order: float | None = None  # the first-order figure of a scheduled estimate
+    programs: int = 1  # cores of the launch grid
 
     @property
     def time_ns(self) -> float:
+        if self.scheduled_ns is not None:
+            return self.scheduled_ns
+        return (max(self.engine_ns.values()) if self.engine_ns else 0.0) + self.dependency_ns
+
+    @property
+    def first_order_ns(self) -> float:
+        if self.first_order is not None:
+            return self.first_order
         return (max(self.engine_ns.values()) if self.engine_ns else 0.0) + self.dependency_ns
 
     @property
     def bottleneck(self) -> str:
         return max(self.engine_ns, key=lambda e: self.engine_ns[e]) if self.engine_ns else "-"
 
+    def occupancy(self) -> dict[str, float]:
+        """Busy fraction of each queue over the estimated time (per core)."""
+        t = self.time_ns
+        return {e: (v / t if t else 0.0) for e, v in self.engine_ns.items()}
+
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "time_ns": self.time_ns, "engine_ns": dict(self.engine_ns),
                 "dependency_ns": self.dependency_ns, "bottleneck": self.bottleneck,
                 "instructions": dict(self.instructions), "dma_transfers": self.dma_transfers,
-                "hbm_bytes": self.hbm_bytes, "executed_flops": self.executed_flops}
+                "hbm_bytes": self.hbm_bytes, "executed_flops": self.executed_flops,
+                "scheduled": self.scheduled_ns is not None, "first_order_ns": self.first_order_ns,
+                "occupancy": self.occupancy(), "programs": self.programs}
 
     def __add__(self, other: Estimate) -> Estimate:
         """Kernels run one after the other: a sum of times (kept as per-engine sums + dependency sums)."""
@@ -301,10 +351,14 @@ class Estimate:
             out.instructions[e] = self.instructions.get(e, 0) + other.instructions.get(e, 0)
         # Sequential kernels: the sum of their times, not the max of summed engines.
         out.dependency_ns = self.time_ns + other.time_ns - (max(out.engine_ns.values()) if out.engine_ns else 0.0)
+        if self.scheduled_ns is not None or other.scheduled_ns is not None:
+            out.scheduled_ns = self.time_ns + other.time_ns
+            out.first_order = self.first_order_ns + other.first_order_ns
         out.dma_transfers = self.dma_transfers + other.dma_transfers
         out.hbm_bytes = self.hbm_bytes + other.hbm_bytes
         out.store_tiles = self.store_tiles + other.store_tiles
         out.executed_flops = self.executed_flops + other.executed_flops
+        out.programs = max(self.programs, other.programs)
         return out
 
 
@@ -314,18 +368,55 @@ def _as_counts(records: Iterable[InstructionRecord] | Mapping[InstructionRecord,
     return Counter(records)
 
 
-def estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str = "trn2") -> Estimate:
-    """Estimated time of one kernel's instruction stream (a list, or ``{record: count}``).
+def estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str | None = None
+             ) -> Estimate:
+    """Estimated time of one kernel.
+
+    A scheduled :class:`~neuron_compile.instruction_stream.Stream` (``kernel_stream`` / ``source_stream``) gives the
+    scheduling model's estimate (:mod:`neuron_compile.scheduler`): the slowest program's makespan plus the kernel
+    launch, with its first-order figure alongside. Bare records (a list, e.g. a simulator trace, or
+    ``{record: count}``) carry no buffer identities, so they get the first-order model (:func:`first_order`)."""
+    schedules = getattr(records, "schedules", None)
+    if schedules:
+        stream_target = getattr(records, "target", None)
+        if target is not None and stream_target is not None and target != stream_target:
+            raise ValueError(f"cost model: this stream was scheduled for {stream_target}, not {target}; "
+                             f"pass target= to kernel_stream/source_stream")
+        return _scheduled(records, schedules, stream_target or target or "trn2")  # type: ignore[arg-type]
+    return first_order(records, target or "trn2")
+
+
+def _scheduled(counts: Mapping[InstructionRecord, int], schedules: list[Any], target: str) -> Estimate:
+    programs = len(schedules)
+    fo = _estimate(counts, target)
+    out = Estimate(target, instructions=fo.instructions, dma_transfers=fo.dma_transfers, hbm_bytes=fo.hbm_bytes,
+                   store_tiles=fo.store_tiles, executed_flops=fo.executed_flops, programs=programs)
+    busy: dict[str, float] = {}
+    for s in schedules:
+        for e, v in s.busy_ns.items():
+            busy[e] = busy.get(e, 0.0) + v / programs
+    dma = max(busy.pop("dma", 0.0), busy.pop("hbm", 0.0))
+    out.engine_ns = {**busy, "dma": dma}
+    out.scheduled_ns = max(s.makespan_ns for s in schedules) + KERNEL_LAUNCH_NS
+    # the first-order figure of the same work spread over the programs (each core its share)
+    out.first_order = fo.time_ns / programs
+    return out
+
+
+def first_order(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str = "trn2"
+                ) -> Estimate:
+    """The first-order model (REFERENCE 4.4): per-engine busy sums, the busiest engine + a dependency term.
 
     An ordered stream (a list, e.g. a simulator trace) is split after every ``register_load``: a runtime branch
     waits for every engine, so the parts run one after the other (their estimates add). A ``{record: count}``
     mapping has no order: pass its parts separately (``instruction_stream.kernel_segments``)."""
-    if not isinstance(records, Mapping):
-        records = list(records)
-        cuts = [i + 1 for i, r in enumerate(records) if r.instruction == "register_load"]
-        if cuts and cuts[0] < len(records):
-            bounds = [0] + cuts + [len(records)]
-            return total([_estimate(records[a:b], target) for a, b in zip(bounds, bounds[1:]) if b > a], target)
+    if isinstance(records, Mapping):
+        return _estimate(records, target)
+    records = list(records)
+    cuts = [i + 1 for i, r in enumerate(records) if r.instruction == "register_load"]
+    if cuts and cuts[0] < len(records):
+        bounds = [0] + cuts + [len(records)]
+        return total([_estimate(records[a:b], target) for a, b in zip(bounds, bounds[1:]) if b > a], target)
     return _estimate(records, target)
 
 

@@ -23,9 +23,12 @@ Register instructions are recorded with engine ``"sequencer"``, as the simulator
 
 from __future__ import annotations
 
+import ast
 import builtins
+import functools
 import logging
 import math
+import sys
 import types
 from collections import Counter
 from collections.abc import Sequence
@@ -40,15 +43,20 @@ _INT32ISH = ("int32", "uint32")
 
 
 class ShapeTensor:
-    """A tensor view without data: shape, strides (elements), dtype name, buffer name."""
+    """A tensor view without data: shape, strides (elements), dtype name, buffer name, and where it lies: its
+    allocation (:class:`~neuron_compile.scheduler.Alloc`) and element offset into it (``None``: unknown, a runtime
+    offset)."""
 
-    __slots__ = ("shape", "strides", "dtype", "buffer")
+    __slots__ = ("shape", "strides", "dtype", "buffer", "base", "offset")
 
-    def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: str, buffer: str) -> None:
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)
+    def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: str, buffer: str, base: Any = None,
+                 offset: int | None = 0) -> None:
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)
         self.dtype = dtype
         self.buffer = buffer
+        self.base = base
+        self.offset = offset
 
     @property
     def size(self) -> int:
@@ -60,40 +68,70 @@ class ShapeTensor:
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: Any = 0, scalar_offset: Any = None,
            vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> ShapeTensor:
-        return ShapeTensor([p[1] for p in pattern], [p[0] for p in pattern], dtype or self.dtype, self.buffer)
+        known = scalar_offset is None and vector_offset is None and isinstance(offset, int)
+        return ShapeTensor([p[1] for p in pattern], [p[0] for p in pattern], dtype or self.dtype, self.buffer,
+                           self.base, offset if known else None)
 
     def broadcast(self, dim: int, size: int) -> ShapeTensor:
         shape, strides = list(self.shape), list(self.strides)
         shape[dim], strides[dim] = size, 0
-        return ShapeTensor(shape, strides, self.dtype, self.buffer)
+        return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, self.offset)
 
     def __getitem__(self, key: Any) -> ShapeTensor:
-        key = key if isinstance(key, tuple) else (key,)
-        shape, strides = [], []
+        if key.__class__ is not tuple:
+            key = (key,)
+        shape: list[int] = []
+        strides: list[int] = []
+        off = self.offset
+        nk = len(key)
         for d, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
-            k = key[d] if d < len(key) else slice(None)
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                shape.append(max(0, (stop - start + step - 1) // step))
-                strides.append(s * step)
-            # an integer index drops the dim
-        return ShapeTensor(shape, strides, self.dtype, self.buffer)
+            k = key[d] if d < nk else None
+            if k is None:
+                shape.append(n)
+                strides.append(s)
+            elif k.__class__ is slice:
+                r = range(*k.indices(n))
+                shape.append(len(r))
+                strides.append(s * r.step)
+                if off is not None:
+                    off += r.start * s
+            elif off is not None:  # an integer index drops the dim
+                off += int(k) * s
+        return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, off)
 
 
 def _dtype_name(dtype: Any) -> str:
     return str(getattr(dtype, "name", dtype))
 
 
-class _Recorder:
-    """Counts records; ``segments`` splits them at every ``register_load`` (a runtime branch drains the engines, so
-    the work before and after it doesn't overlap)."""
+MIN_TRIP = 4  # loops shorter than this are always scheduled iteration by iteration
+MAX_SAMPLES = 8  # identical iterations scheduled before moving on by the longest period seen
+TAIL = 2  # the last iterations of a skipped loop always run (a ragged last tile)
 
-    def __init__(self) -> None:
+
+class _Recorder:
+    """Counts records and feeds them, in program order, to a :class:`~neuron_compile.scheduler.Scheduler`.
+
+    ``segments`` splits the counts at every ``register_load`` (a runtime branch drains the engines, so the work
+    before and after it doesn't overlap). ``loop`` wraps every ``range`` loop of the kernel: it schedules the
+    first iterations, and once two consecutive ones issue identical instructions (the same records, in the same
+    order) and advance every queue by the same period, the following identical iterations run (so the counts stay
+    exact) but are not scheduled: the scheduler moves forward by the period for each. An iteration that differs
+    is scheduled from its buffered instructions, and sampling starts again."""
+
+    def __init__(self, sched: Any = None, fast: bool = True) -> None:
         self.counts: Counter[InstructionRecord] = Counter()
         self.segments: list[Counter[InstructionRecord]] = [Counter()]
+        self.sched = sched
+        self.fast = fast and sched is not None
+        self.line = 0
+        self.sig: list[int] = []  # running signature of each open loop iteration
+        self.buffer: list[tuple[Any, ...]] | None = None  # instructions of an iteration being fast-forwarded
+        self.iter_counts: list[Counter[InstructionRecord]] = []  # counts of each open loop iteration
 
     def add(self, engine: str, instruction: str, operands: Sequence[Any], main: Any = None,
-            flags: tuple[str, ...] = ()) -> None:
+            flags: tuple[str, ...] = (), writes: Sequence[Any] | None = None, rmw: bool = False,
+            extra: Sequence[Any] = ()) -> None:
         from neuron_compile.costmodel import itemsize
 
         tensors = [o for o in operands if isinstance(o, ShapeTensor)]
@@ -110,8 +148,115 @@ class _Recorder:
             strides=tuple(o.strides for o in tensors), flags=flags)
         self.counts[rec] += 1
         self.segments[-1][rec] += 1
+        if self.iter_counts:
+            self.iter_counts[-1][rec] += 1
         if instruction == "register_load":
             self.segments.append(Counter())
+        if self.sig:
+            self.sig[-1] = hash((self.sig[-1], rec))
+        if self.sched is None:
+            return
+        if writes is None:
+            w, r = tensors[:1], (tensors if rmw else tensors[1:])
+        else:  # reads: every operand position but the first one of each written tensor (in place ops read dst)
+            w = list(writes)
+            pos = {next((i for i, t in enumerate(tensors) if t is x), -1) for x in w}
+            r = [t for i, t in enumerate(tensors) if rmw or i not in pos]
+        if extra:
+            r = r + list(extra)
+        if self.buffer is not None:
+            self.buffer.append((rec, r, w, self.line))
+        else:
+            self.sched.issue(rec, r, w, self.line)
+
+    def loop(self, it: Any, safe: bool = False) -> Any:
+        """``for v in range(...)`` of the kernel source (rewritten by :class:`_Loops`; ``safe``: the body may be
+        skipped, see :func:`_skippable`)."""
+        if not self.fast or self.buffer is not None or not isinstance(it, range) or len(it) < MIN_TRIP:
+            return it
+        return self._loop(it, safe)
+
+    def _fold(self, sig: int, counts: Counter[InstructionRecord], times: int = 1) -> None:
+        """Close a loop iteration: fold its signature and counts into the enclosing one."""
+        if self.sig:
+            self.sig[-1] = hash((self.sig[-1], sig, times))
+        if self.iter_counts:
+            parent = self.iter_counts[-1]
+            for r, c in counts.items():
+                parent[r] += c * times
+
+    def _skip(self, counts: Counter[InstructionRecord], times: int) -> None:
+        """Count ``times`` more iterations identical to one with ``counts`` (not executed)."""
+        seg = self.segments[-1]
+        for r, c in counts.items():
+            self.counts[r] += c * times
+            seg[r] += c * times
+
+    def _loop(self, vals: range, safe: bool) -> Any:
+        sched = self.sched
+        n = len(vals)
+        prev_sig: int | None = None
+        prev_period = -1.0
+        same = 0
+        steady: tuple[int, float, dict[str, float], float, set[str]] | None = None
+        tags = sched.FRONTIER_TAGS
+        skipped = 0
+        i = 0
+        try:
+            while i < n:
+                v = vals[i]
+                i += 1
+                if steady is not None:  # fast-forward: run the body, schedule nothing unless it differs
+                    self.buffer = []
+                    self.sig.append(0)
+                    self.iter_counts.append(Counter())
+                    try:
+                        yield v
+                    finally:
+                        sig, cnt, buf = self.sig.pop(), self.iter_counts.pop(), self.buffer
+                        self.buffer = None
+                    self._fold(sig, cnt)
+                    if sig == steady[0]:
+                        skipped += 1
+                        continue
+                    sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
+                    skipped, steady, same, prev_sig = 0, None, 0, None
+                    for ev in buf:
+                        sched.issue(*ev)
+                    continue
+                f0, b0 = sched.frontier(), sched.busy_snapshot()
+                self.sig.append(0)
+                self.iter_counts.append(Counter())
+                try:
+                    yield v
+                finally:
+                    sig, cnt = self.sig.pop(), self.iter_counts.pop()
+                self._fold(sig, cnt)
+                if sig != prev_sig:
+                    prev_sig, prev_period, same = sig, -1.0, 0
+                    continue
+                same += 1
+                f1 = sched.frontier()
+                adv = [(b - a, a, tag) for a, b, tag in zip(f0, f1, tags, strict=True) if b - a > 1e-9]
+                if not adv or i >= n:
+                    continue
+                period = max(d for d, _, _ in adv)
+                uniform = min(d for d, _, _ in adv) >= period * (1 - 1e-9)
+                if (uniform and abs(period - prev_period) <= 1e-9 * period) or same >= MAX_SAMPLES:
+                    b1 = sched.busy_snapshot()
+                    steady = (sig, period, {e: b1[e] - b0[e] for e in b1}, min(a for _, a, _ in adv),
+                              {tag for _, _, tag in adv})
+                    m = n - TAIL - i
+                    if safe and m > 0:  # skip the body itself up to the last TAIL iterations
+                        sched.shift(m * period, steady[3], steady[2], m, steady[4])
+                        self._skip(cnt, m)
+                        self._fold(sig, cnt, m)
+                        i += m
+                        steady, prev_sig, same = None, None, 0
+                prev_period = period
+        finally:
+            if steady is not None and skipped:
+                sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
 
 
 class ShapeRegister:
@@ -132,8 +277,11 @@ def _engine_name(engine: Any, default: str) -> str:
     return default if engine is None or name in (None, "unknown") else str(name)
 
 
-def _namespaces(rec: _Recorder, loaded_flag: int = 0
+def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] = (0, 1)
                 ) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+    from neuron_compile.costmodel import itemsize
+    from neuron_compile.scheduler import Alloc
+
     nl = types.ModuleType("nki.language")
     for b in ("sbuf", "psum", "shared_hbm", "private_hbm", "hbm"):
         setattr(nl, b, b)
@@ -143,9 +291,16 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
         strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
             strides[d] = strides[d + 1] * shape[d + 1]
-        return ShapeTensor(shape, strides, _dtype_name(dtype), str(buffer))
+        dt, buf = _dtype_name(dtype), str(buffer)
+        size = itemsize(dt)
+        pstride = strides[0] * shape[0] // max(shape[0], 1) if buf in ON_CHIP and shape else 0
+        base = Alloc(buf, pstride, size, (sys._getframe(1).f_lineno, pstride * size), pstride * size)
+        return ShapeTensor(shape, strides, dt, buf, base, 0)
 
     nl.ndarray = ndarray  # type: ignore[attr-defined]
+    nl.program_id = lambda axis=0: program[0] if axis == 0 else 0  # type: ignore[attr-defined]
+    nl.num_programs = lambda axes=0: program[1] if axes in (0, None) else 1  # type: ignore[attr-defined]
+    nl.program_ndim = lambda: 1  # type: ignore[attr-defined]
 
     def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1) -> None:
         for i in range(_reg_int(lower), _reg_int(upper), step):
@@ -197,7 +352,8 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
     def activation(dst: ShapeTensor, op: Any, data: ShapeTensor, bias: Any = None, scale: Any = 1.0,
                    reduce_op: Any = None, reduce_res: Any = None, **kw: Any) -> None:
         instr = "activation_reduce" if reduce_res is not None else "activation"
-        rec.add("scalar", instr, [dst, data] + [t for t in (bias, scale, reduce_res) if isinstance(t, ShapeTensor)])
+        rec.add("scalar", instr, [dst, data] + [t for t in (bias, scale, reduce_res) if isinstance(t, ShapeTensor)],
+                writes=[t for t in (dst, reduce_res) if isinstance(t, ShapeTensor)])
 
     def reciprocal(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
         rec.add("vector", "reciprocal", (dst, data))
@@ -207,7 +363,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def tensor_scalar_reduce(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
                              reduce_op: Any = None, reduce_res: Any = None, **kw: Any) -> None:
-        rec.add("vector", "tensor_scalar_reduce", (dst, data))
+        rec.add("vector", "tensor_scalar_reduce", (dst, data),
+                writes=[t for t in (dst, reduce_res) if isinstance(t, ShapeTensor)],
+                extra=[t for t in (operand0,) if isinstance(t, ShapeTensor)])
 
     def tensor_partition_reduce(dst: ShapeTensor, op: Any, data: ShapeTensor, **kw: Any) -> None:
         rec.add("gpsimd", "tensor_partition_reduce", (dst, data), main=data)
@@ -216,7 +374,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
                   perf_mode: Any = None, **kw: Any) -> None:
         double = perf_mode is not None and getattr(perf_mode, "name", str(perf_mode)) not in ("none", "None")
         flags = (("is_transpose",) if is_transpose else ()) + (("double_row",) if double else ())
-        rec.add("tensor", "nc_matmul", (dst, stationary, moving), flags=flags)
+        rec.add("tensor", "nc_matmul", (dst, stationary, moving), flags=flags, rmw=bool(kw.get("accumulate")))
 
     def nc_transpose(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
         default = "tensor" if dst.buffer == "psum" and data.buffer == "sbuf" else "vector"
@@ -224,7 +382,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def tensor_copy_predicated(dst: ShapeTensor, src: Any, predicate: ShapeTensor, **kw: Any) -> None:
         rec.add("vector", "tensor_copy_predicated", [dst] + ([src] if isinstance(src, ShapeTensor) else [])
-                + [predicate])
+                + [predicate], rmw=True)
 
     def tensor_tensor_scan(dst: ShapeTensor, data0: ShapeTensor, data1: ShapeTensor, initial: Any = None,
                            **kw: Any) -> None:
@@ -232,7 +390,8 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def scalar_tensor_tensor(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
                              op1: Any = None, operand1: Any = None, **kw: Any) -> None:
-        rec.add("vector", "scalar_tensor_tensor", (dst, data, operand1))
+        rec.add("vector", "scalar_tensor_tensor", (dst, data, operand1),
+                extra=[t for t in (operand0,) if isinstance(t, ShapeTensor)])
 
     def affine_select(dst: ShapeTensor, pattern: Any = None, channel_multiplier: int = 0, on_true_tile: Any = None,
                       **kw: Any) -> None:
@@ -248,15 +407,24 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def register_load(dst: ShapeRegister, src: ShapeTensor) -> None:
         dst.value = loaded_flag  # no data: every loaded flag is 0 unless asked otherwise (module docstring)
-        rec.add("sequencer", "register_load", (src,))
+        rec.add("sequencer", "register_load", (src,), writes=())
 
     def register_store(dst: ShapeTensor, src: ShapeRegister) -> None:
         rec.add("sequencer", "register_store", (dst,))
 
+    def at_line(fn: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            rec.line = sys._getframe(1).f_lineno
+            return fn(*args, **kw)
+
+        call.__name__ = fn.__name__
+        return call
+
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
-               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
-        setattr(isa, fn.__name__, fn)
+               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, register_alloc,
+               register_move, register_load, register_store):
+        setattr(isa, fn.__name__, at_line(fn))
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
     def isa_getattr(attr: str) -> Any:
@@ -278,48 +446,167 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
     return nki, nl, isa
 
 
-def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0
-                  ) -> Counter[InstructionRecord]:
-    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)``; every register loaded
-    from a tensor holds ``loaded_flag``."""
-    return _run_source(source, name, args, loaded_flag).counts
+class Stream(Counter[InstructionRecord]):
+    """A kernel's instruction counts (``{record: count}``, every program of its launch grid) and, per program, its
+    :class:`~neuron_compile.scheduler.Schedule` on ``target`` (what :func:`~neuron_compile.costmodel.estimate`
+    reports)."""
+
+    def __init__(self, target: str | None = None) -> None:
+        super().__init__()
+        self.target = target
+        self.schedules: list[Any] = []
+        self.segments: list[Counter[InstructionRecord]] = []
 
 
-def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int) -> _Recorder:
-    rec = _Recorder()
-    nki, nl, isa = _namespaces(rec, loaded_flag)
-    subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
+_MUTATORS = frozenset(("append", "extend", "insert", "pop", "remove", "update", "setdefault", "add", "clear"))
+_STOP = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal, ast.Delete,
+         ast.AugAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.While, ast.Try)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _skippable(loop: ast.For) -> bool:
+    """Whether iterations of ``loop`` that issue what their predecessor issued may be skipped outright (not run):
+    no side effect a later statement could see (no container mutation, no ``x = f(x)`` counter, no control flow
+    out of the body), and the loop variable reaches no branch but a comparison with 0 of a monotone expression
+    (``k0 == 0``, ``KF > 0``: true or false over a prefix or a suffix of the range, and the first iterations and
+    the last ``TAIL`` always run). Periodic uses (``%``) and any other comparison keep every iteration running
+    (the scheduler still fast-forwards identical ones)."""
+    if not isinstance(loop.target, ast.Name):
+        return False
+    tainted, periodic = {loop.target.id}, set()
+    body = [n for stmt in loop.body for n in ast.walk(stmt)]
+    for n in body:
+        if isinstance(n, _STOP):
+            return False
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
+            return False
+        if isinstance(n, ast.Assign):
+            if any(not isinstance(t, ast.Name) for t in n.targets):
+                return False
+            if _names(n.value) & {t.id for t in n.targets if isinstance(t, ast.Name)}:
+                return False  # a loop-carried value computed from itself (a counter)
+    changed = True
+    while changed:  # names computed from the loop variable
+        changed = False
+        for n in body:
+            if isinstance(n, ast.Assign) and _names(n.value) & tainted:
+                mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value)) \
+                    or bool(_names(n.value) & periodic)
+                for t in n.targets:
+                    assert isinstance(t, ast.Name)
+                    if t.id not in tainted or (mod and t.id not in periodic):
+                        tainted.add(t.id)
+                        if mod:
+                            periodic.add(t.id)
+                        changed = True
+    for n in body:
+        if isinstance(n, ast.Subscript) and isinstance(n.value, (ast.Tuple, ast.List)) and _names(n.slice) & tainted:
+            return False  # a choice among literal values (e.g. an engine per iteration)
+        tests = [n.test] if isinstance(n, (ast.If, ast.IfExp)) else [n] if isinstance(n, ast.Compare) else []
+        for t in tests:
+            used = _names(t)
+            if not used & tainted:
+                continue
+            if used & periodic or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(t)):
+                return False
+            zero = isinstance(t, ast.Compare) and len(t.comparators) == 1 and \
+                isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == 0
+            if not zero:
+                return False
+    return True
+
+
+class _Loops(ast.NodeTransformer):
+    """``for v in range(...)`` -> ``for v in __nc_loop__(range(...), safe)`` (the recorder's loop driver)."""
+
+    def visit_For(self, node: ast.For) -> ast.AST:
+        safe = _skippable(node)
+        self.generic_visit(node)
+        it = node.iter
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+            node.iter = ast.copy_location(ast.Call(ast.Name("__nc_loop__", ast.Load()),
+                                                   [it, ast.Constant(safe)], []), it)
+        return node
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str, name: str) -> Any:
+    tree = ast.fix_missing_locations(_Loops().visit(ast.parse(source)))
+    return compile(tree, f"<stream:{name}>", "exec")
+
+
+def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int, target: str | None = None,
+                grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True) -> Stream:
+    """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program."""
+    from neuron_compile.config import config
+    from neuron_compile.scheduler import Alloc, Scheduler
+
+    target = target or config.target
+    code = _compiled(source, name)
     real_import = builtins.__import__
+    out = Stream(target)
+    for pid in range(grid):
+        sched = Scheduler(target, timeline=timeline) if schedule else None
+        rec = _Recorder(sched, fast=fast and not timeline)
+        nki, nl, isa = _namespaces(rec, loaded_flag, (pid, grid))
+        subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
 
-    def imp(modname: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
-        if level == 0 and modname in subs:
-            return subs[modname] if fromlist else nki
-        return real_import(modname, globals, locals, fromlist, level)
+        def imp(modname: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0,
+                subs: dict[str, Any] = subs, nki: Any = nki) -> Any:
+            if level == 0 and modname in subs:
+                return subs[modname] if fromlist else nki
+            return real_import(modname, globals, locals, fromlist, level)
 
-    bdict = dict(builtins.__dict__)
-    bdict["__import__"] = imp
-    env: dict[str, Any] = {"__name__": __name__, "__builtins__": bdict}
-    exec(compile(source, f"<stream:{name}>", "exec"), env)
-    env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm") for n, dt in args])
-    return rec
+        bdict = dict(builtins.__dict__)
+        bdict["__import__"] = imp
+        env: dict[str, Any] = {"__name__": __name__, "__builtins__": bdict, "__nc_loop__": rec.loop}
+        exec(code, env)
+        from neuron_compile.costmodel import itemsize
+
+        env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm", Alloc("private_hbm", 0, itemsize(dt), None, 0), 0)
+                    for n, dt in args])
+        out.update(rec.counts)
+        for i, seg in enumerate(rec.segments):
+            if i < len(out.segments):
+                out.segments[i].update(seg)
+            else:
+                out.segments.append(Counter(seg))
+        if sched is not None:
+            out.schedules.append(sched.result())
+    return out
 
 
-def kernel_stream(kernel: Any, loaded_flag: int = 0) -> Counter[InstructionRecord]:
+def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0,
+                  target: str | None = None, grid: int = 1, timeline: bool = False) -> Stream:
+    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)`` on a launch grid of
+    ``grid`` programs, scheduled on ``target`` (default ``config.target``); every register loaded from a tensor
+    holds ``loaded_flag``; ``timeline`` keeps every scheduled instruction (and schedules every loop iteration)."""
+    return _run_source(source, name, args, loaded_flag, target, grid, timeline=timeline)
+
+
+def launch_grid(kernel: Any) -> int:
+    """Programs the kernel is launched on (its SPMD grid, see ``codegen.render.launch_grid``)."""
+    from neuron_compile.codegen import render
+
+    return int(getattr(render, "launch_grid", lambda k: 1)(kernel))
+
+
+def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False) -> Stream:
     """The instruction stream of one IR kernel (any family), rendered by the real codegen (``loaded_flag``: the value
     of every register loaded from a tensor, e.g. 1 to cost an attention kernel whose guard trips)."""
     from neuron_compile.codegen.render import render_kernel
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
-                         loaded_flag)
+                         loaded_flag, target, launch_grid(kernel), timeline)
 
 
 def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:
-    """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (cost each with
-    :func:`~neuron_compile.costmodel.estimate` and add them with :func:`~neuron_compile.costmodel.total`)."""
-    from neuron_compile.codegen.render import render_kernel
-
-    rec = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], loaded_flag)
-    return [seg for seg in rec.segments if seg]
+    """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (first-order
+    costs of each add with :func:`~neuron_compile.costmodel.total`)."""
+    return [seg for seg in kernel_stream(kernel, loaded_flag).segments if seg]
 
 
 def count_instructions(counts: Counter[InstructionRecord]) -> Counter[tuple[str, str]]:
