@@ -106,7 +106,10 @@ def _dtype_name(dtype: Any) -> str:
 
 MIN_TRIP = 4  # loops shorter than this are always scheduled iteration by iteration
 MAX_SAMPLES = 8  # identical iterations scheduled before moving on by the longest period seen
-TAIL = 2  # the last iterations of a skipped loop always run (a ragged last tile)
+TAIL = 1  # the last iterations of a skipped loop always run (a ragged last tile)
+UNIFORM = 0.01  # queues advancing within 1% of each other per iteration are in steady state
+_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma", "dma", "dma", "dma")  # of Scheduler.frontier()
+MAX_PERIOD = 4  # skipped loops may repeat a block of up to this many iterations (e.g. alternating engines)
 
 
 class _Recorder:
@@ -172,14 +175,32 @@ class _Recorder:
     def loop(self, it: Any, safe: bool = False) -> Any:
         """``for v in range(...)`` of the kernel source (rewritten by :class:`_Loops`; ``safe``: the body may be
         skipped, see :func:`_skippable`)."""
-        if not self.fast or self.buffer is not None or not isinstance(it, range) or len(it) < MIN_TRIP:
+        if self.sched is None or not isinstance(it, range):
             return it
+        if not self.fast or self.buffer is not None or len(it) < MIN_TRIP:
+            return self._plain(it)
         return self._loop(it, safe)
 
+    def _plain(self, vals: range) -> Any:
+        """Every iteration run and scheduled; the same loop signature as :meth:`_loop`."""
+        rle: list[list[int]] = []
+        try:
+            for v in vals:
+                self.sig.append(0)
+                try:
+                    yield v
+                finally:
+                    sig = self.sig.pop()
+                if rle and rle[-1][0] == sig:
+                    rle[-1][1] += 1
+                else:
+                    rle.append([sig, 1])
+        finally:
+            if self.sig:
+                self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
+
     def _fold(self, sig: int, counts: Counter[InstructionRecord], times: int = 1) -> None:
-        """Close a loop iteration: fold its signature and counts into the enclosing one."""
-        if self.sig:
-            self.sig[-1] = hash((self.sig[-1], sig, times))
+        """Close a loop iteration: fold its counts into the enclosing iteration (signatures: see ``_loop``)."""
         if self.iter_counts:
             parent = self.iter_counts[-1]
             for r, c in counts.items():
@@ -192,15 +213,52 @@ class _Recorder:
             self.counts[r] += c * times
             seg[r] += c * times
 
+    @staticmethod
+    def _steady(hist: list[tuple[Any, ...]], max_period: int) -> tuple[int, float, dict[str, float], float,
+                                                                          set[str]] | None:
+        """The block length, period, busy time per block, start and queues of a repeating block of iterations:
+        the last two blocks issued the same instructions and every queue the last one advanced moved by the same
+        period as in the block before (within UNIFORM); failing that, the shortest block seen repeating
+        MAX_SAMPLES iterations long, at its longest advance (conservative)."""
+        fallback = None
+        for per in range(1, max_period + 1):
+            if len(hist) < 2 * per or any(hist[-k][0] != hist[-k - per][0] for k in range(1, per + 1)):
+                continue
+            f_a, f_b, f_c = hist[-2 * per][1], hist[-per][1], hist[-1][2]  # block starts and the end
+            adv = [(c - b, b, tag) for b, c, tag in zip(f_b, f_c, _TAGS, strict=True) if c - b > 1e-9]
+            if not adv:
+                return None
+            period = max(d for d, _, _ in adv)
+            same = all(abs((c - b) - (b - a)) <= UNIFORM * period for a, b, c in zip(f_a, f_b, f_c, strict=True))
+            uniform = same and min(d for d, _, _ in adv) >= period * (1 - UNIFORM)
+            b_a, b_c = hist[-per][3], hist[-1][4]
+            found = (per, period, {e: b_c[e] - b_a[e] for e in b_c}, min(a for _, a, _ in adv),
+                     {tag for _, _, tag in adv})
+            if uniform:
+                return found
+            reps = sum(1 for k in range(per, len(hist) + 1 - per, per)
+                       if all(hist[-j][0] == hist[-j - k][0] for j in range(1, per + 1)))
+            if fallback is None and (reps + 1) * per >= MAX_SAMPLES:
+                # the longest advance of any block since the first repeat (conservative)
+                worst = max(max(hist[-j - per + 1][1][r] - hist[-j - 2 * per + 1][1][r] for r in range(len(_TAGS)))
+                            for j in range(1, reps * per, per) if j + 2 * per - 1 <= len(hist))
+                fallback = (per, max(period, worst), *found[2:])
+        return fallback
+
     def _loop(self, vals: range, safe: bool) -> Any:
         sched = self.sched
         n = len(vals)
-        prev_sig: int | None = None
-        prev_period = -1.0
-        same = 0
+        hist: list[tuple[Any, ...]] = []  # sampled iterations: signature, frontier before/after, busy, counts
         steady: tuple[int, float, dict[str, float], float, set[str]] | None = None
-        tags = sched.FRONTIER_TAGS
         skipped = 0
+        rle: list[list[int]] = []  # the loop's signature: its iterations' signatures, run-length encoded
+
+        def done(sig: int, times: int = 1) -> None:
+            if rle and rle[-1][0] == sig:
+                rle[-1][1] += times
+            else:
+                rle.append([sig, times])
+
         i = 0
         try:
             while i < n:
@@ -216,11 +274,13 @@ class _Recorder:
                         sig, cnt, buf = self.sig.pop(), self.iter_counts.pop(), self.buffer
                         self.buffer = None
                     self._fold(sig, cnt)
+                    done(sig)
                     if sig == steady[0]:
                         skipped += 1
                         continue
                     sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
-                    skipped, steady, same, prev_sig = 0, None, 0, None
+                    skipped, steady = 0, None
+                    hist.clear()
                     for ev in buf:
                         sched.issue(*ev)
                     continue
@@ -232,31 +292,37 @@ class _Recorder:
                 finally:
                     sig, cnt = self.sig.pop(), self.iter_counts.pop()
                 self._fold(sig, cnt)
-                if sig != prev_sig:
-                    prev_sig, prev_period, same = sig, -1.0, 0
+                done(sig)
+                hist.append((sig, f0, sched.frontier(), b0, sched.busy_snapshot(), cnt))
+                if len(hist) > 2 * MAX_PERIOD:
+                    del hist[0]
+                if i >= n:
                     continue
-                same += 1
-                f1 = sched.frontier()
-                adv = [(b - a, a, tag) for a, b, tag in zip(f0, f1, tags, strict=True) if b - a > 1e-9]
-                if not adv or i >= n:
+                found = self._steady(hist, MAX_PERIOD if safe else 1)
+                if found is None:
                     continue
-                period = max(d for d, _, _ in adv)
-                uniform = min(d for d, _, _ in adv) >= period * (1 - 1e-9)
-                if (uniform and abs(period - prev_period) <= 1e-9 * period) or same >= MAX_SAMPLES:
-                    b1 = sched.busy_snapshot()
-                    steady = (sig, period, {e: b1[e] - b0[e] for e in b1}, min(a for _, a, _ in adv),
-                              {tag for _, _, tag in adv})
-                    m = n - TAIL - i
-                    if safe and m > 0:  # skip the body itself up to the last TAIL iterations
-                        sched.shift(m * period, steady[3], steady[2], m, steady[4])
-                        self._skip(cnt, m)
-                        self._fold(sig, cnt, m)
-                        i += m
-                        steady, prev_sig, same = None, None, 0
-                prev_period = period
+                per, period, busy, after, moved = found
+                m = (n - TAIL - i) // per * per
+                if safe and m > 0:  # skip the body itself up to the last TAIL iterations
+                    sched.shift(m // per * period, after, busy, m, moved)
+                    block: Counter[InstructionRecord] = Counter()
+                    for h in hist[-per:]:
+                        block.update(h[5])
+                    self._skip(block, m // per)
+                    self._fold(sig, block, m // per)
+                    if per == 1:
+                        done(sig, m)
+                    else:
+                        rle.append([hash(tuple(h[0] for h in hist[-per:])), m // per])
+                    i += m
+                    hist.clear()
+                elif per == 1 and not safe:
+                    steady = (sig, period, busy, after, moved)
         finally:
             if steady is not None and skipped:
                 sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
+            if self.sig:  # the enclosing iteration sees this loop as one item, however it was scheduled
+                self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
 
 
 class ShapeRegister:
@@ -467,6 +533,16 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
+def _index_only(name: str, body: list[ast.AST], own: ast.Assign) -> bool:
+    """Every read of ``name`` in ``body`` but its own update is inside a subscript index (``acc[t % 7]``): skipping
+    iterations then only changes which buffer of a list a later iteration uses."""
+    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in ast.walk(n.slice)}
+    own_reads = {id(m) for n in body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for t in n.targets) for m in ast.walk(n.value)}
+    return all(id(n) in inside or id(n) in own_reads for n in body
+               if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
+
+
 def _skippable(loop: ast.For) -> bool:
     """Whether iterations of ``loop`` that issue what their predecessor issued may be skipped outright (not run):
     no side effect a later statement could see (no container mutation, no ``x = f(x)`` counter, no control flow
@@ -486,19 +562,29 @@ def _skippable(loop: ast.For) -> bool:
         if isinstance(n, ast.Assign):
             if any(not isinstance(t, ast.Name) for t in n.targets):
                 return False
-            if _names(n.value) & {t.id for t in n.targets if isinstance(t, ast.Name)}:
-                return False  # a loop-carried value computed from itself (a counter)
+            for t in n.targets:
+                if isinstance(t, ast.Name) and t.id in _names(n.value) and not _index_only(t.id, body, n):
+                    return False  # a loop-carried value computed from itself (a counter) used beyond list indices
+    extents: set[str] = set()  # min(C, X - v) clamps: constant but for the last iterations
     changed = True
     while changed:  # names computed from the loop variable
         changed = False
         for n in body:
             if isinstance(n, ast.Assign) and _names(n.value) & tainted:
-                mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value)) \
-                    or bool(_names(n.value) & periodic)
+                used = _names(n.value) & tainted
+                clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and \
+                    n.value.func.id == "min"
+                ext = clamp or used <= extents
+                mod = not ext and (bool(used & periodic) or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod)
+                                                                for m in ast.walk(n.value)))
                 for t in n.targets:
                     assert isinstance(t, ast.Name)
-                    if t.id not in tainted or (mod and t.id not in periodic):
+                    if t.id not in tainted or (mod and t.id not in periodic) or (not ext and t.id in extents):
                         tainted.add(t.id)
+                        if ext and t.id not in periodic:
+                            extents.add(t.id)
+                        else:
+                            extents.discard(t.id)
                         if mod:
                             periodic.add(t.id)
                         changed = True
@@ -508,10 +594,10 @@ def _skippable(loop: ast.For) -> bool:
         tests = [n.test] if isinstance(n, (ast.If, ast.IfExp)) else [n] if isinstance(n, ast.Compare) else []
         for t in tests:
             used = _names(t)
-            if not used & tainted:
-                continue
+            if not used & tainted or used & tainted <= extents:
+                continue  # a test on clamped extents changes at most for the last iterations
             if used & periodic or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(t)):
-                return False
+                continue  # periodic: iterations repeat in blocks (the loop driver finds the block length)
             zero = isinstance(t, ast.Compare) and len(t.comparators) == 1 and \
                 isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == 0
             if not zero:
