@@ -61,13 +61,33 @@ class Hardware:
         return min(self.hbm_chip_gbps_high / self.cores_per_chip, self.dma_aggregate_gbps)
 
     def pe_flops_per_s(self, dtype: str) -> float:
-        """TensorE peak: 128x128 PEs x 2 FLOP per cycle; fp32 4x slower, fp8 (double row) 2x faster."""
+        """TensorE peak from the clock ("Trainium/Trainium2/Trainium3 Architecture Guide", TensorE): 128x128 PEs x 2
+        FLOP per cycle; fp32 4x slower; fp8 2x faster on NC-v3 (double row: 158 TFLOPS); on NC-v4 MXFP8/MXFP4 4x
+        (8x128 inputs per cycle: 315 TFLOPS) and plain fp8 at the bf16 rate (2x128 non-MX inputs)."""
         base = 128 * 128 * 2 * self.pe_ghz * 1e9
         if dtype == "float32":
             return base / FP32_MATMUL_FACTOR
-        if dtype.startswith("float8") and self.nc_version >= 3:
+        if dtype in MX_DTYPES and self.nc_version >= 4:
+            return base * 4
+        if dtype.startswith("float8") and self.nc_version == 3:
             return base * 2
         return base
+
+    def pe_flops_chip_per_s(self, dtype: str) -> float:
+        """TensorE peak per core from the chip's dense TFLOPS ("Trainium", "Trainium2", "Trainium3" chip pages) over
+        its cores: trn2 bf16 667 / 8 = 83.4 TFLOPS, a little above the clock figure (78.6)."""
+        table = CHIP_TFLOPS[self.name]
+        if dtype == "float32":
+            key = "float32"
+        elif dtype in MX_DTYPES or dtype.startswith("float8"):
+            key = "fp8" if self.nc_version < 4 or dtype in MX_DTYPES else "bfloat16"
+        else:
+            key = "bfloat16"
+        return table[key] * 1e12 / self.cores_per_chip
+
+    def pe_roofline_per_s(self, dtype: str) -> float:
+        """The roofline's TensorE peak: the higher of the two documented figures (best case)."""
+        return max(self.pe_flops_per_s(dtype), self.pe_flops_chip_per_s(dtype))
 
     def elementwise_per_s(self, dtype: str) -> float:
         """Peak elements/s of Vector + Scalar + GpSimd together (128 partitions each, best perf mode)."""
@@ -83,6 +103,12 @@ HARDWARE: dict[str, Hardware] = {
     "trn3": Hardware("trn3", 4, 2.4, 1.2, 1.2, 1.2, 33.0, 16, 4700.0, 4900.0, 8),
 }
 
+# Chip dense TFLOPS ("Trainium", "Trainium2", "Trainium3" chip pages of the Neuron hardware documentation): trn1's
+# cFP8 runs at the bf16 rate; trn3's fp8 figure is MXFP8/MXFP4.
+CHIP_TFLOPS = {"trn1": {"bfloat16": 190.0, "float32": 47.5, "fp8": 190.0},
+               "trn2": {"bfloat16": 667.0, "float32": 181.0, "fp8": 1299.0},
+               "trn3": {"bfloat16": 671.0, "float32": 183.0, "fp8": 2517.0}}
+MX_DTYPES = frozenset(("mxfp8", "mxfp4", "float8_mx", "float4_mx"))
 # TensorE (REFERENCE 4.3 "TensorE", 4.4)
 MM_INIT_LATENCY = 64  # minimum matmul initiation interval, PE cycles
 FP32_MATMUL_FACTOR = 4  # fp32 operands: 4x the cycles

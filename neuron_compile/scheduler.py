@@ -243,6 +243,10 @@ class Scheduler:
         alloc: Alloc = t.base
         key = self._key(alloc)
         shape, strides, off = t.shape, t.strides, t.offset
+        if off is None:  # a runtime offset (register or per-partition index): anywhere in the allocation
+            if alloc.buffer == "psum":
+                return [(("psum", b), 0, 128, 0, 1, None) for b in alloc.banks]
+            return [(key, 0, 128, -(1 << 62), 1 << 62, None)]
         if alloc.pstride:  # on chip: partition range x free element range within a partition
             p0 = off // alloc.pstride
             f = off - p0 * alloc.pstride
