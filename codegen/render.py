@@ -56,26 +56,126 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    return _render(kernel, lnc(), _snapshot())[0]
+
+
+def launch_grid(kernel: Kernel) -> int:
+    """Programs (physical cores) the kernel is launched on: ``lnc()`` when its work splits, else 1."""
+    return _render(kernel, lnc(), _snapshot())[1]
+
+
+def _snapshot() -> tuple[tuple[str, Any], ...]:
+    from neuron_compile.config import codegen_snapshot
+
+    return tuple(sorted(codegen_snapshot().items()))
+
+
+def lnc() -> int:
+    """Physical cores per logical core (config ``lnc``; 0 = the target's default: 2 on trn2/trn3)."""
+    return config.lnc or (1 if config.target == "trn1" else 2)
+
+
+@functools.lru_cache(maxsize=512)
+def _render(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...]) -> tuple[str, int]:
+    """(source, launch grid) of a kernel under the config ``snapshot`` (the codegen knobs, part of the cache key)."""
+    if grid > 1 and isinstance(kernel, AttentionKernel):
+        from neuron_compile.codegen.render_attention_u import unshifted_group
+
+        if unshifted_group(kernel):
+            # The unshifted kernel branches on an on-chip check; both cores of a logical core must take the same
+            # runtime path (NKI 0.6 runtime loops), so it runs on one core. The exact kernel splits over both:
+            # take whichever the cost model estimates faster.
+            one = _wrap(kernel, _body(kernel), 1)
+            with config.patch(attention_unshifted=False):
+                split = _spmd(kernel, _body(kernel), grid)
+                two = _wrap(kernel, split, grid) if split else None
+            if two is None or _estimate(kernel, one) <= _estimate(kernel, two):
+                return one, 1
+            return two, grid
+    body = _body(kernel)
+    if grid > 1:
+        split = _spmd(kernel, body, grid)
+        if split is not None:
+            return _wrap(kernel, split, grid), grid
+    return _wrap(kernel, body, 1), 1
+
+
+def _estimate(kernel: Kernel, source: str) -> float:
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import source_stream
+
+    return estimate(source_stream(source, kernel.name, [(a.numel, a.dtype) for a in kernel.inputs]),
+                    config.target).time_ns
+
+
+def _body(kernel: Kernel) -> str:
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
-        body = render_body(kernel)
-    elif isinstance(kernel, LoopKernel):
-        body = _loop_body(kernel)
-    elif isinstance(kernel, CopyKernel):
-        body = _copy_body(kernel)
-    elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
-        body = _index_body(kernel)
-    elif isinstance(kernel, AttentionKernel):
+        return render_body(kernel)
+    if isinstance(kernel, LoopKernel):
+        return _loop_body(kernel)
+    if isinstance(kernel, CopyKernel):
+        return _copy_body(kernel)
+    if isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
+        return _index_body(kernel)
+    if isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
 
-        body = attention_body(kernel)
-    else:  # pragma: no cover
-        raise TypeError(kernel)
-    return _wrap(kernel, body)
+        return attention_body(kernel)
+    raise TypeError(kernel)  # pragma: no cover
 
 
-def _wrap(kernel: Kernel, body: str) -> str:
+def _split_loop(kernel: Kernel) -> str | None:
+    """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
+    row tiles (``p0``) or non-reduced outer dims of row kernels and scans, M blocks (``m0``) of matmuls, row
+    groups (``g0``) of gathers, batches (``b``) of the exact attention kernel."""
+    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
+        return "m0"
+    if isinstance(kernel, LoopKernel):
+        r = LoopRenderer(kernel)
+        if r.red_outer:
+            return None
+        return "o0" if kernel.n_outer and 0 not in kernel.reduce_dims else "p0"
+    if isinstance(kernel, ScanKernel):
+        return "p0"
+    if isinstance(kernel, GatherKernel):
+        return "g0"
+    if isinstance(kernel, AttentionKernel):
+        return "b"
+    return None  # copies (no loop), index_put (scatter-add: programs could add to the same row)
+
+
+def _spmd(kernel: Kernel, body: str, grid: int) -> str | None:
+    """The body with its independent top-level loop spread over ``grid`` programs (cyclically: program ``i`` runs
+    iterations ``i, i + grid, ...``), or None when the kernel has no such loop with at least ``grid`` iterations.
+    The one place the launch grid changes a kernel: every other line is the single-core kernel's."""
+    var = _split_loop(kernel)
+    if var is None:
+        return None
+    tree = ast.parse(body)
+    loop = next((n for n in tree.body if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
+                 and n.target.id == var and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
+                 and n.iter.func.id == "range" and not n.iter.keywords), None)
+    if loop is None:
+        return None
+    args = [ast.unparse(a) for a in loop.iter.args]  # type: ignore[attr-defined]
+    start, stop, step = (["0", *args, "1"] if len(args) == 1 else [*args, "1"] if len(args) == 2 else args)[:3]
+    try:
+        trips = len(range(int(ast.literal_eval(start)), int(ast.literal_eval(stop)), int(ast.literal_eval(step))))
+    except (ValueError, SyntaxError):
+        trips = grid
+    if trips < grid:
+        return None
+    lines = body.splitlines()
+    head = lines[loop.lineno - 1]
+    assert head.startswith(f"for {var} in range("), head
+    lines[loop.lineno - 1] = (f"for {var} in range({start} + nl.program_id(0) * {step}, {stop}, "
+                              f"{step} * nl.num_programs(0)):")
+    return "\n".join(lines) + ("\n" if body.endswith("\n") else "")
+
+
+def _wrap(kernel: Kernel, body: str, grid: int = 1) -> str:
     """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
@@ -85,7 +185,7 @@ def _wrap(kernel: Kernel, body: str) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, grid=grid)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:

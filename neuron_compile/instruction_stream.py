@@ -84,17 +84,27 @@ class ShapeTensor:
         strides: list[int] = []
         off = self.offset
         nk = len(key)
-        for d, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
+        d = 0
+        for n, s in zip(self.shape, self.strides, strict=True):
             k = key[d] if d < nk else None
+            d += 1
             if k is None:
                 shape.append(n)
                 strides.append(s)
             elif k.__class__ is slice:
-                r = range(*k.indices(n))
-                shape.append(len(r))
-                strides.append(s * r.step)
+                a, b, step = k.start, k.stop, k.step
+                if step is None and (a is None or 0 <= a <= n) and (b is None or 0 <= b):
+                    a = a or 0
+                    b = n if b is None or b > n else b
+                    shape.append(b - a if b > a else 0)
+                    strides.append(s)
+                else:
+                    r = range(*k.indices(n))
+                    a = r.start
+                    shape.append(len(r))
+                    strides.append(s * r.step)
                 if off is not None:
-                    off += r.start * s
+                    off += a * s
             elif off is not None:  # an integer index drops the dim
                 off += int(k) * s
         return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, off)
@@ -108,8 +118,13 @@ MIN_TRIP = 4  # loops shorter than this are always scheduled iteration by iterat
 MAX_SAMPLES = 8  # identical iterations scheduled before moving on by the longest period seen
 TAIL = 1  # the last iterations of a skipped loop always run (a ragged last tile)
 UNIFORM = 0.01  # queues advancing within 1% of each other per iteration are in steady state
-_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma", "dma", "dma", "dma")  # of Scheduler.frontier()
+_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma_in", "dma_out", "dma_lanes", "hbm")  # Scheduler.frontier()
 MAX_PERIOD = 4  # skipped loops may repeat a block of up to this many iterations (e.g. alternating engines)
+
+
+def _by_tag(adv: Sequence[float]) -> dict[str, float]:
+    """Advance per queue (frontier entry), for :meth:`Scheduler.shift`."""
+    return {tag: d for d, tag in zip(adv, _TAGS, strict=True) if d > 1e-9}
 
 
 class _Recorder:
@@ -123,40 +138,36 @@ class _Recorder:
     is scheduled from its buffered instructions, and sampling starts again."""
 
     def __init__(self, sched: Any = None, fast: bool = True) -> None:
-        self.counts: Counter[InstructionRecord] = Counter()
-        self.segments: list[Counter[InstructionRecord]] = [Counter()]
+        self.ids: dict[tuple[Any, ...], int] = {}  # interned records (counters count ids, not records)
+        self.records: list[InstructionRecord] = []
+        self.counts: Counter[int] = Counter()
+        self.segments: list[Counter[int]] = [Counter()]
         self.sched = sched
         self.fast = fast and sched is not None
         self.line = 0
         self.sig: list[int] = []  # running signature of each open loop iteration
         self.buffer: list[tuple[Any, ...]] | None = None  # instructions of an iteration being fast-forwarded
-        self.iter_counts: list[Counter[InstructionRecord]] = []  # counts of each open loop iteration
+        self.iter_counts: list[Counter[int]] = []  # counts of each open loop iteration
 
     def add(self, engine: str, instruction: str, operands: Sequence[Any], main: Any = None,
             flags: tuple[str, ...] = (), writes: Sequence[Any] | None = None, rmw: bool = False,
             extra: Sequence[Any] = ()) -> None:
-        from neuron_compile.costmodel import itemsize
-
-        tensors = [o for o in operands if isinstance(o, ShapeTensor)]
-        ref = main if main is not None else (tensors[0] if tensors else None)
-        if ref is not None and ref.shape:
-            parts = ref.shape[0]
-            free = ref.size // parts if parts else 0
-        else:
-            parts, free = 1, 1
-        rec = InstructionRecord(
-            engine=engine, instruction=instruction, partitions=parts, free_size=free,
-            dtypes=tuple(o.dtype for o in tensors), bytes=sum(o.size * itemsize(o.dtype) for o in tensors),
-            buffers=tuple(o.buffer for o in tensors), shapes=tuple(o.shape for o in tensors),
-            strides=tuple(o.strides for o in tensors), flags=flags)
-        self.counts[rec] += 1
-        self.segments[-1][rec] += 1
+        tensors = [o for o in operands if o.__class__ is ShapeTensor]
+        mi = next((i for i, t in enumerate(tensors) if t is main), -1) if main is not None else 0
+        key = (engine, instruction, flags, mi, *[(t.shape, t.strides, t.dtype, t.buffer) for t in tensors])
+        rid = self.ids.get(key)
+        if rid is None:
+            rid = self.ids[key] = len(self.records)
+            self.records.append(self._record(engine, instruction, tensors, main, flags))
+        self.counts[rid] += 1
+        self.segments[-1][rid] += 1
         if self.iter_counts:
-            self.iter_counts[-1][rec] += 1
+            self.iter_counts[-1][rid] += 1
         if instruction == "register_load":
             self.segments.append(Counter())
         if self.sig:
-            self.sig[-1] = hash((self.sig[-1], rec))
+            self.sig[-1] = hash((self.sig[-1], rid))
+        rec = self.records[rid]
         if self.sched is None:
             return
         if writes is None:
@@ -171,6 +182,30 @@ class _Recorder:
             self.buffer.append((rec, r, w, self.line))
         else:
             self.sched.issue(rec, r, w, self.line)
+
+    @staticmethod
+    def _record(engine: str, instruction: str, tensors: list[ShapeTensor], main: Any,
+                flags: tuple[str, ...]) -> InstructionRecord:
+        from neuron_compile.costmodel import itemsize
+
+        ref = main if main is not None else (tensors[0] if tensors else None)
+        if ref is not None and ref.shape:
+            parts = ref.shape[0]
+            free = ref.size // parts if parts else 0
+        else:
+            parts, free = 1, 1
+        return InstructionRecord(
+            engine=engine, instruction=instruction, partitions=parts, free_size=free,
+            dtypes=tuple(o.dtype for o in tensors), bytes=sum(o.size * itemsize(o.dtype) for o in tensors),
+            buffers=tuple(o.buffer for o in tensors), shapes=tuple(o.shape for o in tensors),
+            strides=tuple(o.strides for o in tensors), flags=flags)
+
+    def record_counts(self, counts: Counter[int]) -> Counter[InstructionRecord]:
+        """Interned record ids -> records."""
+        out: Counter[InstructionRecord] = Counter()
+        for rid, c in counts.items():
+            out[self.records[rid]] += c
+        return out
 
     def loop(self, it: Any, safe: bool = False) -> Any:
         """``for v in range(...)`` of the kernel source (rewritten by :class:`_Loops`; ``safe``: the body may be
@@ -199,14 +234,14 @@ class _Recorder:
             if self.sig:
                 self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
 
-    def _fold(self, sig: int, counts: Counter[InstructionRecord], times: int = 1) -> None:
+    def _fold(self, sig: int, counts: Counter[int], times: int = 1) -> None:
         """Close a loop iteration: fold its counts into the enclosing iteration (signatures: see ``_loop``)."""
         if self.iter_counts:
             parent = self.iter_counts[-1]
             for r, c in counts.items():
                 parent[r] += c * times
 
-    def _skip(self, counts: Counter[InstructionRecord], times: int) -> None:
+    def _skip(self, counts: Counter[int], times: int) -> None:
         """Count ``times`` more iterations identical to one with ``counts`` (not executed)."""
         seg = self.segments[-1]
         for r, c in counts.items():
@@ -214,42 +249,43 @@ class _Recorder:
             seg[r] += c * times
 
     @staticmethod
-    def _steady(hist: list[tuple[Any, ...]], max_period: int) -> tuple[int, float, dict[str, float], float,
-                                                                          set[str]] | None:
-        """The block length, period, busy time per block, start and queues of a repeating block of iterations:
-        the last two blocks issued the same instructions and every queue the last one advanced moved by the same
-        period as in the block before (within UNIFORM); failing that, the shortest block seen repeating
-        MAX_SAMPLES iterations long, at its longest advance (conservative)."""
+    def _steady(hist: list[tuple[Any, ...]], max_period: int) -> tuple[int, dict[str, float], float,
+                                                                          dict[str, float]] | None:
+        """A repeating block of the last iterations: (iterations per block, busy time per iteration, the time
+        before which nothing moves, each queue's advance per block). Steady: the last two blocks issued the same
+        instructions and every queue advanced by the same amount in both (within UNIFORM of the longest advance);
+        failing that, the shortest block seen repeating MAX_SAMPLES iterations long, each queue at its longest
+        advance over those blocks (conservative)."""
         fallback = None
+        n_res = len(_TAGS)
         for per in range(1, max_period + 1):
             if len(hist) < 2 * per or any(hist[-k][0] != hist[-k - per][0] for k in range(1, per + 1)):
                 continue
             f_a, f_b, f_c = hist[-2 * per][1], hist[-per][1], hist[-1][2]  # block starts and the end
-            adv = [(c - b, b, tag) for b, c, tag in zip(f_b, f_c, _TAGS, strict=True) if c - b > 1e-9]
-            if not adv:
+            adv = [c - b for b, c in zip(f_b, f_c, strict=True)]
+            period = max(adv)
+            if period <= 1e-9:
                 return None
-            period = max(d for d, _, _ in adv)
             same = all(abs((c - b) - (b - a)) <= UNIFORM * period for a, b, c in zip(f_a, f_b, f_c, strict=True))
-            uniform = same and min(d for d, _, _ in adv) >= period * (1 - UNIFORM)
             b_a, b_c = hist[-per][3], hist[-1][4]
-            found = (per, period, {e: b_c[e] - b_a[e] for e in b_c}, min(a for _, a, _ in adv),
-                     {tag for _, _, tag in adv})
-            if uniform:
-                return found
+            busy = {e: (b_c[e] - b_a[e]) / per for e in b_c}
+            after = min(b for b, d in zip(f_b, adv, strict=True) if d > 1e-9)
+            if same:
+                return per, busy, after, _by_tag(adv)
             reps = sum(1 for k in range(per, len(hist) + 1 - per, per)
                        if all(hist[-j][0] == hist[-j - k][0] for j in range(1, per + 1)))
             if fallback is None and (reps + 1) * per >= MAX_SAMPLES:
-                # the longest advance of any block since the first repeat (conservative)
-                worst = max(max(hist[-j - per + 1][1][r] - hist[-j - 2 * per + 1][1][r] for r in range(len(_TAGS)))
-                            for j in range(1, reps * per, per) if j + 2 * per - 1 <= len(hist))
-                fallback = (per, max(period, worst), *found[2:])
+                worst = [max(hist[-j - per + 1][1][r] - hist[-j - 2 * per + 1][1][r]
+                             for j in range(1, reps * per, per) if j + 2 * per - 1 <= len(hist)) for r in range(n_res)]
+                fallback = (per, busy, after, _by_tag([max(a, w) for a, w in zip(adv, worst, strict=True)]))
         return fallback
 
     def _loop(self, vals: range, safe: bool) -> Any:
         sched = self.sched
         n = len(vals)
         hist: list[tuple[Any, ...]] = []  # sampled iterations: signature, frontier before/after, busy, counts
-        steady: tuple[int, float, dict[str, float], float, set[str]] | None = None
+        steady: tuple[int, dict[str, float], float, dict[str, float]] | None = None  # per, busy, after, advance
+        steady_sig = 0
         skipped = 0
         rle: list[list[int]] = []  # the loop's signature: its iterations' signatures, run-length encoded
 
@@ -275,10 +311,10 @@ class _Recorder:
                         self.buffer = None
                     self._fold(sig, cnt)
                     done(sig)
-                    if sig == steady[0]:
+                    if sig == steady_sig:
                         skipped += 1
                         continue
-                    sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
+                    sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
                     skipped, steady = 0, None
                     hist.clear()
                     for ev in buf:
@@ -301,11 +337,11 @@ class _Recorder:
                 found = self._steady(hist, MAX_PERIOD if safe else 1)
                 if found is None:
                     continue
-                per, period, busy, after, moved = found
+                per, busy, after, moved = found
                 m = (n - TAIL - i) // per * per
                 if safe and m > 0:  # skip the body itself up to the last TAIL iterations
-                    sched.shift(m // per * period, after, busy, m, moved)
-                    block: Counter[InstructionRecord] = Counter()
+                    sched.shift(m // per, after, busy, m, moved)
+                    block: Counter[int] = Counter()
                     for h in hist[-per:]:
                         block.update(h[5])
                     self._skip(block, m // per)
@@ -317,10 +353,10 @@ class _Recorder:
                     i += m
                     hist.clear()
                 elif per == 1 and not safe:
-                    steady = (sig, period, busy, after, moved)
+                    steady, steady_sig = (1, busy, after, moved), sig
         finally:
             if steady is not None and skipped:
-                sched.shift(skipped * steady[1], steady[3], steady[2], skipped, steady[4])
+                sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
             if self.sig:  # the enclosing iteration sees this loop as one item, however it was scheduled
                 self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
 
@@ -619,6 +655,11 @@ class _Loops(ast.NodeTransformer):
 
 
 @functools.lru_cache(maxsize=64)
+def code_tree(source: str) -> list[ast.stmt]:
+    return ast.parse(source).body
+
+
+@functools.lru_cache(maxsize=64)
 def _compiled(source: str, name: str) -> Any:
     tree = ast.fix_missing_locations(_Loops().visit(ast.parse(source)))
     return compile(tree, f"<stream:{name}>", "exec")
@@ -634,6 +675,13 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
     code = _compiled(source, name)
     real_import = builtins.__import__
     out = Stream(target)
+    probe: dict[str, Any] = {"__builtins__": builtins.__dict__}
+    try:  # the launch grid a rendered kernel declares (LAUNCH_GRID = n, see codegen.render)
+        exec(compile(ast.Module([n for n in code_tree(source) if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "LAUNCH_GRID" for t in n.targets)], []), "<grid>", "exec"), probe)
+    except Exception:  # noqa: BLE001 - a grid we can't read is the one we were given
+        pass
+    grid = max(grid, int(probe.get("LAUNCH_GRID", 1)))
     for pid in range(grid):
         sched = Scheduler(target, timeline=timeline) if schedule else None
         rec = _Recorder(sched, fast=fast and not timeline)
@@ -654,12 +702,12 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
 
         env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm", Alloc("private_hbm", 0, itemsize(dt), None, 0), 0)
                     for n, dt in args])
-        out.update(rec.counts)
+        out.update(rec.record_counts(rec.counts))
         for i, seg in enumerate(rec.segments):
             if i < len(out.segments):
-                out.segments[i].update(seg)
+                out.segments[i].update(rec.record_counts(seg))
             else:
-                out.segments.append(Counter(seg))
+                out.segments.append(rec.record_counts(seg))
         if sched is not None:
             out.schedules.append(sched.result())
     return out
@@ -686,7 +734,7 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, 
     from neuron_compile.codegen.render import render_kernel
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
-                         loaded_flag, target, launch_grid(kernel), timeline)
+                         loaded_flag, target, 1, timeline)
 
 
 def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:

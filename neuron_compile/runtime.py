@@ -110,7 +110,8 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
         from neuron_compile import simulator
 
         glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
-        return simulator.simulate(glb[name])
+        grid = int(glb.get("LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
+        return simulator.simulate(glb[name][grid] if grid > 1 else glb[name])
     nki = real_nki()
     assert nki is not None
     folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))
@@ -122,6 +123,9 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     kernel = getattr(module, name)
+    grid = int(getattr(module, "LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
+    if grid > 1:
+        kernel = kernel[grid]
     return nki.simulate(kernel) if executor == "nki-simulate" else _device_call(kernel)
 
 

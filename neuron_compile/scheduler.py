@@ -86,30 +86,41 @@ class _Lane:
         self.s: list[float] = []
         self.e: list[float] = []
 
-    def place(self, ready: float, dur: float) -> float:
+    def place(self, ready: float, dur: float) -> tuple[float, float]:
+        """Take ``dur`` of busy time in the earliest gaps from ``ready`` on (a transfer's bytes go through whenever the
+        resource is free: work-conserving, so splitting a transfer never finishes it earlier). Returns (start, end)."""
         s, e = self.s, self.e
         t = ready
+        left = dur
         i = bisect.bisect_right(e, t)
-        while i < len(s) and s[i] < t + dur:
-            t = max(t, e[i])
+        if i < len(s) and s[i] <= t:
+            t = e[i]
             i += 1
-        # insert [t, t + dur) at i, merging with touching neighbours
-        end = t + dur
-        if i > 0 and e[i - 1] >= t - 1e-9:
-            i -= 1
-            t = s[i]
-            e[i] = max(e[i], end)
-            if i + 1 < len(s) and s[i + 1] <= e[i] + 1e-9:
-                e[i] = max(e[i], e.pop(i + 1))
-                s.pop(i + 1)
-            return end - dur
-        if i < len(s) and s[i] <= end + 1e-9:
-            s[i] = t
-            e[i] = max(e[i], end)
-            return t
-        s.insert(i, t)
-        e.insert(i, end)
-        return t
+        start = None
+        while left > 1e-12:
+            gap = (s[i] if i < len(s) else math.inf) - t
+            if gap <= 1e-12:
+                t = e[i]
+                i += 1
+                continue
+            take = min(gap, left)
+            if start is None:
+                start = t
+            # the busy interval [t, t + take), merged with its neighbours
+            if i > 0 and e[i - 1] >= t - 1e-9:
+                e[i - 1] = t + take
+            else:
+                s.insert(i, t)
+                e.insert(i, t + take)
+                i += 1
+            left -= take
+            t += take
+            if i < len(s) and s[i] <= t + 1e-9:  # closed the gap: merge with the next interval
+                e[i - 1] = e[i]
+                del s[i], e[i]
+                if left > 1e-12:
+                    t = e[i - 1]
+        return (ready if start is None else start), t
 
     @property
     def last(self) -> float:
@@ -122,11 +133,19 @@ class _Lane:
             del self.e[:n]
 
     def shift(self, after: float, delta: float) -> None:
-        for i, (a, b) in enumerate(zip(self.s, self.e, strict=True)):
-            if a > after:
-                self.s[i], self.e[i] = a + delta, b + delta
-            elif b > after:
-                self.e[i] = b + delta
+        """Skipped loop iterations: busy time after ``after`` moves ``delta`` later, and the window they leave
+        counts as busy (their transfers ran there; later transfers must not backfill it)."""
+        ivs = [(a, b) if b <= after else ((a, b + delta) if a <= after else (a + delta, b + delta))
+               for a, b in zip(self.s, self.e, strict=True)]
+        ivs.append((after, after + delta))
+        ivs.sort()
+        self.s, self.e = [], []
+        for a, b in ivs:
+            if self.e and a <= self.e[-1] + 1e-9:
+                self.e[-1] = max(self.e[-1], b)
+            else:
+                self.s.append(a)
+                self.e.append(b)
 
 
 class _Access:
@@ -382,12 +401,11 @@ class Scheduler:
         first = min(hw.dma_engines - cost.engines, p0 // cm.PARTITIONS_PER_DMA_ENGINE)
         end = data
         for e in range(first, first + cost.engines):
-            lane = self.dma_engines[e]
-            end = max(end, lane.place(data, piece) + piece)
+            end = max(end, self.dma_engines[e].place(data, piece)[1])
         self.busy["dma"] += piece * cost.engines / hw.dma_engines
         if cost.hbm_bytes:
             h = cost.hbm_bytes * self.hbm_ns_per_byte
-            end = max(end, self.hbm.place(data, h) + h)
+            end = max(end, self.hbm.place(data, h)[1])
             self.busy["hbm"] += h
         self._dmas += 1
         if self._dmas % 64 == 0:  # a later transfer starts its data no earlier than this
@@ -421,27 +439,34 @@ class Scheduler:
     def busy_snapshot(self) -> dict[str, float]:
         return dict(self.busy)
 
-    FRONTIER_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma", "dma", "dma", "dma")
-
-    def shift(self, delta: float, after: float, busy: dict[str, float], iterations: int, moved: set[str]) -> None:
-        """``iterations`` identical loop iterations of period ``delta / iterations`` are not scheduled one by one:
-        every time later than ``after`` on the queues the loop advanced (``moved``: engine tags) moves forward by
-        ``delta``, and their busy time is added."""
+    def shift(self, blocks: int, after: float, busy: dict[str, float], iterations: int,
+              advance: dict[str, float]) -> None:
+        """``blocks`` repeats of a block of loop iterations (``iterations`` in all) are not scheduled one by one:
+        every time later than ``after`` on a queue the block advanced moves forward by that queue's advance per
+        block (``advance``, per :meth:`frontier` entry) times ``blocks``, and their
+        busy time (``busy``, per iteration) is added."""
         self.skipped += iterations
+        delta = {tag: d * blocks for tag, d in advance.items()}
+        # region accesses end when their queue's work ends; a DMA's when its data has moved
+        delta["dma"] = max(delta.get("dma_lanes", 0.0), delta.get("hbm", 0.0))
         for q, t in self.free.items():
-            if t > after and (q if q in COMPUTE else "dma") in moved:
-                self.free[q] = t + delta
-        if "dma" in moved:
-            for lane in (*self.dma_engines, self.hbm):
-                lane.shift(after, delta)
+            d = delta.get(q, 0.0)
+            if t > after and d:
+                self.free[q] = t + d
+        if delta.get("dma_lanes"):
+            for lane in self.dma_engines:
+                lane.shift(after, delta["dma_lanes"])
+        if delta.get("hbm"):
+            self.hbm.shift(after, delta["hbm"])
         if self.end > after:
-            self.end += delta
+            self.end += max(delta.values(), default=0.0)
         for key, reg in self.regions.items():
             shifted = False
             for lst in (reg.reads, reg.writes):
                 for a in lst:
-                    if a.end > after and a.engine in moved:
-                        a.end += delta
+                    d = delta.get(a.engine, 0.0)
+                    if a.end > after and d:
+                        a.end += d
                         shifted = True
             if shifted and key[0] == "hbm" and key[2] != "shared_hbm" and reg.writes:
                 # skipped iterations wrote other ranges of this scratch tensor: a later reader waits for all of them
