@@ -39,7 +39,9 @@ TARGETS = {"a": 0.85, "b": 0.85, "c": 0.70, "d": 0.75, "e": 0.75, "f": 0.75, "g"
 TRIPPED_TARGET = 0.45  # causal attention when every guard trips
 
 
-def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -> dict[str, Any]:
+def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, lnc: int = 0) -> dict[str, Any]:
+    """One workload's row; ``lnc``: physical cores kernels may use (0: the target's logical core, LNC=2 on trn2).
+    The roofline is always the logical core's (both cores on trn2/trn3), so kernels on one core show the idle one."""
     from neuron_compile.backend import build_artifacts
     from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
@@ -55,7 +57,8 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -
     tripped_ns = 0.0
     guarded = 0
     cores = 1
-    with config.patch(target=target):
+    logical = 1 if target == "trn1" else 2
+    with config.patch(target=target, lnc=lnc):
         for gm, ins in graphs:
             _, _, plan = build_artifacts(gm, ins)
             streams = [kernel_stream(k, target=target) for k in plan.kernels]
@@ -66,11 +69,10 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str) -
                        for k, s, e in zip(plan.kernels, streams, per_kernel, strict=True)]
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])
             tripped_ns += total([tripped[c.kernel] for c in plan.calls], target).time_ns
-            grid = max([launch_grid(k) for k in plan.kernels] or [1])
-            cores = max(cores, grid)
+            cores = max([cores] + [launch_grid(k) for k in plan.kernels])
             g = total([per_kernel[c.kernel] for c in plan.calls], target)
             est_total = g if est_total is None else total([est_total, g], target)
-            r = graph_roofline(plan, target, grid)
+            r = graph_roofline(plan, target, logical)  # the roofline of the whole logical core
             roof = r if roof is None else roof + r
             calls += len(plan.calls)
     assert est_total is not None and roof is not None
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated workload letters (default: all)")
     parser.add_argument("--target", default="trn2")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--lnc", type=int, default=0, choices=(0, 1, 2),
+                        help="physical cores kernels may use (0: the logical core's, 2 on trn2/trn3; 1: the code "
+                             "generator before LNC=2); the roofline is always the whole logical core's")
     args = parser.parse_args(argv)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()] or list(workloads())
     hw = hardware(args.target)
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         title, make = workloads()[key]
         fn, inputs = make()
         try:
-            row = measure(title, fn, inputs, args.target)
+            row = measure(title, fn, inputs, args.target, args.lnc)
         except Exception as exc:  # report the failure, keep the table going
             row = {"workload": title, "error": f"{type(exc).__name__}: {exc}"[:200]}
         row["id"] = key

@@ -148,11 +148,16 @@ DEP_II_CYCLES = {2: 264, 3: 266, 4: 266}
 # synchronise through semaphores). Not documented as a number: assumed to equal the same-engine write-back wait
 # at a 1.2 GHz engine clock, ~140 ns.
 SEMAPHORE_NS = 140.0
-# DMA issue: a hardware-DGE dma_copy occupies its issuing queue ~600 ns ("Trainium2 Architecture Guide",
-# "Descriptor Generation Engine (DGE)"; "NKI DGE" deep dive: "hwdge ~600 ns per instruction"). NC-v2 has no DGE
-# (static descriptors: "zero on-device overhead", same deep dive); its issue cost is taken as one engine
-# instruction overhead (assumed).
-DGE_ISSUE_NS = {2: 100.0, 3: 600.0, 4: 600.0}
+# DMA issue: a dma_copy occupies its issue queue while its descriptors are generated. NC-v3 has two hardware DGE
+# instances, commanded from SyncE or ScalarE ("Trainium2 Architecture Guide", "Descriptor Generation Engine (DGE)":
+# "about 600 ns" per DMA instruction; the "NKI DGE" deep dive: "hwdge ~600 ns per instruction"); the compiler
+# picks which one, so a DMA takes whichever queue frees first. Per queue, fitted: 876 ns per DMA reproduces the
+# "NKI DMA overview" throughput-vs-bytes-per-partition figure (flat transfer time up to 2 KiB per partition, the
+# knee at 2 KiB: 81% of the 32 KiB throughput) if its loads were issued from one queue (docs/calibration.md). NC-v2
+# has no hardware DGE (static descriptors): one queue, at the same fitted cost (assumed; the Trn1 matmul
+# tutorial's tiled kernel agrees within 10%, docs/calibration.md).
+DGE_ISSUE_NS = {2: 876.0, 3: 876.0, 4: 876.0}
+DMA_ISSUE_QUEUES = {2: 1, 3: 2, 4: 2}
 # Latency from the trigger to the data moving: "descriptor setup, synchronization, and semaphore-to-start latency
 # (~1300 ns cross-engine)" ("NKI DMA Bandwidth Guide", "Why Large Contiguous DMA Payloads Are Required"). It
 # overlaps other transfers: a lone 32 KiB transfer on one engine takes 1416 ns of engine time ("NKI DMA overview",

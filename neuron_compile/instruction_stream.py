@@ -118,7 +118,7 @@ MIN_TRIP = 4  # loops shorter than this are always scheduled iteration by iterat
 MAX_SAMPLES = 8  # identical iterations scheduled before moving on by the longest period seen
 TAIL = 1  # the last iterations of a skipped loop always run (a ragged last tile)
 UNIFORM = 0.01  # queues advancing within 1% of each other per iteration are in steady state
-_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma_in", "dma_out", "dma_lanes", "hbm")  # Scheduler.frontier()
+_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma_q_first", "dma_q_last", "dma_lanes", "hbm")  # Scheduler.frontier()
 MAX_PERIOD = 4  # skipped loops may repeat a block of up to this many iterations (e.g. alternating engines)
 
 
@@ -166,7 +166,12 @@ class _Recorder:
         if instruction == "register_load":
             self.segments.append(Counter())
         if self.sig:
-            self.sig[-1] = hash((self.sig[-1], rid))
+            if engine == "dma":  # which DMA engines serve it (8 partitions each) changes its timing, not its record
+                chip = next((t for t in tensors if t.buffer in ON_CHIP and t.offset is not None and t.base), None)
+                lane = chip.offset // max(chip.base.pstride, 1) // 8 if chip is not None else 0
+                self.sig[-1] = hash((self.sig[-1], rid, lane))
+            else:
+                self.sig[-1] = hash((self.sig[-1], rid))
         rec = self.records[rid]
         if self.sched is None:
             return

@@ -9,8 +9,9 @@ engine or DMA queue) for a trace viewer.
 The model (every constant is in :mod:`neuron_compile.costmodel` with the AWS document it comes from, or marked
 assumed):
 
-- one in-order queue per compute engine (TensorE, VectorE, ScalarE, GpSimdE) and per DMA issue queue (loads and
-  stores, each on its own hardware-DGE queue); an instruction starts when its queue is free and its inputs are
+- one in-order queue per compute engine (TensorE, VectorE, ScalarE, GpSimdE) and per DMA issue queue (the two
+  hardware-DGE queues of NC-v3/v4, a DMA taking the first free one; one on NC-v2); an instruction starts when its
+  queue is free and its inputs are
   ready; its duration is the per-instruction cost of :mod:`neuron_compile.costmodel`;
 - dependencies on the exact buffer regions each instruction touches: read-after-write, write-after-read and
   write-after-write on SBUF tiles (partition range x free byte range), PSUM banks and HBM ranges (rows x columns
@@ -44,7 +45,7 @@ from neuron_compile.simulator.trace import InstructionRecord
 log = logging.getLogger(__name__)
 
 COMPUTE = ("tensor", "vector", "scalar", "gpsimd")
-DMA_QUEUES = ("dma_in", "dma_out")
+DMA_QUEUES = ("dma_q0", "dma_q1")
 PSUM_BANK_BYTES = 2048
 PSUM_BANKS = 8
 
@@ -191,6 +192,7 @@ class Scheduler:
         self.writeback = {e: (cm.DEP_II_CYCLES[v] - cm.INSTRUCTION_OVERHEAD) / ghz[e] for e in COMPUTE}
         self.writeback["tensor"] = 0.0
         self.dge_ns = cm.DGE_ISSUE_NS[v]
+        self.dma_queues = DMA_QUEUES[:cm.DMA_ISSUE_QUEUES[v]]
         self.hbm_ns_per_byte = 1.0 / hw.hbm_core_gbps_estimate  # GB/s = bytes/ns
         self.sbuf_budget = LIMITS[target].sbuf_partition_bytes
         self.free: dict[str, float] = dict.fromkeys(COMPUTE + DMA_QUEUES, 0.0)
@@ -343,7 +345,7 @@ class Scheduler:
                     reg.reads = [a for a in reg.reads if not (a.end <= end and acc.covers(a.p0, a.p1, a.lo, a.hi))]
                 reg.reads.append(acc)
             if key[0] == "hbm" and len(reg.writes) + len(reg.reads) > 64:
-                floor = min(self.free["dma_in"], self.free["dma_out"])  # HBM is touched by DMAs only
+                floor = min(self.free[q] for q in self.dma_queues)  # HBM is touched by DMAs only
                 reg.writes = [a for a in reg.writes if a.end > floor]
                 reg.reads = [a for a in reg.reads if a.end > floor]
 
@@ -385,9 +387,8 @@ class Scheduler:
 
     def _dma(self, rec: InstructionRecord, boxes_r: list[Any], boxes_w: list[Any], line: int) -> None:
         hw = self.hw
-        load = bool(rec.buffers) and rec.buffers[0] in ("sbuf", "psum")
-        queue = "dma_in" if load else "dma_out"
-        issue = max(self.free[queue], self._ready(boxes_r, boxes_w, queue))
+        queue = min(self.dma_queues, key=lambda q: self.free[q])  # the compiler's choice: the first free queue
+        issue = max(self.free[queue], self._ready(boxes_r, boxes_w, "dma"))
         self.free[queue] = issue + self.dge_ns
         data = issue + cm.DMA_START_LATENCY_NS
         cost = cm.dma_cost(hw, rec)
@@ -409,7 +410,7 @@ class Scheduler:
             self.busy["hbm"] += h
         self._dmas += 1
         if self._dmas % 64 == 0:  # a later transfer starts its data no earlier than this
-            floor = min(self.free["dma_in"], self.free["dma_out"]) + cm.DMA_START_LATENCY_NS
+            floor = min(self.free[q] for q in self.dma_queues) + cm.DMA_START_LATENCY_NS
             for lane in (*self.dma_engines, self.hbm):
                 lane.prune(floor)
         if end > self.end:
@@ -433,7 +434,8 @@ class Scheduler:
     def frontier(self) -> tuple[float, ...]:
         """Every queue's free time (compute engines, DMA issue queues, the busiest DMA engine, HBM)."""
         f = self.free
-        return (f["tensor"], f["vector"], f["scalar"], f["gpsimd"], f["dma_in"], f["dma_out"],
+        queues = [f[q] for q in self.dma_queues]  # a pool: which queue a DMA takes alternates
+        return (f["tensor"], f["vector"], f["scalar"], f["gpsimd"], min(queues), max(queues),
                 max(lane.last for lane in self.dma_engines), self.hbm.last)
 
     def busy_snapshot(self) -> dict[str, float]:
@@ -449,13 +451,15 @@ class Scheduler:
         delta = {tag: d * blocks for tag, d in advance.items()}
         # region accesses end when their queue's work ends; a DMA's when its data has moved
         delta["dma"] = max(delta.get("dma_lanes", 0.0), delta.get("hbm", 0.0))
+        delta["dma_q"] = max(delta.get("dma_q_first", 0.0), delta.get("dma_q_last", 0.0))
         for q, t in self.free.items():
-            d = delta.get(q, 0.0)
+            d = delta.get("dma_q" if q in DMA_QUEUES else q, 0.0)
             if t > after and d:
                 self.free[q] = t + d
         if delta.get("dma_lanes"):
             for lane in self.dma_engines:
-                lane.shift(after, delta["dma_lanes"])
+                if lane.last > after:  # the engines the repeated transfers used
+                    lane.shift(after, delta["dma_lanes"])
         if delta.get("hbm"):
             self.hbm.shift(after, delta["hbm"])
         if self.end > after:

@@ -113,7 +113,7 @@ def k(in0):
     stream = source_stream(src, "k", [(4 * 4096, "bfloat16")], timeline=True)
     (tl,) = [s.timeline for s in stream.schedules]
     ((queue, start, end, instr, line),) = tl
-    assert queue == "dma_in" and instr == "dma_copy" and line == 8
+    assert queue == "dma_q0" and instr == "dma_copy" and line == 8
     assert end - start == pytest.approx(cm.DMA_START_LATENCY_NS + 32768 / 23, rel=1e-6)  # 1300 + 1425 ns
     assert 32768 / 23 == pytest.approx(1416, rel=0.01)
 
