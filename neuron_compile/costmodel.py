@@ -1,16 +1,17 @@
-"""A Trainium NeuronCore cost model: estimated kernel time from its instruction stream.
+"""A Trainium NeuronCore cost model: per-instruction costs, the scheduling estimate, and the first-order figure.
 
-Input: simulator :class:`~neuron_compile.simulator.trace.InstructionRecord`\\ s (from a traced run, or
-the analytic stream of :mod:`neuron_compile.instruction_stream`), as a list or a ``{record: count}``
-mapping. Output: an :class:`Estimate` with per-engine busy time, a dependency term and the total.
+Input: simulator :class:`~neuron_compile.simulator.trace.InstructionRecord`\\ s. A scheduled
+:class:`~neuron_compile.instruction_stream.Stream` (the analytic stream of a rendered kernel, its instructions in
+program order with the buffers they touch) is estimated by the list scheduler of :mod:`neuron_compile.scheduler`;
+bare records (a simulator trace, a ``{record: count}`` mapping) only by the first-order model (busiest engine + a
+dependency term). Output: an :class:`Estimate`.
 
-Every constant and rule comes from ``/work/shared/nki/REFERENCE.md`` section 4 and is listed with
-its source in ``docs/cost_model.md``. Where the sources disagree or say nothing the model takes the
-slower choice. Engines (TensorE, VectorE, ScalarE, GpSimdE, the DMA queues) run concurrently, so a
-kernel takes the busiest engine's time plus a dependency term: the other engines' work for one
-tile, which a one-tile-deep software pipeline cannot hide (fill and drain), plus a full drain of
-the engines for every ``register_load`` (a runtime branch input). Sequencer records (registers) take
-no engine time.
+Every constant cites the AWS Neuron document it comes from (by title and section), or says it is fitted or assumed;
+``docs/cost_model.md`` lists them and ``docs/calibration.md`` compares the model with AWS's published measurements.
+Documents: the "Trainium/Inferentia2", "Trainium2" and "Trainium3" architecture guides of NKI (engines, clocks,
+TensorE performance, DGE), the "Trainium", "Trainium2", "Trainium3" chip pages (chip TFLOPS, HBM), "NKI Performance
+Optimizations" (Opt #5a, #7, #9), "NKI DMA overview", "NKI DMA Bandwidth Guide", and the NKI API "common settings"
+page (engine selection costs).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ HBM_BUFFERS = frozenset(("private_hbm", "shared_hbm", "hbm"))
 
 @dataclass(frozen=True)
 class Hardware:
-    """Per-NeuronCore numbers of one Trainium generation (REFERENCE 4.1, 4.2)."""
+    """Per-NeuronCore numbers of one Trainium generation (the architecture guides' engine and memory sections,
+    the chip pages' HBM bandwidth, the DMA overview's per-engine bandwidth table)."""
 
     name: str
     nc_version: int
@@ -109,12 +111,15 @@ CHIP_TFLOPS = {"trn1": {"bfloat16": 190.0, "float32": 47.5, "fp8": 190.0},
                "trn2": {"bfloat16": 667.0, "float32": 181.0, "fp8": 1299.0},
                "trn3": {"bfloat16": 671.0, "float32": 183.0, "fp8": 2517.0}}
 MX_DTYPES = frozenset(("mxfp8", "mxfp4", "float8_mx", "float4_mx"))
-# TensorE (REFERENCE 4.3 "TensorE", 4.4)
+# TensorE ("Trainium/Inferentia2 Architecture Guide", TensorE "Performance Consideration"; "NKI Performance
+# Optimizations", Opt #7 fast LoadStationary; "Trainium2 Architecture Guide": fp32 transpose mode)
 MM_INIT_LATENCY = 64  # minimum matmul initiation interval, PE cycles
 FP32_MATMUL_FACTOR = 4  # fp32 operands: 4x the cycles
 FP32_TRANSPOSE_FACTOR_V3 = 2  # NC-v3+ transpose mode: fp32 transposes 2x faster than the fp32 matmul rate
 LS_SPEEDUP = 4  # LoadStationary is up to 4x faster than a moving pass of the same free size
-# Vector / Scalar / GpSimd (REFERENCE 4.3 "VectorE / ScalarE", 4.4)
+# Vector / Scalar / GpSimd ("Trainium/Inferentia2 Architecture Guide", VectorE/ScalarE performance: ~N cycles per
+# input tile plus a fixed ~100-cycle overhead; NKI API common settings, engine selection: reciprocal and rsqrt costs;
+# "Trainium2/3 Architecture Guide": perf modes)
 INSTRUCTION_OVERHEAD = 100  # engine cycles per instruction (the slow end of 64..100)
 VECTOR_RECIPROCAL_CYCLES = 8  # VectorE reciprocal: 8 cycles per element
 GPSIMD_RSQRT_FACTOR = 4  # GpSimd rsqrt 4x slower than ScalarE
@@ -122,8 +127,10 @@ WIDE_STRIDE_FACTOR = 1.5  # innermost free stride > 16 bytes: ~50% slower
 WIDE_STRIDE_BYTES = 16
 ACT_READ_ACCUMULATOR = 64  # ScalarE cycles to read the accumulation registers (activation_reduce)
 VECTOR_PERF_MODE_MAX = 4
+VECTOR_WIDE_V3 = 2.0  # NC-v3+ VectorE: 256 elements per cycle for other dtypes = 2 per partition
 LOW_PRECISION = frozenset(("bfloat16", "float16"))
-# DMA (REFERENCE 4.3 "DMA", 4.4; DMABW)
+# DMA ("NKI DMA overview": 16 engines, 8 partitions each, 17/23/33 B/ns per engine; "NKI DMA Bandwidth Guide":
+# ~1300 ns fixed, payload size vs bandwidth)
 DMA_FIXED_NS = 1300.0  # per DMA instruction: descriptors + semaphore, "~1300 ns cross-engine"
 PARTITIONS_PER_DMA_ENGINE = 8  # 128 partitions / 16 engines
 DMA_FULL_CHUNK = 4096  # >= 4 KiB contiguous per partition: saturates the engines
@@ -132,7 +139,7 @@ DMA_NEAR_PEAK_EFFICIENCY = 0.9
 # Per-packet overhead as bytes of transfer time, so that a 2 KiB packet runs at 90% of peak (~228 B).
 DMA_PACKET_OVERHEAD_BYTES = DMA_NEAR_PEAK_CHUNK * (1 / DMA_NEAR_PEAK_EFFICIENCY - 1)
 CONVERT_VIA_FP32_BYTES = 4  # dtype-converting DMAs go through fp32
-# Sequencer registers (REFERENCE 1.5 "Runtime loops", 3.6). register_load feeds a runtime branch: every
+# Sequencer registers (NKI language guide, runtime loops; nki.isa register_*). register_load feeds a runtime branch: every
 # engine drains before the sequencer reads the value. Not documented; ~1.3 us cross-engine semaphore (the
 # DMA fixed cost's figure) + the scalar read, taken as 2 us (conservative). alloc/move/store: no datapath.
 REGISTER_LOAD_NS = 2000.0
@@ -168,7 +175,7 @@ KERNEL_LAUNCH_NS = DMA_FIXED_NS + 2 * SEMAPHORE_NS
 # Double buffering: a tile allocated inside a loop rotates among this many physical buffers of its allocation site
 # (an allocator choice, not documented; the "NKI Performance Optimizations" guide, Opt #2 gotchas, only says
 # tiles declared inside the loop let the compiler multi-buffer). Assumed 2, within SBUF capacity.
-ALLOC_BUFFERS = 2
+ALLOC_BUFFERS = 4
 
 _ITEMSIZE = {"float32": 4, "tfloat32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
              "uint16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3": 1, "float8_e4m3fn": 1,
@@ -223,16 +230,20 @@ def _inner_stride_bytes(rec: InstructionRecord) -> int:
 
 
 def _vector_speedup(hw: Hardware, rec: InstructionRecord) -> float:
-    """NC-v3+ VectorE perf modes (automatic): tensor_copy / tensor_scalar 4x or 2x, tensor_tensor 2x."""
-    if hw.nc_version < 3 or not rec.dtypes or any(d not in LOW_PRECISION for d in rec.dtypes):
+    """NC-v3+ VectorE: 256 elements per cycle for 4-byte dtypes ("Trainium2 Architecture Guide", VectorE: 512 bf16/fp16
+    and 256 other elements per cycle, i.e. 2 per partition), and the automatic bf16/fp16 perf modes: tensor_copy /
+    tensor_scalar 4x or 2x, tensor_tensor 2x (of the 1 element per cycle NC-v2 rate)."""
+    if hw.nc_version < 3 or not rec.dtypes:
         return 1.0
+    if any(d not in LOW_PRECISION for d in rec.dtypes):
+        return VECTOR_WIDE_V3
     in_psum = "psum" in rec.buffers
     if rec.instruction in ("tensor_copy", "tensor_scalar"):
         contiguous = all(_contiguous_inner(s, st) for s, st in zip(rec.shapes, rec.strides, strict=False))
         return 4.0 if (contiguous and not in_psum) else 2.0
     if rec.instruction == "tensor_tensor" and all(b == "sbuf" for b in rec.buffers[1:]):
         return 2.0
-    return 1.0
+    return VECTOR_WIDE_V3
 
 
 _TWO_INPUT = frozenset(("tensor_tensor", "scalar_tensor_tensor", "tensor_copy_predicated", "tensor_tensor_scan",
@@ -436,7 +447,8 @@ def _scheduled(counts: Mapping[InstructionRecord, int], schedules: list[Any], ta
 
 def first_order(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, int], target: str = "trn2"
                 ) -> Estimate:
-    """The first-order model (REFERENCE 4.4): per-engine busy sums, the busiest engine + a dependency term.
+    """The first-order model (the pre-scheduler estimate, kept for comparison): per-engine busy sums, the busiest
+    engine + a dependency term (the other engines' work over the number of output stores).
 
     An ordered stream (a list, e.g. a simulator trace) is split after every ``register_load``: a runtime branch
     waits for every engine, so the parts run one after the other (their estimates add). A ``{record: count}``

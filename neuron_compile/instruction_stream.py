@@ -258,7 +258,7 @@ class _Recorder:
                                                                           dict[str, float]] | None:
         """A repeating block of the last iterations: (iterations per block, busy time per iteration, the time
         before which nothing moves, each queue's advance per block). Steady: the last two blocks issued the same
-        instructions and every queue advanced by the same amount in both (within UNIFORM of the longest advance);
+        instructions and every queue they moved advanced by the same period in both (within UNIFORM);
         failing that, the shortest block seen repeating MAX_SAMPLES iterations long, each queue at its longest
         advance over those blocks (conservative)."""
         fallback = None
@@ -271,6 +271,8 @@ class _Recorder:
             period = max(adv)
             if period <= 1e-9:
                 return None
+            # every queue the block moved advanced by the period, as in the block before (a coupled pipeline in
+            # steady state: queues that move at different rates are still filling or draining)
             same = all(abs((c - b) - (b - a)) <= UNIFORM * period for a, b, c in zip(f_a, f_b, f_c, strict=True))
             b_a, b_c = hist[-per][3], hist[-1][4]
             busy = {e: (b_c[e] - b_a[e]) / per for e in b_c}
@@ -280,9 +282,12 @@ class _Recorder:
             reps = sum(1 for k in range(per, len(hist) + 1 - per, per)
                        if all(hist[-j][0] == hist[-j - k][0] for j in range(1, per + 1)))
             if fallback is None and (reps + 1) * per >= MAX_SAMPLES:
-                worst = [max(hist[-j - per + 1][1][r] - hist[-j - 2 * per + 1][1][r]
-                             for j in range(1, reps * per, per) if j + 2 * per - 1 <= len(hist)) for r in range(n_res)]
-                fallback = (per, busy, after, _by_tag([max(a, w) for a, w in zip(adv, worst, strict=True)]))
+                # each queue's mean advance per block over the repeated blocks after the first (the first fills the
+                # pipeline), but never less than its last block's
+                blocks = min(reps, (len(hist) - per) // per)
+                start = hist[-(blocks + 1) * per + per][1] if blocks else f_b
+                mean = [(c - a) / max(blocks, 1) for a, c in zip(start, f_c, strict=True)]
+                fallback = (per, busy, after, _by_tag([max(a, m) for a, m in zip(adv, mean, strict=True)]))
         return fallback
 
     def _loop(self, vals: range, safe: bool) -> Any:
@@ -719,11 +724,12 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
 
 
 def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0,
-                  target: str | None = None, grid: int = 1, timeline: bool = False) -> Stream:
+                  target: str | None = None, grid: int = 1, timeline: bool = False, exact: bool = False) -> Stream:
     """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)`` on a launch grid of
     ``grid`` programs, scheduled on ``target`` (default ``config.target``); every register loaded from a tensor
-    holds ``loaded_flag``; ``timeline`` keeps every scheduled instruction (and schedules every loop iteration)."""
-    return _run_source(source, name, args, loaded_flag, target, grid, timeline=timeline)
+    holds ``loaded_flag``; ``timeline`` keeps every scheduled instruction; ``timeline`` or ``exact`` schedule every
+    loop iteration (slower; loops are otherwise skipped or fast-forwarded once in steady state)."""
+    return _run_source(source, name, args, loaded_flag, target, grid, timeline=timeline, fast=not exact)
 
 
 def launch_grid(kernel: Any) -> int:
@@ -733,13 +739,14 @@ def launch_grid(kernel: Any) -> int:
     return int(getattr(render, "launch_grid", lambda k: 1)(kernel))
 
 
-def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False) -> Stream:
+def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False,
+                  exact: bool = False) -> Stream:
     """The instruction stream of one IR kernel (any family), rendered by the real codegen (``loaded_flag``: the value
     of every register loaded from a tensor, e.g. 1 to cost an attention kernel whose guard trips)."""
     from neuron_compile.codegen.render import render_kernel
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
-                         loaded_flag, target, 1, timeline)
+                         loaded_flag, target, 1, timeline, exact)
 
 
 def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:

@@ -401,8 +401,10 @@ class Scheduler:
             p0 = on_chip
         first = min(hw.dma_engines - cost.engines, p0 // cm.PARTITIONS_PER_DMA_ENGINE)
         end = data
+        moving = math.inf
         for e in range(first, first + cost.engines):
-            end = max(end, self.dma_engines[e].place(data, piece)[1])
+            s, t = self.dma_engines[e].place(data, piece)
+            end, moving = max(end, t), min(moving, s)
         self.busy["dma"] += piece * cost.engines / hw.dma_engines
         if cost.hbm_bytes:
             h = cost.hbm_bytes * self.hbm_ns_per_byte
@@ -417,7 +419,7 @@ class Scheduler:
             self.end = end
         self._record(boxes_r, end, "dma", False)
         self._record(boxes_w, end, "dma", True)
-        self._trace(queue, issue, end, rec, line)
+        self._trace(queue, min(moving, end), end, rec, line)  # the transfer, from its first byte moving
 
     @staticmethod
     def _first_on_chip(boxes: list[Any]) -> int | None:
@@ -462,20 +464,15 @@ class Scheduler:
                     lane.shift(after, delta["dma_lanes"])
         if delta.get("hbm"):
             self.hbm.shift(after, delta["hbm"])
-        if self.end > after:
-            self.end += max(delta.values(), default=0.0)
+        # Region entries keep their times: the sampled iterations' accesses happened when they happened (a later
+        # loop reading what they wrote waits for exactly that), and the skipped iterations touched other regions
+        # (or the same ones again, which the last iteration, always run, touches once more). A scratch HBM tensor
+        # written here is read back whole later: its readers wait for the skipped iterations' writes too.
+        lanes_end = max((lane.last for lane in self.dma_engines), default=0.0)
+        self.end = max(self.end, lanes_end, self.hbm.last, *self.free.values())
         for key, reg in self.regions.items():
-            shifted = False
-            for lst in (reg.reads, reg.writes):
-                for a in lst:
-                    d = delta.get(a.engine, 0.0)
-                    if a.end > after and d:
-                        a.end += d
-                        shifted = True
-            if shifted and key[0] == "hbm" and key[2] != "shared_hbm" and reg.writes:
-                # skipped iterations wrote other ranges of this scratch tensor: a later reader waits for all of them
-                last = max(a.end for a in reg.writes)
-                reg.writes.append(_Access(0, 1, -(1 << 62), 1 << 62, None, last, "dma"))
+            if key[0] == "hbm" and key[2] != "shared_hbm" and any(a.end > after for a in reg.writes):
+                reg.writes.append(_Access(0, 1, -(1 << 62), 1 << 62, None, max(lanes_end, self.hbm.last), "dma"))
         for e, b in busy.items():
             self.busy[e] += b * iterations
 
