@@ -120,16 +120,17 @@ def k(in0):
 
 
 def test_psum_has_eight_banks() -> None:
-    """PSUM tiles rotate through 8 banks: a matmul into the 9th tile waits until the 1st tile's eviction is done."""
+    """PSUM tiles rotate through 8 banks: with short matmuls and long evictions, eight matmuls run ahead and the ninth
+    waits until the first tile's eviction is done."""
     src = kernel("""
 a = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
-b = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+b = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
 nisa.memset(dst=a, value=1.0)
 nisa.memset(dst=b, value=1.0)
 outs = nl.ndarray((128, 16, 512), dtype=nl.float32, buffer=nl.sbuf)
 for i in range(16):
     acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+    nisa.nc_matmul(dst=acc[:, 0:64], stationary=a, moving=b)
     nisa.activation(dst=outs[:, i, :], op=nl.copy, data=acc)
 """, 128)
     stream = source_stream(src, "k", [(128, "float32")], timeline=True)
