@@ -46,7 +46,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream, launch_grid
+    from neuron_compile.instruction_stream import kernel_stream
     from neuron_compile.roofline import graph_roofline
 
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
                        for k, s, e in zip(plan.kernels, streams, per_kernel, strict=True)]
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])
             tripped_ns += total([tripped[c.kernel] for c in plan.calls], target).time_ns
-            cores = max([cores] + [launch_grid(k) for k in plan.kernels])
+            cores = max([cores] + [len(st.schedules) for st in streams])
             g = total([per_kernel[c.kernel] for c in plan.calls], target)
             est_total = g if est_total is None else total([est_total, g], target)
             r = graph_roofline(plan, target, logical)  # the roofline of the whole logical core

@@ -75,7 +75,6 @@ def lnc() -> int:
     return config.lnc or (1 if config.target == "trn1" else 2)
 
 
-@functools.lru_cache(maxsize=512)
 def _render(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...]) -> tuple[str, int]:
     """(source, launch grid) of a kernel under the config ``snapshot`` (the codegen knobs, part of the cache key)."""
     if grid > 1 and isinstance(kernel, AttentionKernel):

@@ -190,7 +190,7 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
     check against the simulator trace record for record)."""
     from neuron_compile.codegen.render import render_kernel
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream, launch_grid
+    from neuron_compile.instruction_stream import kernel_stream
     from neuron_compile.roofline import graph_roofline, kernel_roofline
 
     plan = stats["plan"]
@@ -209,7 +209,7 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
         tripped = None
         if any(r.instruction == "register_load" for r in stream):
             tripped = total([estimate(kernel_stream(k, loaded_flag=1, target=target), target)] * n, target)
-        grid = launch_grid(k)
+        grid = max(len(stream.schedules), 1)
         cores = max(cores, grid)
         roof = kernel_roofline(k, target, grid).scaled(n)
         kernels.append(KernelReport(k.name, k.family, f"{k.family}.nki.j2", list(k.source_ops), tile_config(k),

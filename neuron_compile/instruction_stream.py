@@ -732,11 +732,6 @@ def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loade
     return _run_source(source, name, args, loaded_flag, target, grid, timeline=timeline, fast=not exact)
 
 
-def launch_grid(kernel: Any) -> int:
-    """Programs the kernel is launched on (its SPMD grid, see ``codegen.render.launch_grid``)."""
-    from neuron_compile.codegen import render
-
-    return int(getattr(render, "launch_grid", lambda k: 1)(kernel))
 
 
 def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False,

@@ -2,12 +2,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+LAUNCH_GRID = 2  # SPMD programs (one per physical core): launch as k0_mul_add_gelu[LAUNCH_GRID](...)
+
 
 @nki.jit
 def k0_mul_add_gelu(in0, in1):
     """pointwise kernel: aten.mul.Tensor, aten.add.Tensor, aten.gelu.default, aten._to_copy.default"""
     out0 = nl.ndarray((39000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 130, 128):
+    for p0 in range(0 + nl.program_id(0) * 128, 130, 128 * nl.num_programs(0)):
         P = min(128, 130 - p0)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)

@@ -2,12 +2,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+LAUNCH_GRID = 2  # SPMD programs (one per physical core): launch as k0_amax_sub_exp[LAUNCH_GRID](...)
+
 
 @nki.jit
 def k0_amax_sub_exp(in0):
     """reduction kernel: aten.amax.default, aten.sub.Tensor, aten.exp.default, aten.sum.dim_IntList, aten.div.Tensor"""
     out0 = nl.ndarray((156000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 520, 128):
+    for p0 in range(0 + nl.program_id(0) * 128, 520, 128 * nl.num_programs(0)):
         P = min(128, 520 - p0)
         r2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for f0 in range(0, 300, 300):
