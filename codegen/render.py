@@ -13,6 +13,7 @@ import ast
 import functools
 import logging
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import jinja2
@@ -56,12 +57,13 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
-    return _render(kernel, lnc(), _snapshot())[0]
+    body, grid = _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())
+    return _wrap(kernel, body, grid)
 
 
 def launch_grid(kernel: Kernel) -> int:
     """Programs (physical cores) the kernel is launched on: ``lnc()`` when its work splits, else 1."""
-    return _render(kernel, lnc(), _snapshot())[1]
+    return _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())[1]
 
 
 def _snapshot() -> tuple[tuple[str, Any], ...]:
@@ -75,8 +77,21 @@ def lnc() -> int:
     return config.lnc or (1 if config.target == "trn1" else 2)
 
 
-def _render(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...]) -> tuple[str, int]:
-    """(source, launch grid) of a kernel under the config ``snapshot`` (the codegen knobs, part of the cache key)."""
+def _renderers() -> tuple[Any, ...]:
+    """The renderer entry points (part of the cache key: a test that patches one gets a fresh render)."""
+    return (LoopRenderer.__init__, LoopRenderer.body, LoopRenderer.row_group_options)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_body(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...],
+                 renderers: tuple[Any, ...]) -> tuple[str, int]:
+    """(body, launch grid) of a kernel with its name taken out: identical kernels (one per transformer layer) render,
+    search row groups and choose their launch once per config ``snapshot`` (the codegen knobs)."""
+    return _render(replace(kernel, name="k"), grid)
+
+
+def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
+    """(body, launch grid) of a kernel on a logical core of ``grid`` physical cores."""
     if grid > 1 and isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention_u import unshifted_group
 
@@ -84,19 +99,18 @@ def _render(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...]) ->
             # The unshifted kernel branches on an on-chip check; both cores of a logical core must take the same
             # runtime path (NKI 0.6 runtime loops), so it runs on one core. The exact kernel splits over both:
             # take whichever the cost model estimates faster.
-            one = _wrap(kernel, _body(kernel), 1)
+            one = _body(kernel)
             with config.patch(attention_unshifted=False):
-                split = _spmd(kernel, _body(kernel), grid)
-                two = _wrap(kernel, split, grid) if split else None
-            if two is None or _estimate(kernel, one) <= _estimate(kernel, two):
+                two = _spmd(kernel, _body(kernel), grid)
+            if two is None or _estimate(kernel, _wrap(kernel, one, 1)) <= _estimate(kernel, _wrap(kernel, two, grid)):
                 return one, 1
             return two, grid
     body = _body(kernel)
     if grid > 1:
         split = _spmd(kernel, body, grid)
         if split is not None:
-            return _wrap(kernel, split, grid), grid
-    return _wrap(kernel, body, 1), 1
+            return split, grid
+    return body, 1
 
 
 def _estimate(kernel: Kernel, source: str) -> float:

@@ -153,7 +153,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
     into the IR, so cached artifacts keep it.
     """
     target = config.target
-    sig = json.dumps({**kernel.to_json(), "name": "", "target": target}, sort_keys=True, default=str)
+    sig = json.dumps({**kernel.to_json(), "name": "", "target": target, "lnc": config.lnc}, sort_keys=True, default=str)
     cached = _TUNED.get(sig)
     if cached is not None:
         return _with_tiles(kernel, cached)
