@@ -145,6 +145,7 @@ class _Recorder:
         self.sched = sched
         self.fast = fast and sched is not None
         self.line = 0
+        self.queue: str | None = None  # a DMA's issue queue when the kernel names its engine
         self.sig: list[int] = []  # running signature of each open loop iteration
         self.buffer: list[tuple[Any, ...]] | None = None  # instructions of an iteration being fast-forwarded
         self.iter_counts: list[Counter[int]] = []  # counts of each open loop iteration
@@ -184,9 +185,9 @@ class _Recorder:
         if extra:
             r = r + list(extra)
         if self.buffer is not None:
-            self.buffer.append((rec, r, w, self.line))
+            self.buffer.append((rec, r, w, self.line, self.queue))
         else:
-            self.sched.issue(rec, r, w, self.line)
+            self.sched.issue(rec, r, w, self.line, self.queue)
 
     @staticmethod
     def _record(engine: str, instruction: str, tensors: list[ShapeTensor], main: Any,
@@ -439,7 +440,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         return _engine_name(kw.get("engine"), default)
 
     def dma_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
+        rec.queue = {"sync": "dma_q0", "scalar": "dma_q1"}.get(_engine_name(kw.get("engine"), ""))
         rec.add("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
+        rec.queue = None
 
     def tensor_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
         rec.add(engine_kw(kw, "vector"), "tensor_copy", (dst, src))

@@ -349,8 +349,10 @@ class Scheduler:
                 reg.writes = [a for a in reg.writes if a.end > floor]
                 reg.reads = [a for a in reg.reads if a.end > floor]
 
-    def issue(self, rec: InstructionRecord, reads: list[Any], writes: list[Any], line: int) -> None:
-        """Schedule one instruction (program order) on its queue."""
+    def issue(self, rec: InstructionRecord, reads: list[Any], writes: list[Any], line: int,
+              queue: str | None = None) -> None:
+        """Schedule one instruction (program order) on its queue (``queue``: a DMA's issue queue, when the kernel
+        chose its engine: ``engine=nisa.engine.sync`` -> dma_q0, ``scalar`` -> dma_q1)."""
         self.scheduled += 1
         engine = rec.engine
         boxes_r = [b for t in reads for b in self._regions(t)]
@@ -367,7 +369,7 @@ class Scheduler:
             self._trace("sequencer", start, end, rec, line)
             return
         if engine == "dma":
-            self._dma(rec, boxes_r, boxes_w, line)
+            self._dma(rec, boxes_r, boxes_w, line, queue)
             return
         if engine not in self.free:
             engine = "vector"
@@ -385,9 +387,11 @@ class Scheduler:
         self._record(boxes_w, end, engine, True)
         self._trace(engine, start, end, rec, line)
 
-    def _dma(self, rec: InstructionRecord, boxes_r: list[Any], boxes_w: list[Any], line: int) -> None:
+    def _dma(self, rec: InstructionRecord, boxes_r: list[Any], boxes_w: list[Any], line: int,
+             queue: str | None = None) -> None:
         hw = self.hw
-        queue = min(self.dma_queues, key=lambda q: self.free[q])  # the compiler's choice: the first free queue
+        if queue not in self.dma_queues:  # no engine= given: the compiler's choice, the first free queue
+            queue = min(self.dma_queues, key=lambda q: self.free[q])
         issue = max(self.free[queue], self._ready(boxes_r, boxes_w, "dma"))
         self.free[queue] = issue + self.dge_ns
         data = issue + cm.DMA_START_LATENCY_NS
@@ -401,10 +405,8 @@ class Scheduler:
             p0 = on_chip
         first = min(hw.dma_engines - cost.engines, p0 // cm.PARTITIONS_PER_DMA_ENGINE)
         end = data
-        moving = math.inf
         for e in range(first, first + cost.engines):
-            s, t = self.dma_engines[e].place(data, piece)
-            end, moving = max(end, t), min(moving, s)
+            end = max(end, self.dma_engines[e].place(data, piece)[1])
         self.busy["dma"] += piece * cost.engines / hw.dma_engines
         if cost.hbm_bytes:
             h = cost.hbm_bytes * self.hbm_ns_per_byte
@@ -419,7 +421,7 @@ class Scheduler:
             self.end = end
         self._record(boxes_r, end, "dma", False)
         self._record(boxes_w, end, "dma", True)
-        self._trace(queue, min(moving, end), end, rec, line)  # the transfer, from its first byte moving
+        self._trace(queue, issue, end, rec, line)  # from its trigger to its last byte
 
     @staticmethod
     def _first_on_chip(boxes: list[Any]) -> int | None:
