@@ -18,7 +18,7 @@ def k0_mul_add_gelu(in0, in1):
             v2 = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.dma_copy(dst=v2, src=in1.ap(pattern=[[0, P], [1, F]], offset=f0))
             v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.multiply, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=v3, data1=v1, data2=v2, op=nl.multiply, engine=nisa.engine.vector)
             v5 = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.activation(dst=v5, op=nl.gelu, data=v3, bias=1.0)
             nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v5)

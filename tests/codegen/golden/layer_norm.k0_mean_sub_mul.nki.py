@@ -31,7 +31,7 @@ def k0_mean_sub_mul(in0, in1, in2):
         nisa.reciprocal(dst=r10, data=r9)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r10, engine=nisa.engine.scalar)
+            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r10, engine=nisa.engine.vector)
             v12 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=v12, src=in1.ap(pattern=[[0, P], [1, F]], offset=f0))
             nisa.tensor_tensor(dst=v1, data1=v1, data2=v12, op=nl.multiply, engine=nisa.engine.gpsimd)

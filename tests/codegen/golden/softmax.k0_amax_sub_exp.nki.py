@@ -27,6 +27,6 @@ def k0_amax_sub_exp(in0):
         nisa.reciprocal(dst=r6, data=r5)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r6, engine=nisa.engine.scalar)
+            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r6, engine=nisa.engine.vector)
             nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v1)
     return out0
