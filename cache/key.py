@@ -159,7 +159,7 @@ def _tensor_digest(t: torch.Tensor) -> str:
     if t.is_meta or type(t).__name__ == "FakeTensor":
         return "unmaterialized"
     t = t.to("cpu").contiguous()
-    raw = t.view(torch.uint8) if t.numel() and t.element_size() else t
+    raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.element_size() else t  # 0-d tensors too
     h = hashlib.sha256()
     h.update(f"{t.dtype}|{list(t.shape)}|".encode())
     h.update(raw.numpy().tobytes() if t.numel() else b"")
@@ -295,6 +295,8 @@ def canonical_graph(gm: torch.fx.GraphModule) -> str:
             names[node] = f"n{n_ops}"
             n_ops += 1
         record: dict[str, object] = {"op": node.op}
+        if node.op == "placeholder" and node.meta.get("neuron_constant"):  # a lifted tensor constant
+            record["const"] = {"tensor": _tensor_digest(node.meta["val"]), **_tensor_meta(node.meta["val"])}
         if node.op == "get_attr":
             value = _resolve_attr(gm, node.target)
             if isinstance(value, torch.Tensor):

@@ -42,6 +42,7 @@ class Buffers:
     inplace: list[bool]  # per emission: writes into a dying operand's tile (no allocation)
     peak: int  # most full tiles live at once (pinned tiles excluded)
     peak_bytes: int = 0  # bytes per free element of the live full tiles at that point (dtype-aware)
+    alloc_bytes: int = 0  # bytes per free element of every full tile the body allocates (one scope)
 
 
 def _full_args(op: TileOp, kinds: dict[str, str]) -> list[str]:
@@ -89,7 +90,9 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
             held.add(buf_of[op.out])
         peak = max(peak, len(held))
         peak_bytes = max(peak_bytes, sum(costmodel.itemsize(buf_dtype.get(b, "float32")) for b in held))
-    return Buffers(writes, inplace, peak, peak_bytes)
+    alloc_bytes = sum(costmodel.itemsize(buf_dtype.get(b, "float32")) for b in set(writes)
+                      if b in buf_dtype and kinds.get(b) == "full" and b not in pinned)
+    return Buffers(writes, inplace, peak, peak_bytes, alloc_bytes)
 
 
 def engine_options(op: TileOp, target: str) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from neuron_compile.lowering.ir import (
 from neuron_compile import costmodel
 from neuron_compile.config import config
 from neuron_compile.errors import TemplateRenderError
+from neuron_compile.simulator.targets import LIMITS
 from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
@@ -304,13 +305,21 @@ class LoopRenderer:
             hoist = self._hoistable()
             flat = self._flat(resident=True, hoisted={op.out for op in hoist})
             bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, {op.out for op in hoist})
-            if (bufs.peak_bytes + self._bytes(op.out for op in hoist)) * nf <= budget:
+            hard = LIMITS[config.target].sbuf_partition_bytes * 0.9
+            if (bufs.peak_bytes + self._bytes(op.out for op in hoist)) * nf <= budget \
+                    and (bufs.alloc_bytes + self._bytes(op.out for op in hoist)) * nf <= hard:
                 self.free_tile, self.resident, self.hoisted = nf, True, hoist
                 return
         flat = self._flat(resident=False, hoisted=set())
-        peak = max(1, ls.assign_buffers(flat, self.kinds, self.dtypes, set()).peak)
+        bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, set())
+        peak = max(1, bufs.peak)
         cap = max(k.free_tile, DMA_TILE_BYTES // 4)
         tile = max(64, min(cap, budget // (4 * peak)))
+        # Every tile a loop body allocates lives until the body's scope ends: long programs (special
+        # functions, exact division) must fit their allocations, not only their peak of live values.
+        hard = int(LIMITS[config.target].sbuf_partition_bytes * 0.9)
+        if bufs.alloc_bytes * tile > hard:
+            tile = max(1, hard // bufs.alloc_bytes)
         tile = tile // 64 * 64 if tile > 64 else tile
         self.free_tile = min(tile, nf)
         self.resident = False

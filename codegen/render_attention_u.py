@@ -155,9 +155,10 @@ rerun = nisa.register_alloc()
 nisa.register_load(dst=rerun, src=bad_i)
 
 
-def exact_softmax(r):
+def exact_softmax(again):
 {_indent(exact)}
-    return nisa.register_alloc(0)
+    nisa.register_move(dst=again, src=0)
+    return again
 
 
 nl.while_loop(rerun, exact_softmax)""")

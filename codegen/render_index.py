@@ -98,6 +98,8 @@ nisa.memset(dst=row_stride[:, 0:{T}], value={k.row_stride})
 idx_scaled = nl.ndarray(({P}, {group}), dtype=nl.int32, buffer=nl.sbuf)
 nisa.tensor_tensor(dst=idx_scaled[:, 0:{T}], data1={idx}[:, 0:{T}], data2=row_stride[:, 0:{T}], op=nl.multiply)""")
         idx = "idx_scaled"
+    # Out-of-range rows are skipped, not faulted: the graph's bounds check (lowering.graph_checks) raises
+    # IndexOutOfRangeError after the kernels, before any output is returned.
     t_off = _offset(k.table_offset, t_terms + [("f0", k.elem_stride)])
     o_off = _offset(0, o_terms + [("p0", k.row_size), ("f0", 1)])
     out.add(f"""\
@@ -105,7 +107,7 @@ for f0 in range(0, {k.row_size}, {ft}):
     F = min({ft}, {k.row_size} - f0)
     rows = nl.ndarray(({P}, {group}, F), dtype=nl.{table_dtype}, buffer=nl.sbuf)
     for t in range({T}):
-        nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[{max(k.row_stride, 1)}, {P}], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}[:, t:t + 1], indirect_dim=0))
+        nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[1, {P}], [{k.elem_stride}, F]], offset={t_off}, vector_offset={idx}[:, t:t + 1], indirect_dim=0), oob_mode=nisa.oob_mode.skip)
     nisa.dma_copy(dst=out0.ap(pattern=[[{k.row_size}, {P}], [{k.row_size * PMAX}, {T}], [1, F]], offset={o_off}), src=rows[:, 0:{T}, :])""")
 
 

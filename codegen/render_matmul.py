@@ -38,6 +38,7 @@ from neuron_compile.codegen.render import Lines, LoopRenderer, _offset
 from neuron_compile.codegen.render_matmul_epilogue import ITEMSIZE, MatmulEpilogue, _ceil_to
 from neuron_compile.lowering.ir import LoopKernel, TileOp
 
+from neuron_compile.errors import TemplateRenderError
 from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 -> 2 KiB runs
 MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for TensorE transposes)
 PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
+PSUM_BANKS = 8  # 16 KiB of PSUM per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
 
@@ -182,7 +184,6 @@ class MatmulRenderer(MatmulEpilogue):
                         nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, {PMAX}], [{PMAX * rows}, KF], [1, RW]], offset=k0 * {rows} + r0), src={name}_cols[0:{PMAX}, 0:KF, 0:RW])
                     if KW % {PMAX}:
                         nisa.dma_copy(dst={name}.ap(pattern=[[{rows}, KW % {PMAX}], [1, RW]], offset=(k0 + KF * {PMAX}) * {rows} + r0), src={name}_cols[0:KW % {PMAX}, KF, 0:RW])
-            del {name}_tp, {name}_rows, {name}_cols
             """)
         return Operand(name, "0", 1, rows, rows, dt)
 
@@ -270,23 +271,26 @@ class MatmulRenderer(MatmulEpilogue):
         self.direct = {dst for dst, op, flag in (("a_blk", a, t.ta), ("b_blk", b, t.tb))
                        if flag and t.direct and op.transposable()}
         self.transpose_buffers(out, kb)
-        depth = out.depth
         if t.split:
             self.split_loop(out, a, b, bm, bn, kb)
         elif t.resident:
             self.resident_loop(out, a, b, bm, bn, kb)
         else:
             self.streamed_loop(out, a, b, bm, bn, kb)
-        if k.n_outer:
-            # PSUM is freed when its last reference goes: drop this iteration's tiles (the accumulators, the list and
-            # the matmul value that may view one, the transpose banks) before the next one allocates its own, or the
-            # two sets together overflow the 8 banks (7 accumulators + a transpose bank: a batched 700 x 700 bmm).
-            out.depth = depth
-            names = ["acc", *(f"acc{i}" for i in range(self.n_acc)), self.mm.out]
-            names += list(dict.fromkeys(f"tr_tp_{op.dtype}" for op, dst in ((self.a, "a_blk"), (self.b, "b_blk"))
-                                        if dst in self.direct))
-            out.add(f"del {', '.join(names)}")
+        self.prove_psum_budget()
         return out.text()
+
+    def prove_psum_budget(self) -> None:
+        """The PSUM tiles one outer iteration allocates (its accumulators and transpose banks, all used
+        until the iteration ends; the HBM-scratch transposes' bank dies before the accumulators exist)
+        fit the 8 banks, so consecutive iterations never need more: each iteration's tiles are dead
+        after its last instruction, as the NKI allocator sees them."""
+        direct = {op.dtype for op, dst in ((self.a, "a_blk"), (self.b, "b_blk")) if dst in self.direct}
+        banks = self.n_acc * math.ceil(self.nt * 4 / PSUM_BANK_BYTES) + len(direct)
+        if banks > PSUM_BANKS:
+            raise TemplateRenderError(f"matmul kernel {self.k.name}: {self.n_acc} accumulators and {len(direct)} "
+                                      f"transpose banks need {banks} PSUM banks, more than the {PSUM_BANKS} there are; "
+                                      "pick smaller blocks (a bug in the tile search: please report it)")
 
     def accumulators(self, out: Lines, n_acc: int) -> None:
         self.n_acc = n_acc

@@ -45,7 +45,7 @@ class MatmulEpilogue:
     row_dtype: dict[str, str]
 
     def _row_constant_load(self, op: TileOp) -> bool:
-        if op.opcode != "load":
+        if op.opcode != "load" or op.kind != "full":  # a (P, 1) value stays a per-row load
             return False
         _, _, strides = op.attr("access")
         return strides[self.k.n_outer] == 0

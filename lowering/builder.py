@@ -35,7 +35,8 @@ ACTIVATIONS = {"copy", "square", "sigmoid", "relu", "gelu", "gelu_apprx_tanh", "
 REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
 # ALU ops with an exact int32 tensor_tensor form (comparisons and logical ops produce int32 1/0).
 INT_OPS = {"add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal", "greater", "greater_equal",
-           "less", "less_equal", "logical_and", "logical_or", "logical_xor"}
+           "less", "less_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+           "bitwise_xor", "left_shift", "right_shift"}
 _SWAPPED = {"greater": "less", "less": "greater", "greater_equal": "less_equal", "less_equal": "greater_equal"}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -267,7 +268,11 @@ def _int_fold(op: str, a: int, b: int) -> int:
 
     table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
              "minimum": min, "equal": operator.eq, "not_equal": operator.ne, "greater": operator.gt,
-             "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le}
+             "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le,
+             "bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor,
+             "left_shift": lambda x, y: x << y, "right_shift": lambda x, y: (x % 2**32) >> y,
+             "logical_and": lambda x, y: int(bool(x) and bool(y)), "logical_or": lambda x, y: int(bool(x) or bool(y)),
+             "logical_xor": lambda x, y: int(bool(x) != bool(y))}
     if op not in table:
         raise LoweringError(f"cannot constant-fold integer {op}")
     r = int(table[op](a, b))
@@ -278,7 +283,15 @@ def _fold(op: str, a: float, b: float) -> float:
     import operator
 
     table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
-             "minimum": min, "power": operator.pow}
+             "minimum": min, "power": operator.pow, "equal": operator.eq, "not_equal": operator.ne,
+             "greater": operator.gt, "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le,
+             "logical_and": lambda x, y: bool(x) and bool(y), "logical_or": lambda x, y: bool(x) or bool(y),
+             "logical_xor": lambda x, y: bool(x) != bool(y)}
     if op not in table:
         raise LoweringError(f"cannot constant-fold {op}")
-    return float(table[op](a, b))
+    if op in ("maximum", "minimum") and (math.isnan(a) or math.isnan(b)):
+        return math.nan
+    try:
+        return float(table[op](a, b))
+    except (OverflowError, ZeroDivisionError):
+        return math.nan if op == "power" else math.copysign(math.inf, a)

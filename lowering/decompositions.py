@@ -28,6 +28,8 @@ EXTRA = [
     aten.ones, aten.empty_like, aten.index_select, aten.mean.dim,
     aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
     aten.native_batch_norm_backward, aten.linalg_vector_norm, aten.repeat,
+    aten.as_strided_copy, aten.as_strided_scatter, aten.ldexp, aten.narrow_copy,
+    aten.unbind_copy, aten.gcd, aten.lcm, aten.bitwise_left_shift, aten.grid_sampler_2d,
 ]
 # Ops we lower ourselves even though a decomposition exists.
 KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, aten.var.correction,
@@ -102,7 +104,77 @@ def _constant_pad_nd(x: torch.Tensor, pad: Any, value: Any = 0) -> torch.Tensor:
     return out if out is not x else aten.clone.default(x)
 
 
+def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    """addbmm: beta x + alpha sum_b b1[b] @ b2[b] (one batched matmul, then a sum over the batch)."""
+    out = aten.sum.dim_IntList(aten.bmm.default(b1, b2), [0])
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    return out if beta == 0 else aten.add.Tensor(out, x if beta == 1 else aten.mul.Tensor(x, beta))
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """aten.copy (functional): ``src`` cast to ``dst``'s dtype and broadcast to its shape."""
+    out = aten.expand.default(src.to(dst.dtype), list(dst.shape))
+    return aten.clone.default(out)
+
+
+def _max_all(x: torch.Tensor) -> torch.Tensor:
+    """max() / min() without dim: amax/amin over every dim (NaN propagates as in torch)."""
+    return aten.amax.default(x, list(range(x.dim())))
+
+
+def _min_all(x: torch.Tensor) -> torch.Tensor:
+    return aten.amin.default(x, list(range(x.dim())))
+
+
+def _cdist(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: Any = None) -> torch.Tensor:
+    """cdist as the p-norm of pairwise differences (exact; torch's own direct path)."""
+    d = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))
+    return aten.linalg_vector_norm.default(d, p, [-1])
+
+
+def _diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """diagonal_scatter: the two dims moved last, their diagonal written by an index_put, moved back."""
+    d1, d2 = dim1 % x.dim(), dim2 % x.dim()
+    xp = torch.movedim(x, (d1, d2), (-2, -1))
+    n = src.shape[-1]
+    rows = torch.arange(n, device=x.device) + max(-offset, 0)
+    cols = torch.arange(n, device=x.device) + max(offset, 0)
+    out = aten.index_put.default(xp, [None] * (xp.dim() - 2) + [rows, cols], src.to(x.dtype))
+    return torch.movedim(out, (-2, -1), (d1, d2))
+
+
+def _zeros(size: Any, dtype: Any, like: torch.Tensor | None = None) -> torch.Tensor:
+    dtype = dtype if dtype is not None else (like.dtype if like is not None else torch.get_default_dtype())
+    return aten.full.default(list(size), 0, dtype=dtype, device=torch.device("cpu"))
+
+
+def _empty(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    """empty / empty_strided / empty_permuted: uninitialized in torch, zeros here (never stale data)."""
+    return _zeros(size, dtype)
+
+
+def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _zeros(size, dtype, x)
+
+
+def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _zeros(x.shape, dtype, x)
+
+
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.empty.memory_format: _empty,
+    aten.empty_strided.default: _empty,
+    aten.empty_permuted.default: _empty,
+    aten.new_empty.default: _new_empty,
+    aten.new_empty_strided.default: _new_empty,
+    aten.empty_like.default: _empty_like,
+    aten.diagonal_scatter.default: _diagonal_scatter,
+    aten.addbmm.default: _addbmm,
+    aten.copy.default: _copy,
+    aten.max.default: _max_all,
+    aten.min.default: _min_all,
+    aten._cdist_forward.default: _cdist,
     aten.constant_pad_nd.default: _constant_pad_nd,
     aten.addmm.default: _addmm,
     aten.max.dim: _max_dim,
@@ -120,6 +192,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.pop(op, None)
     table.update(OWN)
     from neuron_compile.lowering.decomp_attention import ATTENTION
+    from neuron_compile.lowering.decomp_index import INDEX
+    from neuron_compile.lowering.decomp_nn import NN
 
     table.update(ATTENTION)
+    table.update(NN)
+    table.update(INDEX)
     return table

@@ -15,10 +15,13 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering import intguard, mathlib
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.graph_checks import insert_index_checks
+from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
 from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
@@ -26,12 +29,14 @@ from neuron_compile.lowering.ir import (
     ArgSpec,
     BufferRef,
     CopyKernel,
+    DeviceCheck,
     InputSpec,
     Kernel,
     KernelCall,
     LoopKernel,
     OutputSpec,
     Plan,
+    RandomSpec,
     TileOp,
 )
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
@@ -40,7 +45,7 @@ from neuron_compile.lowering.views import View, contiguous_strides, storage_dtyp
 from torch import fx
 
 from neuron_compile.config import config
-from neuron_compile.errors import LoweringError
+from neuron_compile.errors import LoweringError, source_line
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +67,13 @@ class GraphLowering:
         self.constants: list[tuple[str, tuple[int, ...], list[Any]]] = []
         self.inputs: list[InputSpec] = []
         self.buffer_nodes: dict[int, str] = {}  # kernel result buffer -> the graph node it holds (check mode)
+        self.checks: list[DeviceCheck] = []  # device-side assertions (lowering.ops.checks)
+        self.randoms: list[RandomSpec] = []  # random buffers the runner draws (lowering.ops.random)
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
+        self.gm = insert_index_checks(self.gm)  # out-of-range indices raise like eager (device-side flags)
+        self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
@@ -85,7 +94,7 @@ class GraphLowering:
             "buffer_nodes": dict(self.buffer_nodes),
         }
         return Plan(tuple(self.kernels), tuple(self.buffers), tuple(self.calls), tuple(self.inputs),
-                    tuple(outputs), tuple(self.constants), summary)
+                    tuple(outputs), tuple(self.constants), summary, tuple(self.checks), tuple(self.randoms))
 
     def _placeholders(self) -> None:
         phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -167,6 +176,11 @@ class GraphLowering:
             LoopGroupEmitter(self, g).emit()
         else:
             node = g.members[0]
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.numel() == 0:  # nothing to compute or move
+                buf = self._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(val.dtype) or "float32"))
+                self.views[node] = View(buf, node_shape(node), contiguous_strides(node_shape(node)), 0, val.dtype)
+                return
             rule = lookup(node.target)
             assert rule is not None
             rule.fn(self, node)
@@ -316,6 +330,7 @@ class LoopGroupEmitter:
         if math.prod(g.space) == 0:
             self._emit_empty()
             return
+        guards: list[tuple[fx.Node, TileVal]] = []  # int64 overflow marks (lowering.intguard)
         for node in g.members:
             rule = lookup(node.target)
             assert rule is not None
@@ -333,7 +348,17 @@ class LoopGroupEmitter:
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))
+            elif node_dtype(node) in _NARROW_INTS and val.dtype == "int32" and rule.kind == "pointwise":
+                b.int_mode = True
+                val = mathlib.wrap_int(b, val, node_dtype(node))  # torch wraps 8/16-bit integers
+            elif intguard.guarded(node):
+                ovf = intguard.overflow(b, rule.fn, self, node, args, kwargs, val)
+                if ovf is not None:
+                    guards.append((node, ovf))
             self.values[node] = val
+        # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
+        # index is only known now.
+        kernel_index = len(self.gl.kernels)
         # Stores: values used outside the group (or as graph outputs).
         results: list[int] = []
         widened = self._widened_stores()
@@ -354,7 +379,25 @@ class LoopGroupEmitter:
             val = self.values[node]
             b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
                                                "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
+        for node, mark in guards:
+            self._store_flag(node, mark, kernel_index, results)
         self._finish(kernel_index, results)
+
+    def _store_flag(self, node: fx.Node, mark: TileVal, kernel_index: int, results: list[int]) -> None:
+        """Store ``mark`` (1.0 where ``node`` overflowed int32) as a uint8 buffer the runner checks."""
+        shape = node_shape(node)
+        buf = self.gl._buffer(BufferRef("kernel", kernel_index, len(results), max(math.prod(shape), 1), "uint8"))
+        results.append(buf)
+        cmap = shape_map(shape, self.member_role(node), self.g)
+        assert cmap is not None
+        strides = sp.to_space(contiguous_strides(shape), shape, cmap, self.g.space)
+        self.accesses.append(strides)
+        self.b.emit("store", mark.kind, (mark,), {"access": (len(results) - 1, 0, strides), "dst_dtype": "uint8"},
+                    phase=mark.phase)
+        self.gl.checks.append(DeviceCheck(
+            buf, 0, f"integer overflow in {qualified_name(node.target)}: an int64 result left the int32 range "
+                    f"NeuronCores compute integers in (at {source_line(node)}); compute in float or keep values "
+                    f"below 2**31", "assert", whole=True))
 
     def _widened_stores(self) -> dict[fx.Node, fx.Node]:
         """fp32 ``_to_copy`` members of a bf16/fp16 member whose outside users are all elementwise
@@ -482,6 +525,7 @@ class LoopGroupEmitter:
 
 
 _INT_STORAGE = ("int32", "int16", "int8", "uint8")
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
 
 
 def _short(g: Group) -> str:

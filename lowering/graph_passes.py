@@ -177,3 +177,42 @@ def mlp_hidden_feature_major(gm: fx.GraphModule) -> fx.GraphModule:
                   old.name, " -> ".join(str(op.target) for op in chain), consumer.name)
     graph.eliminate_dead_code()
     return fx.GraphModule(gm, graph)
+
+
+def lift_constants(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """Tensor constants (``get_attr`` nodes: ``torch.tensor(...)`` literals, library masks) as trailing inputs.
+
+    Returns a copy of ``gm`` whose constants are placeholders after the real inputs, and their values
+    in that order (``gm`` itself when it has none). Callers pass the values after the real arguments,
+    so every part of the backend (lowering, eager fallback, check mode) sees constants as inputs.
+    """
+    consts = [n for n in gm.graph.nodes if n.op == "get_attr"
+              and isinstance(_resolve(gm, str(n.target)), torch.Tensor)]
+    if not consts:
+        return gm, []
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    values: list[torch.Tensor] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in placeholders:
+        remap[n] = graph.node_copy(n, lambda a: remap[a])
+    for i, n in enumerate(consts):
+        value = _resolve(gm, str(n.target)).detach()
+        ph = graph.placeholder(f"_const{i}")
+        ph.meta = dict(n.meta)
+        ph.meta["val"] = value
+        ph.meta["neuron_constant"] = True  # the cache key hashes its value (cache.key.canonical_graph)
+        remap[n] = ph
+        values.append(value)
+    for n in gm.graph.nodes:
+        if n.op != "placeholder" and n not in remap:
+            remap[n] = graph.node_copy(n, lambda a: remap[a])
+    log.debug("lifted %d tensor constant(s) into graph inputs", len(values))
+    return fx.GraphModule(gm, graph), values
+
+
+def _resolve(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj

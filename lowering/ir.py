@@ -264,8 +264,8 @@ Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | 
 class BufferRef:
     """A runtime buffer: a graph input, a kernel output, or a constant baked into the plan."""
 
-    kind: str  # 'input' | 'kernel' | 'const' | 'random' (uniform [0, 1) drawn by the runner per call)
-    index: int  # input index / kernel index / constant index (random: unused)
+    kind: str  # 'input' | 'kernel' | 'const' | 'random' (drawn by the runner per call) | 'empty'
+    index: int  # input index / kernel index / constant index / random index (Plan.randoms)
     slot: int = 0  # which output of the kernel
     numel: int = 0
     dtype: str = "float32"
@@ -303,6 +303,28 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class RandomSpec:
+    """How the runner draws one random buffer: a torch sampler, its parameters, size and dtype."""
+
+    sampler: str  # 'uniform' | 'normal' | 'bernoulli' | 'exponential' | 'randint'
+    params: tuple[float, ...]
+    numel: int
+    torch_dtype: str
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """A 0/1 value the kernels compute (``buffer[offset]``); the runner raises ``message`` when it is 0
+    (``whole``: a buffer of marks, raised when any is 1)."""
+
+    buffer: int
+    offset: int
+    message: str
+    kind: str = "assert"  # 'index' (IndexOutOfRangeError) | 'assert' (DeviceAssertionError)
+    whole: bool = False  # the whole buffer holds marks: raise if any element is nonzero
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything the runner needs: kernels, buffers, the call order and how to build outputs."""
 
@@ -313,6 +335,8 @@ class Plan:
     outputs: tuple[OutputSpec, ...]
     constants: tuple[tuple[str, tuple[int, ...], list[Any]], ...] = ()  # (dtype, shape, values)
     summary: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    checks: tuple[DeviceCheck, ...] = ()  # device-side assertions the runner reads after the kernels
+    randoms: tuple[RandomSpec, ...] = ()  # samplers of the 'random' buffers, drawn by the runner per call
 
     def to_json(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))

@@ -61,7 +61,7 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
     """Strides for viewing (shape, strides) as ``new_shape`` without a copy, or None (torch's computeStride)."""
     numel = math.prod(shape)
-    if numel == 0:
+    if numel == 0 or not shape:  # empty, or a 0-d source: any strides address the element(s)
         return contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1

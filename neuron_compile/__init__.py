@@ -16,24 +16,76 @@ from neuron_compile.errors import (  # noqa: E402
     UnsupportedOpError,
 )
 
+BACKEND_NAME = "neuron"
+ALT_BACKEND_NAME = "neuron_compile"  # always ours, also where another package owns "neuron"
+_ENTRY_POINT = "neuron_compile.backend:neuron_backend"
+
+
+def _describe(fn_or_ep: object) -> str | None:
+    """Who a registry slot names: None when it is neuron-compile, else a printable origin."""
+    value = getattr(fn_or_ep, "value", None)  # an importlib EntryPoint
+    if isinstance(value, str):
+        return None if value == _ENTRY_POINT else f"the entry point {value}"
+    module = getattr(fn_or_ep, "__module__", "") or ""
+    if module.split(".")[0] == "neuron_compile":
+        return None
+    return f"{module}.{getattr(fn_or_ep, '__qualname__', type(fn_or_ep).__name__)}"
+
+
+def neuron_resolves_to() -> str | None:
+    """None when ``backend="neuron"`` is neuron-compile's; else what it resolves to (e.g. TorchNeuron's
+    backend on a Trainium host), in which case use ``backend="neuron_compile"`` for this package."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
+    from torch._dynamo.backends import registry
+
+    fn = registry._COMPILER_FNS.get(BACKEND_NAME)
+    if fn is not None:
+        return _describe(fn)
+    ep = registry._BACKENDS.get(BACKEND_NAME)
+    return _describe(ep) if ep is not None else None
+
 
 def _register_backend() -> None:
-    """Register ``backend="neuron"`` with Dynamo unless the entry point already does (see NOTES.md).
+    """Register ``backend="neuron"`` and ``backend="neuron_compile"`` with Dynamo (see NOTES.md).
 
-    Skipped when torch is not imported yet (the CLI never needs Dynamo, and importing it costs
-    seconds): the installed ``torch_dynamo_backends`` entry point registers the name on first use.
+    Names Dynamo already knows are left alone (the ``torch_dynamo_backends`` entry points register
+    them on first use; registering twice makes Dynamo fail with "duplicate name"). When another
+    backend already holds "neuron" (TorchNeuron's, on a Trainium host), it keeps it: neuron-compile
+    stays reachable as "neuron_compile" and a warning says so. Skipped when torch is not imported
+    yet (the CLI never needs Dynamo, and importing it costs seconds).
     """
     import sys
+    import warnings
 
     if "torch" not in sys.modules:
         return
     from torch._dynamo.backends import registry
 
-    if "neuron" in registry._COMPILER_FNS or registry._BACKENDS.get("neuron") is not None:
-        return  # already registered, or the torch_dynamo_backends entry point is about to register it
     from neuron_compile.backend import neuron_backend
 
-    registry.register_backend(compiler_fn=neuron_backend, name="neuron")
+    if ALT_BACKEND_NAME not in registry._COMPILER_FNS and registry._BACKENDS.get(ALT_BACKEND_NAME) is None:
+        registry.register_backend(compiler_fn=neuron_backend, name=ALT_BACKEND_NAME)
+    other = neuron_resolves_to()
+    if other is not None:
+        warnings.warn(f"torch.compile(backend='neuron') resolves to {other}, another backend registered under that "
+                      "name (TorchNeuron's on a Trainium host), not to neuron-compile. Use "
+                      "backend='neuron_compile' for neuron-compile; backend='neuron' keeps the other one.",
+                      UserWarning, stacklevel=3)
+        return
+    if BACKEND_NAME in registry._COMPILER_FNS or registry._BACKENDS.get(BACKEND_NAME) is not None:
+        return  # already ours, or our torch_dynamo_backends entry point is about to register it
+    import importlib.util
+
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        # TorchNeuron registers "neuron" when it is imported: taking the name first would make its
+        # registration fail ("duplicate name"), so leave it free.
+        warnings.warn("torch-neuronx is installed, so backend='neuron' is left to TorchNeuron's backend; use "
+                      "backend='neuron_compile' for neuron-compile.", UserWarning, stacklevel=3)
+        return
+    registry.register_backend(compiler_fn=neuron_backend, name=BACKEND_NAME)
 
 
 _register_backend()
@@ -67,6 +119,8 @@ def explain(model_or_fn: object, *example_inputs: object, **kwargs: object) -> o
 
 
 __all__ = [
+    "ALT_BACKEND_NAME",
+    "BACKEND_NAME",
     "NeuronCompileError",
     "SimulatorConstraintError",
     "UnsupportedOpError",
@@ -76,5 +130,6 @@ __all__ = [
     "explain",
     "get_compile_metrics",
     "get_fallback_ops",
+    "neuron_resolves_to",
     "patch",
 ]

@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from neuron_compile.config import config
-from neuron_compile.errors import ConfigError, DynamicShapeError, UnsupportedOpError
+from neuron_compile.errors import ConfigError, DynamicShapeError, UnsupportedOpError, source_line
 from neuron_compile.lowering.registry import qualified_name, unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -47,24 +47,6 @@ def _validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
         raise ConfigError(f"torch.compile(backend='neuron', options=...): unknown option(s) {', '.join(unknown)}; "
                           f"valid options: {', '.join(sorted(OPTIONS))}")
     return {OPTIONS[k]: v for k, v in options.items()}
-
-
-def source_line(node: fx.Node) -> str:
-    """The user's source line for a node, from Dynamo's stack trace ('file:line: code')."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
-            loc = lines[i]
-            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
-            try:
-                file_part, line_part = loc.split(", line ")[:2]
-                path = file_part[len('File "'):].rstrip('"')
-                lineno = line_part.split(",")[0]
-                return f"{path}:{lineno}: {code}".rstrip(": ")
-            except ValueError:
-                return loc
-    return "<unknown source line>"
 
 
 def _describe_inputs(node: fx.Node) -> str:
@@ -118,8 +100,10 @@ def check_lowerable(gm: fx.GraphModule, what: str) -> None:
         raise UnsupportedOpError(
             f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
             + "\n  - ".join(unique)
-            + "\nRemove or replace these ops, run that part of the model eagerly (compile a smaller region with "
-              "torch.compile), or see `neuron-compile ops` for what is supported.", unique)
+            + "\nTo run anyway, let these ops run eagerly: torch.compile(..., backend='neuron', "
+              "options={'fallback': 'eager'}); `neuron-compile check your_script.py` reports every such op "
+              "and checks the numerics. Otherwise remove or replace these ops, compile a smaller region, or see "
+              "`neuron-compile ops` for what is supported.", unique)
 
 
 def symbolic_dims(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
@@ -184,7 +168,25 @@ class StaticShapeDispatcher:
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     """Compile one ATen graph into a runner (with eager fallback / check mode / metrics when enabled)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls its compilers with its FakeTensorMode active; graph constants are real tensors.
+    with unset_fake_temporarily():
+        return _compile_aten_graph(gm, example_inputs, kind)
+
+
+def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
     from neuron_compile import metrics
+    from neuron_compile.lowering.graph_passes import lift_constants
+
+    gm, constants = lift_constants(gm)
+    if constants:  # tensor literals of the graph: passed after the real inputs on every call
+        inner = _compile_aten_graph(gm, [*example_inputs, *constants], kind)
+
+        def with_constants(*args: Any) -> Any:
+            return inner(*args, *constants)
+
+        return with_constants
 
     with metrics.graph(gm, example_inputs, kind) as rec:
         if config.fallback == "eager" and unsupported_nodes(gm):

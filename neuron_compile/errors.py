@@ -6,6 +6,8 @@ where (the user's source line when known) and how to fix it or opt out.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class NeuronCompileError(Exception):
     """Base class of every error raised by neuron-compile."""
@@ -74,3 +76,30 @@ class RuntimeExecutionError(NeuronCompileError):
 
 class BucketingError(NeuronCompileError, ValueError):
     """A shape-bucketing wrapper refused an input or output it cannot pad or slice safely."""
+
+
+class DeviceAssertionError(RuntimeExecutionError, RuntimeError):
+    """A check the kernels evaluate on device failed (e.g. an integer result outside the int32 range the
+    NeuronCore computes in); raised by the runner after the kernels ran, before any output is returned."""
+
+
+class IndexOutOfRangeError(DeviceAssertionError, IndexError):
+    """An index tensor held a value outside the indexed dimension (eager raises IndexError there too)."""
+
+
+def source_line(node: Any) -> str:
+    """The user's source line for a node, from Dynamo's stack trace ('file:line: code')."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            loc = lines[i]
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            try:
+                file_part, line_part = loc.split(", line ")[:2]
+                path = file_part[len('File "'):].rstrip('"')
+                lineno = line_part.split(",")[0]
+                return f"{path}:{lineno}: {code}".rstrip(": ")
+            except ValueError:
+                return loc
+    return "<unknown source line>"

@@ -9,10 +9,15 @@ Executors (``config.executor`` / ``NEURON_COMPILE_EXECUTOR``):
 
 Graph inputs are passed as flat views of their storage (no copy for dense tensors); pure views
 between kernels cost nothing; outputs are strided views of the result buffers.
+
+Execution is device-resident (:mod:`neuron_compile.device`): per call, each graph input is copied to
+the device once, kernels pass device buffers to each other (intermediates never return to the host)
+and each graph output is copied back once; ``CompiledGraph.transfers`` counts the last call's copies.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -30,8 +35,14 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError
+from neuron_compile.errors import (
+    DeviceAssertionError,
+    IndexOutOfRangeError,
+    NeuronCompileError,
+    RuntimeExecutionError,
+)
 from neuron_compile.lowering.ir import Plan
+from neuron_compile.lowering.ops.random import draw
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,19 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "int64": torch.int64, "bool": torch.bool,
     "float64": torch.float64,
 }
+
+
+_TRANSFERS: collections.deque[dict[str, Any]] = collections.deque(maxlen=1024)
+
+
+def recent_transfers() -> list[dict[str, Any]]:
+    """Per graph call (oldest first, last 1024): kernel calls, graph inputs/outputs and the host<->device
+    copies it made (``host_to_device``, ``device_to_host`` and their bytes)."""
+    return list(_TRANSFERS)
+
+
+def clear_transfers() -> None:
+    _TRANSFERS.clear()
 
 
 def neuron_device_present() -> bool:
@@ -111,7 +135,7 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
 
         glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
         grid = int(glb.get("LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
-        return simulator.simulate(glb[name][grid] if grid > 1 else glb[name])
+        return simulator.simulate(glb[name][grid] if grid > 1 else glb[name], strict_capacity=True, resident=True)
     nki = real_nki()
     assert nki is not None
     folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))
@@ -126,19 +150,13 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
     grid = int(getattr(module, "LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
     if grid > 1:
         kernel = kernel[grid]
-    return nki.simulate(kernel) if executor == "nki-simulate" else _device_call(kernel)
+    if executor == "nki-simulate":
+        return nki.simulate(kernel)
+    from neuron_compile.device import cached_jit_kernel
 
-
-def _device_call(kernel: Any) -> Callable[..., Any]:  # pragma: no cover - needs a Neuron device
-    def call(*arrays: np.ndarray) -> Any:
-        import torch_neuronx  # type: ignore[import-not-found]  # noqa: F401
-
-        device = torch.device("neuron")
-        outs = kernel(*[torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays])
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        return tuple(o.cpu().numpy() for o in outs)
-
-    return call
+    # nki.jit kernels take and return device tensors (NeuronDevice); compilations persist per source.
+    return cached_jit_kernel(kernel, kernel_identity(name, src), name, config.target,
+                             str(getattr(nki, "__version__", "unknown")))
 
 
 def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
@@ -171,21 +189,55 @@ class CompiledGraph:
         self.executor = executor or select_executor()
         self.target = config.target  # the generation the kernels were generated for (and must run under)
         self.kernels = load_kernels(self.sources, self.executor)
+        self.transfers: Any = None  # the last call's host<->device copies (neuron_compile.device.Transfers)
 
     def __call__(self, *args: Any) -> list[Any]:
-        return self.outputs(self.run_buffers(*args))
+        from neuron_compile.device import device_for
+
+        device = device_for(self.executor)
+        bufs = self._stage(args, device)
+        with self._target():
+            self._run_calls(bufs, device)
+        flags = {check.buffer for check in self.plan.checks}
+        host: list[Any] = [device.download(b) if i in flags and b is not None else None for i, b in enumerate(bufs)]
+        self._check(host)  # device-side assertions: their flags come back first, before any output
+        wanted = {spec.buffer for spec in self.plan.outputs if spec.buffer is not None}
+        for i in wanted - flags:
+            if bufs[i] is not None:
+                host[i] = device.download(bufs[i])
+        self.transfers = device.transfers
+        staged = sum(1 for ref in self.plan.buffers if ref.kind in ("input", "random", "empty"))
+        _TRANSFERS.append({"executor": self.executor, "kernel_calls": len(self.plan.calls), "graph_inputs": staged,
+                           "graph_outputs": len(wanted), "check_flags": len(flags - wanted),
+                           **device.transfers.as_dict()})
+        log.debug("graph call: %d host->device and %d device->host copies", device.transfers.host_to_device,
+                  device.transfers.device_to_host)
+        return self.outputs(host)
 
     def run_buffers(self, *args: Any) -> list[np.ndarray | None]:
-        """Run every kernel; returns all flat buffers (inputs, intermediates, results) by plan buffer index."""
+        """Run every kernel; returns all flat buffers (inputs, intermediates, results) by plan buffer index,
+        each copied back to the host (for inspection: check mode compares every intermediate)."""
+        from neuron_compile.device import device_for
+
+        device = device_for(self.executor)
+        bufs = self._stage(args, device)
+        with self._target():
+            self._run_calls(bufs, device)
+        self.transfers = device.transfers
+        host = [None if b is None else device.download(b) for b in bufs]
+        self._check(host)
+        return host
+
+    def _stage(self, args: Sequence[Any], device: Any) -> list[Any]:
+        """The plan's buffers with every graph input (and host-made buffer) copied to the device once."""
         plan = self.plan
-        bufs: list[np.ndarray | None] = [None] * len(plan.buffers)
-        originals: dict[int, torch.Tensor] = {}
+        bufs: list[Any] = [None] * len(plan.buffers)
         for b, ref in enumerate(plan.buffers):
             if ref.kind == "empty":  # a zero-element value: no kernel computes it
-                bufs[b] = np.zeros(0, dtype=_NP_DTYPES[ref.dtype])
+                bufs[b] = device.upload(np.zeros(0, dtype=_NP_DTYPES[ref.dtype]))
                 continue
-            if ref.kind == "random":  # training dropout: torch's CPU generator, in graph order (see lowering.ops.index)
-                bufs[b] = to_numpy(torch.rand(ref.numel, dtype=_TORCH_DTYPES[ref.dtype]), ref.dtype)
+            if ref.kind == "random":  # torch's CPU generator, in graph order (see lowering.ops.random)
+                bufs[b] = device.upload(to_numpy(draw(plan.randoms[ref.index]), ref.dtype))
                 continue
             if ref.kind != "input":
                 continue
@@ -199,11 +251,18 @@ class CompiledGraph:
                 # expects column-major): lay the data out exactly that way, not merely contiguously.
                 t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype).copy_(t)
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
-            originals[b] = t
-            bufs[b] = to_numpy(flat, ref.dtype)
-        with self._target():
-            self._run_calls(bufs)
+            bufs[b] = device.upload(to_numpy(flat, ref.dtype))
         return bufs
+
+    def _check(self, bufs: list[np.ndarray | None]) -> None:
+        """Device-side assertions (index bounds, int32 overflow): raise before any output is returned."""
+        for check in self.plan.checks:
+            flag = bufs[check.buffer]
+            if flag is None or not flag.size:
+                continue
+            if (check.whole and np.any(flag)) or (not check.whole and not flag.reshape(-1)[check.offset]):
+                cls = IndexOutOfRangeError if check.kind == "index" else DeviceAssertionError
+                raise cls(check.message)
 
     def _target(self) -> Any:
         if self.executor != "simulator":
@@ -212,14 +271,14 @@ class CompiledGraph:
 
         return use_target(self.target)
 
-    def _run_calls(self, bufs: list[np.ndarray | None]) -> None:
+    def _run_calls(self, bufs: list[Any], device: Any) -> None:
         for call in self.plan.calls:
             fn = self.kernels[call.kernel]
             outs = fn(*[bufs[a] for a in call.args])
             if not isinstance(outs, tuple):
                 outs = (outs,)
             for slot, buf in enumerate(call.results):
-                bufs[buf] = np.asarray(outs[slot]).reshape(-1)
+                bufs[buf] = device.flat(outs[slot])
 
     def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
         """The graph outputs: strided torch views of the result buffers."""
@@ -258,11 +317,21 @@ def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
         "calls": [asdict(c) for c in plan.calls],
         "inputs": [asdict(i) for i in plan.inputs],
         "outputs": [asdict(o) for o in plan.outputs],
+        "checks": [asdict(c) for c in plan.checks],
+        "randoms": [asdict(r) for r in plan.randoms],
     }
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:
-    from neuron_compile.lowering.ir import BufferRef, InputSpec, KernelCall, OutputSpec, kernel_from_json
+    from neuron_compile.lowering.ir import (
+        BufferRef,
+        DeviceCheck,
+        InputSpec,
+        KernelCall,
+        OutputSpec,
+        RandomSpec,
+        kernel_from_json,
+    )
 
     def tup(d: dict[str, Any]) -> dict[str, Any]:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
@@ -273,6 +342,8 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
         calls=tuple(KernelCall(**tup(c)) for c in data["calls"]),
         inputs=tuple(InputSpec(**tup(i)) for i in data["inputs"]),
         outputs=tuple(OutputSpec(**tup(o)) for o in data["outputs"]),
+        checks=tuple(DeviceCheck(**c) for c in data.get("checks", ())),
+        randoms=tuple(RandomSpec(**tup(r)) for r in data.get("randoms", ())),
     )
 
 

@@ -2,11 +2,14 @@
 
 from neuron_compile.lowering.ops import (  # noqa: F401
     attention,
+    checks,
     constant,
     elementwise,
+    elementwise_math,
     index,
     matmul,
     movement,
+    random,
     reduction,
     scan,
 )

@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
+from neuron_compile.lowering import mathlib
 from neuron_compile.lowering.builder import TileVal
 from neuron_compile.lowering.intmath import INTS, int_refusal, is_int_compute
+from neuron_compile.lowering.ranges import lower_bound
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -55,10 +57,13 @@ _NARROW = (torch.int8, torch.int16, torch.uint8)
 
 
 def _int_arith(node: fx.Node) -> str | None:
-    d = _dtype(node)
-    if d in _NARROW:
-        return int_refusal(str(node.target), d, "results are computed in int32 and stored with a saturating cast, "
-                           "while torch wraps at 8/16 bits", "compute in int32/int64 (x.int()) or float")
+    """8/16-bit results are computed in int32 and wrapped to their width (LoopGroupEmitter); integer
+    scalars must be int32 values (NeuronCores hold integers as int32)."""
+    if is_int_compute(node):
+        for a in list(node.args) + list(node.kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
+                return int_refusal(str(node.target), _dtype(node), f"the integer scalar {a} is outside int32, the "
+                                   "range NeuronCores compute integers in", "keep integer constants below 2**31")
     return None
 
 
@@ -184,7 +189,9 @@ def lower_relu_sign(ctx, node, x):
     """aten.relu/sign: ScalarE activation; integers exactly as max(x, 0) and (x > 0) - (x < 0)."""
     b = ctx.b
     if not b.int_mode:
-        return _finish(ctx, node, b.activation("relu" if node.target == aten.relu.default else "sign", x))
+        if node.target == aten.relu.default:
+            return _finish(ctx, node, b.activation("relu", x))
+        return _finish(ctx, node, b.select(mathlib.isnan(b, x), 0.0, b.activation("sign", x)))  # torch: sign(NaN) = 0
     if node.target == aten.relu.default:
         return b.binary("maximum", x, 0)
     return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))
@@ -204,22 +211,31 @@ def lower_abs(ctx, node, x):
 
 @register_lowering(aten.log.default, family="elementwise", check=_float_only)
 def lower_log(ctx, node, x):
-    """aten.log: ScalarE log (valid on [2^-64, 2^64]; log(0) = -inf handled by a select)."""
-    val = ctx.b.activation("log", x)
-    zero = ctx.b.binary("equal", x, 0.0)
-    return _finish(ctx, node, ctx.b.select(zero, -math.inf, val))
+    """aten.log: ScalarE log inside its valid range [2^-64, 2^64] (scaled by 2^+-64 beyond; 0, inf, <0 exact)."""
+    return _finish(ctx, node, mathlib.log(ctx.b, ctx.b.cast(x, "float32")))
+
+
+def _sqrt(ctx, node, x):
+    """sqrt of ``x``: the bare ScalarE sqrt when the argument is provably >= 2^-116 (e.g. var + eps),
+    else the full-range composition (mathlib.sqrt)."""
+    if not isinstance(x, TileVal):
+        return math.sqrt(float(x)) if float(x) >= 0 else math.nan
+    lb = lower_bound(node.args[0])
+    if lb is not None and lb >= 2.0**-116:
+        return ctx.b.activation("sqrt", x)
+    return mathlib.sqrt(ctx.b, ctx.b.cast(x, "float32"))
 
 
 @register_lowering(aten.sqrt.default, family="elementwise", check=_float_only)
 def lower_sqrt(ctx, node, x):
-    """aten.sqrt: ScalarE sqrt."""
-    return _finish(ctx, node, ctx.b.activation("sqrt", x))
+    """aten.sqrt: ScalarE sqrt inside its valid range [2^-116, 2^118] (scaled beyond; 0, inf, NaN exact)."""
+    return _finish(ctx, node, _sqrt(ctx, node, x))
 
 
 @register_lowering(aten.rsqrt.default, family="elementwise", check=_float_only)
 def lower_rsqrt(ctx, node, x):
-    """aten.rsqrt: VectorE reciprocal of ScalarE sqrt (the fused rsqrt activation is too coarse near 0)."""
-    return _finish(ctx, node, ctx.b.reciprocal(ctx.b.activation("sqrt", x)))
+    """aten.rsqrt: VectorE reciprocal of sqrt (the fused rsqrt activation is too coarse near 0)."""
+    return _finish(ctx, node, ctx.b.reciprocal(_sqrt(ctx, node, x)))
 
 
 @register_lowering(aten.reciprocal.default, family="elementwise", check=_float_only)
@@ -242,9 +258,9 @@ def lower_pow_scalar(ctx, node, x, exponent):
     if e == 3.0:
         return _finish(ctx, node, b.binary("multiply", b.binary("multiply", x, x), x))
     if e == 0.5:
-        return _finish(ctx, node, b.activation("sqrt", x))
+        return _finish(ctx, node, mathlib.sqrt(b, b.cast(x, "float32")))
     if e == -0.5:
-        return _finish(ctx, node, b.reciprocal(b.activation("sqrt", x)))
+        return _finish(ctx, node, b.reciprocal(mathlib.sqrt(b, b.cast(x, "float32"))))
     if e == -1.0:
         return _finish(ctx, node, b.reciprocal(x))
     return _finish(ctx, node, b.binary("power", x, e))
@@ -264,17 +280,9 @@ def lower_pow_base(ctx, node, base, e):
 
 @register_lowering(aten.sin.default, aten.cos.default, family="elementwise", check=_float_only)
 def lower_sin_cos(ctx, node, x):
-    """aten.sin/cos: range-reduce to [-pi, pi] (ScalarE sin is only valid there), then ScalarE sin."""
-    b = ctx.b
-    if node.target == aten.cos.default:
-        x = b.binary("add", x, math.pi / 2)
-    # r = x - 2*pi*round(x / 2pi), computed as x - 2pi*floor(x/2pi + 1/2) via an fp32 magic-number round.
-    q = b.binary("multiply", x, 1.0 / (2 * math.pi))
-    magic = 12582912.0  # 1.5 * 2**23: adding and subtracting rounds an fp32 to the nearest integer
-    rounded = b.binary("subtract", b.binary("add", q, magic), magic)
-    r = b.binary("subtract", x, b.binary("multiply", rounded, 2 * math.pi))
-    r = b.binary("minimum", b.binary("maximum", r, -math.pi), math.pi)
-    return _finish(ctx, node, b.activation("sin", r))
+    """aten.sin/cos: Cody-Waite reduction to [-pi, pi] (ScalarE sin is only valid there), then ScalarE sin."""
+    fn = mathlib.cos if node.target == aten.cos.default else mathlib.sin
+    return _finish(ctx, node, fn(ctx.b, ctx.b.cast(x, "float32")))
 
 
 @register_lowering(aten.gelu.default, family="elementwise", check=_float_only)
@@ -331,29 +339,22 @@ def lower_masked_fill(ctx, node, x, mask, value):
     return ctx.b.select(mask, value, x)
 
 
-def _cast_check(node: fx.Node) -> str | None:
-    src = node.args[0]
-    src_dtype = _dtype(src) if isinstance(src, fx.Node) else None
-    dst = _dtype(node)
-    if src_dtype in FLOATS and dst not in FLOATS and dst != torch.bool:
-        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch truncates toward zero, NeuronCore casts "
-                f"round to nearest; round explicitly (torch.trunc is not supported either) or keep floats")
-    if src_dtype in (torch.int64, torch.int32) and dst in _NARROW:
-        return (f"cast {src_dtype} -> {dst} is not supported: PyTorch wraps at 8/16 bits, NeuronCore DMA casts "
-                f"saturate; keep int32/int64 (or mask the low bits in float first)")
-    return None
-
-
-@register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise",
-                   check=_cast_check)
+@register_lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default, family="elementwise")
 def lower_to_copy(ctx, node, x, *args, **kwargs):
     """aten._to_copy (dtype casts): a cast to bf16/fp16 rounds (RNE) in the kernel, as the user asked.
 
-    Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); int -> float rounds RNE in
-    fp32 as eager does; a bool cast tests the (rounded) source value."""
+    Integer results keep exact int32 tiles (int64 <-> int32, bool -> int); float -> int truncates toward
+    zero first as torch does (NeuronCore casts round); int -> float rounds RNE in fp32 as eager does; a
+    bool cast tests the (rounded) source value; 8/16-bit results wrap (LoopGroupEmitter)."""
     if _dtype(node) == torch.bool:
         return ctx.b.binary("not_equal", _rounded(ctx, node.args[0], x), 0.0)
     if is_int_compute(node) or _dtype(node) in INTS:
+        if isinstance(x, TileVal) and x.dtype == "float32":
+            mode, ctx.b.int_mode = ctx.b.int_mode, False
+            x = ctx.b.cast(mathlib.trunc(ctx.b, x), "int32")
+            ctx.b.int_mode = mode
+        elif not isinstance(x, TileVal):
+            return int(float(x))
         return ctx.b.coerce(x)
     low = _low_precision(node)
     x = ctx.b.coerce(_rounded(ctx, node.args[0], x))

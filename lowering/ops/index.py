@@ -1,4 +1,4 @@
-"""Index lowerings: embedding/index_select (row gather), index_put accumulate, gather/scatter, random.
+"""Index lowerings: embedding/index_select (row gather), index_put accumulate, gather/scatter.
 
 - ``embedding`` / ``index_select`` / ``index.Tensor`` (one index tensor) become a :class:`GatherKernel`: indices on partitions, rows
   fetched by an indirect DMA (``vector_offset``), any dim via strided (permuted) views.
@@ -8,8 +8,7 @@
 - ``gather`` / ``scatter`` / ``scatter_add`` with one index per row along ``dim`` (what
   ``nll_loss`` / ``cross_entropy`` forward and backward produce) are fused loop-kernel rules: an
   iota along ``dim`` compared with the index selects the element (masked reduction / select).
-- ``rand`` / ``rand_like`` (training-mode dropout) read a plan-level random buffer the runner fills
-  with torch's CPU generator at every call.
+- random ops live in :mod:`lowering.ops.random`.
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, GatherKernel, IndexAddKernel, KernelCall
+from neuron_compile.lowering.ir import Access, ArgSpec, GatherKernel, IndexAddKernel, KernelCall
 from neuron_compile.lowering.partition import node_shape, shape_map
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 from neuron_compile.errors import LoweringError
@@ -145,8 +144,8 @@ def _index_put_check(node: fx.Node) -> str | None:
     indices = list(node.args[1])
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     if not accumulate:
-        return ("index_put without accumulate=True is not supported (its result with duplicate indices is "
-                "unspecified); use index_add / accumulate=True")
+        return ("index_put with a boolean mask and a value per True position has a data-dependent shape; "
+                "broadcast the values and use torch.where(mask, values, x)")
     real = [i for i, t in enumerate(indices) if t is not None]
     if len(real) != 1:
         return "index_put with more than one index tensor is not supported (index one dim at a time)"
@@ -310,31 +309,3 @@ def lower_scatter_add(ctx: Any, node: fx.Node, x: Any, dim: int, index: Any, src
     b = ctx.b
     hit = b.binary("equal", _iota_along(ctx, node, dim), index)
     return b.binary("add", x, b.select(hit, src, 0.0))
-
-
-# -- random ----------------------------------------------------------------------------------------
-
-
-def _rand_check(node: fx.Node) -> str | None:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and (not val.dtype.is_floating_point or storage_dtype(val.dtype) is None):
-        return f"{node.target} of dtype {val.dtype} is not supported"
-    return None
-
-
-@register_lowering(aten.rand_like.default, aten.rand.default, family="random", kind="copy", check=_rand_check)
-def lower_rand(gl: Any, node: fx.Node) -> None:
-    """aten.rand/rand_like (training dropout): a uniform [0, 1) buffer the runner draws on the host.
-
-    Design: NeuronCore RNG instructions (nisa.rng/rand2) follow neither torch's generator nor its
-    seeding, so the plan marks a 'random' buffer and the runner fills it with ``torch.rand`` (the
-    CPU default generator) before the kernels run, in graph order. Results are therefore
-    deterministic under ``torch.manual_seed`` and have exactly torch's uniform distribution; the
-    kernels consume the buffer like any input (dropout's ``gt`` + ``mul`` fuse as usual).
-    """
-    shape = node_shape(node)
-    val = node.meta["val"]
-    nd = storage_dtype(val.dtype) or "float32"
-    n_random = sum(1 for b in gl.buffers if b.kind == "random")
-    buf = gl._buffer(BufferRef("random", n_random, 0, max(math.prod(shape), 1), nd))
-    gl.views[node] = View(buf, shape, contiguous_strides(shape), 0, val.dtype)

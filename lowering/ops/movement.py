@@ -119,6 +119,32 @@ def lower_as_strided(node: fx.Node, v: View) -> View:
     return _replace(v, shape, strides, offset)
 
 
+@register_lowering(aten.unfold.default, family="movement", kind="view")
+def lower_unfold(node: fx.Node, v: View) -> View:
+    """aten.unfold(dim, size, step): windows along ``dim`` (stride * step) with the window as a new last dim."""
+    if not v.shape:
+        return _replace(v, node_shape(node), (1,))
+    dim, step = node.args[1] % len(v.shape), node.args[3]
+    shape = node_shape(node)
+    strides = list(v.strides)
+    strides[dim] = v.strides[dim] * step
+    return _replace(v, shape, [*strides, v.strides[dim]])
+
+
+@register_lowering(aten.diagonal.default, family="movement", kind="view")
+def lower_diagonal(node: fx.Node, v: View) -> View:
+    """aten.diagonal(offset, dim1, dim2): the two dims replaced by one of stride stride1 + stride2 (last)."""
+    args = list(node.args) + [0, 0, 1][len(node.args) - 1:]
+    off = node.kwargs.get("offset", args[1])
+    d1 = node.kwargs.get("dim1", args[2]) % len(v.shape)
+    d2 = node.kwargs.get("dim2", args[3]) % len(v.shape)
+    start = off * v.strides[d2] if off >= 0 else -off * v.strides[d1]
+    keep = [d for d in range(len(v.shape)) if d not in (d1, d2)]
+    shape = node_shape(node)
+    strides = [v.strides[d] for d in keep] + [v.strides[d1] + v.strides[d2]]
+    return _replace(v, shape, strides, v.offset + (start if shape[-1] > 0 else 0))
+
+
 partition._LAYOUT_VIEWS.update({aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                                 aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims})
 

@@ -102,10 +102,6 @@ def lower_var(ctx, node, x, dims=None, *, correction=1, keepdim=False):
 
 
 def _arg_check(node: fx.Node) -> str | None:
-    if len(node.args) < 2 or node.args[1] is None:
-        shape = node_shape(node.args[0])
-        if len(shape) > 1:
-            return "argmax/argmin over a flattened multi-dim tensor is not supported (pass dim=)"
     if _count(node) > 2**24:
         return (f"{node.target} along a dim of {_count(node)} elements is not supported: indices are "
                 f"computed with an fp32 iota, exact up to 2**24")
@@ -121,8 +117,14 @@ def _arg_reduce(ctx, node, x, op: str):
 
     b = ctx.b
     x = _rounded(ctx, node.args[0], x)
-    best = b.reduce(op, x)
-    hit = b.binary("equal", x, best)
+    if b.int_mode:
+        best = b.reduce(op, x)
+        hit = b.binary("equal", x, best)
+    else:  # torch: a NaN is the max and the min; its first index wins
+        nan = b.binary("not_equal", x, x)
+        clean = b.select(nan, -math.inf if op == "maximum" else math.inf, x)
+        best = b.reduce(op, clean)
+        hit = b.select(b.reduce("maximum", nan), nan, b.binary("equal", clean, best))
     idx = ctx.iota_along_reduced(node)
     big = float(2**24)
     cand = b.select(hit, idx, big)

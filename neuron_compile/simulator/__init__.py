@@ -17,13 +17,17 @@ import logging
 import warnings
 from typing import Any
 
+from neuron_compile.simulator import calls as _calls
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import enums as _enums
 from neuron_compile.simulator import isa_control as _ctl
 from neuron_compile.simulator import isa_elementwise as _ew
 from neuron_compile.simulator import isa_matmul as _mm
 from neuron_compile.simulator import isa_movement as _mv
+from neuron_compile.simulator import isa_mx as _mx
+from neuron_compile.simulator import isa_random as _rand
 from neuron_compile.simulator import isa_reduce as _rd
+from neuron_compile.simulator import isa_search as _search
 from neuron_compile.simulator import isa_select as _sel
 from neuron_compile.simulator import language as _lang
 from neuron_compile.simulator import nl_ops as _nlops
@@ -46,7 +50,7 @@ for _name in ("sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "tile_size", "
               "no_reorder", "device_print", "fori_loop", "while_loop", "affine_range", "sequential_range",
               "static_range", "dynamic_range", "NKIObject", "MemoryRegion", "NkiTensor"):
     _nl_exports[_name] = getattr(_lang, _name)
-_nl_exports.update(_nlops.FUNCTIONS)
+_nl_exports.update({k: _calls.language(v, k) for k, v in _nlops.FUNCTIONS.items()})
 _nl_exports["ds"] = ds
 for _name in ("average", "prelu", "bypass"):
     _nl_exports[_name] = _ops.Opcode(_name)
@@ -65,17 +69,26 @@ _ISA_FUNCS = {
           "nc_n_gather"),
     _mm: ("nc_matmul", "nc_transpose"),
     _ew: ("tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "activation_reduce", "reciprocal",
-          "exponential"),
+          "exponential", "activate2"),
     _rd: ("tensor_reduce", "tensor_partition_reduce", "tensor_scalar_reduce", "tensor_scalar_cumulative",
           "tensor_tensor_scan", "bn_stats", "bn_aggr", "max8", "nc_find_index8"),
     _sel: ("affine_select", "select_reduce", "tensor_copy_predicated", "range_select"),
-    _ctl: ("VirtualRegister", "register_alloc", "register_move", "register_load", "register_store"),
+    _rand: ("rng", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state", "rand2"),
+    _search: ("topk", "local_gather", "sequence_bounds", "nonzero_with_count", "nc_match_replace8"),
+    _mx: ("nc_matmul_mx", "quantize_mx"),
+    _ctl: ("core_barrier", "sendrecv"),
 }
 for _mod, _names in _ISA_FUNCS.items():
     for _name in _names:
-        _nisa_exports[_name] = getattr(_mod, _name)
-for _name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine"):
+        _nisa_exports[_name] = _calls.isa(getattr(_mod, _name), _name)
+for _name in ("VirtualRegister", "register_alloc", "register_move", "register_load", "register_store"):
+    _nisa_exports[_name] = getattr(_ctl, _name)
+_nisa_exports["NkiInstruction"] = _calls.NkiInstruction
+_ENUMS = ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine")
+for _name in _ENUMS:
     _nisa_exports[_name] = getattr(_enums, _name)
+# nki.isa.constants re-exports the enums (AWS's NKI library imports them from there).
+_nisa_exports["constants"] = Namespace("nki.isa.constants", {n: getattr(_enums, n) for n in _ENUMS})
 
 
 def get_nc_version() -> _enums.nc_version:
@@ -107,13 +120,31 @@ nisa = Namespace("nki.isa", _nisa_exports, removed=_nisa_removed, deprecated=_ni
 
 # ------------------------------------------------------------------------------------------ nki
 collectives = Namespace("nki.collectives", {})
-nki = Namespace("nki", {"jit": jit, "simulate": simulate, "language": nl, "isa": nisa, "collectives": collectives},
+
+
+class _TensorType:
+    """``nki.typing.tensor[shape]``: a kernel parameter annotation (checked by nothing at run time)."""
+
+    def __init__(self, shape: tuple[Any, ...] = ()) -> None:
+        self.shape = shape
+
+    def __class_getitem__(cls, shape: Any) -> _TensorType:
+        return cls(shape if isinstance(shape, tuple) else (shape,))
+
+    def __repr__(self) -> str:
+        return f"nki.typing.tensor[{', '.join(map(str, self.shape))}]"
+
+
+typing = Namespace("nki.typing", {"tensor": _TensorType})
+nki = Namespace("nki", {"jit": jit, "simulate": simulate, "language": nl, "isa": nisa, "collectives": collectives,
+                        "typing": typing, "dtype": str},
                 removed={"tensor": "moved to nki.meta.tensor in NKI 0.2.0"})
 
 
 def implemented_names() -> dict[str, list[str]]:
-    """Module -> implemented public names (computed from the namespaces, checked against api_names.json)."""
+    """Module -> implemented public names (computed from the namespaces, checked against neuron_compile.nki_api)."""
     out = {ns.__name__: ns.implemented() for ns in (nki, nl, nisa)}
+    out["nki.isa"] = sorted(set(out["nki.isa"]) | set(_nisa_deprecated))  # deprecated aliases still resolve
     members = API["members"].get("nki.language.NkiTensor", [])
     out["nki.language.NkiTensor"] = sorted(
         m for m in members if (m in NkiTensor.__dict__ and m != "indirect") or m in ("shape", "strides", "offset", "dtype", "name"))

@@ -31,6 +31,8 @@ REMOVED_KWARGS = {
     "unique_indices": "nisa.dma_compute(..., unique_indices=) (removed from dma_copy in NKI 0.3.0)",
     "use_gpsimd_dma": "dma_engine=nisa.dma_engine.gpsimd_dma|dma (replaced in NKI 0.3.0)",
     "imm": "src= (renamed in NKI 0.3.0)",
+    "dtype": "dst= allocated with the dtype you want (ISA calls stopped taking dtype= and returning their result in "
+             "NKI 0.2: nisa.op(dst=nl.ndarray(shape, dtype=...), ...))",
 }
 
 
@@ -66,9 +68,9 @@ def onchip(api: str, name: str, t: Any, gpsimd: bool = False) -> tuple[int, int]
     if gpsimd and buf is PSUM:
         raise SimulatorConstraintError(api, name, "nl.psum", "GpSimd cannot access PSUM", f"tensor '{t.name}'")
     start, p, f = t.pinfo()
-    if p > 1 and t.strides[0] != t.storage.part_elems:
+    if p > 1 and t.strides[0] != t.part_elems():
         raise SimulatorConstraintError(api, name, t.strides[0],
-                                       f"partition stride == {t.storage.part_elems} (no partition striding)",
+                                       f"partition stride == {t.part_elems()} (no partition striding)",
                                        f"tensor '{t.name}'")
     if start and ((p > 64) or (p > 32 and start != 64) or (start % 32)):
         raise SimulatorConstraintError(api, name, (start, p),

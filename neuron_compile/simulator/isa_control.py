@@ -156,3 +156,67 @@ def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
     C.write(dst, value)
     if _trace.ACTIVE is not None:
         _trace.record("sequencer", "register_store", (dst,))
+
+
+# ------------------------------------------------------------------------------ LNC synchronisation
+
+_SEQUENTIAL_LNC = ("the bundled simulator runs the programs of kernel[2] one after the other, so it cannot "
+                   "exchange data or wait between them; run LNC2 kernels that synchronise with AWS's nki.simulate "
+                   "(it runs the two cores as threads) or on a device")
+
+
+def _lnc_checks(api: str) -> None:
+    from neuron_compile.simulator import language as _lang
+
+    C.need_version(api, 3)
+    if _lang.num_programs() != 2:
+        raise SimulatorConstraintError(api, "launch", f"{_lang.num_programs()} program(s)",
+                                       "an LNC2 launch (kernel[2](...)): the instruction works between the two "
+                                       "NeuronCores of a logical core")
+
+
+def core_barrier(data: NkiTensor, cores: Any, engine: Any = None, name: str | None = None, **removed: Any) -> None:
+    """Barrier between the two cores of an LNC2 launch (``cores=(0, 1)``) on a ``shared_hbm`` tensor."""
+    from neuron_compile.simulator.enums import engine as _engine
+    from neuron_compile.simulator.tensor import SHARED_HBM
+
+    api = "nisa.core_barrier"
+    if removed:
+        C.removed_kwargs(api, removed)
+    C.tensor(api, "data", data)
+    C.resolve_engine(api, _engine.gpsimd if engine is None else engine, ("gpsimd", "vector", "scalar", "sync",
+                                                                          "tensor"), "gpsimd")
+    if tuple(int(c) for c in cores) != (0, 1):
+        raise SimulatorConstraintError(api, "cores", tuple(cores), "(0, 1), the only supported core set")
+    if data.buffer is not SHARED_HBM:
+        raise SimulatorConstraintError(api, "data", f"nl.{data.buffer.value}", "a tensor in nl.shared_hbm")
+    _lnc_checks(api)
+    raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")
+
+
+def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
+             dma_engine: Any = None, name: str | None = None, **removed: Any) -> None:
+    """Send ``src`` to the other core of an LNC2 launch while receiving its tile into ``dst`` (SBUF both)."""
+    from neuron_compile.simulator.enums import check_enum
+    from neuron_compile.simulator.enums import dma_engine as _dma_engine
+
+    api = "nisa.sendrecv"
+    if removed:
+        C.removed_kwargs(api, removed)
+    mode = check_enum(_dma_engine.dma if dma_engine is None else dma_engine, _dma_engine, api, "dma_engine")
+    pf = C.onchip(api, "dst", dst)
+    C.same_pf(api, "src", C.onchip(api, "src", src), "dst", pf)
+    C.sbuf_only(api, "src", src)
+    C.sbuf_only(api, "dst", dst)
+    if src.dtype != dst.dtype:
+        raise SimulatorConstraintError(api, "dst", dst.dtype, f"dtype == src dtype ({src.dtype})")
+    for nm, rank in (("send_to_rank", send_to_rank), ("recv_from_rank", recv_from_rank)):
+        if int(rank) not in (0, 1):
+            raise SimulatorConstraintError(api, nm, rank, "0 or 1 (the two cores of an LNC2 launch)")
+    if mode is _dma_engine.gpsimd_dma:
+        limit = {4: 1024, 2: 512, 1: 256}.get(src.itemsize, 1024)
+        if pf[1] * src.itemsize > limit:
+            raise SimulatorConstraintError(api, "src", f"{pf[1] * src.itemsize} B/partition",
+                                           f"<= {limit} B per partition with dma_engine=gpsimd_dma")
+    _lnc_checks(api)
+    raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")

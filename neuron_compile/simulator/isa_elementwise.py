@@ -45,7 +45,7 @@ def _alu(api: str, param: str, op: Any) -> str:
         if n in O.V4_ONLY:
             C.need_version(f"{api} (op={n})", 4)
         if n in O.HW_UNSUPPORTED:
-            C.warn(f"{api}: op=nl.{n} has no hardware ALU instruction (REFERENCE 0.1); simulated only")
+            C.warn(f"{api}: op=nl.{n} has no hardware ALU instruction (NKI Release Notes, known issues); simulated only")
         return n  # type: ignore[return-value]
     raise SimulatorConstraintError(api, param, n or op, "an ALU operator (nl.add, nl.multiply, nl.maximum, ...)")
 
@@ -70,6 +70,9 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     # Native integer math only when every tile (dst included) is int32/uint32 (REFERENCE 1.7, 3.3).
     ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH and dst.dtype in _INT32ISH
     anypsum = PSUM in (data1.storage.buffer, data2.storage.buffer, dst.storage.buffer)
+    if n == "power" and anypsum:
+        raise SimulatorConstraintError(api, "op", "nl.power", "operands outside PSUM: nl.power runs on GpSimd, which "
+                                       "cannot access PSUM", "copy the PSUM operand to SBUF first")
     default = "gpsimd" if (n == "power" or ints) and not anypsum else "vector"
     eng = C.resolve_engine(api, engine, ("vector", "gpsimd"), default)
     g = eng == "gpsimd"
@@ -265,7 +268,7 @@ def _activation(api: str, instr: str, dst: NkiTensor, op: Any, data: NkiTensor, 
                 reduce_op: Any, reduce_res: NkiTensor | None, cmd: Any) -> None:
     n = O.opname(op)
     if n not in O.ACTIVATIONS:
-        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (REFERENCE 2.6): "
+        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (NKI API reference, 'Supported Activation Functions'): "
                                        + ", ".join(sorted(O.ACTIVATIONS)))
     p, f = C.onchip(api, "dst", dst)
     C.same_pf(api, "data", C.onchip(api, "data", data), "dst", (p, f))
@@ -383,3 +386,60 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
     C.write(dst, y)
     if _trace.ACTIVE is not None:
         _trace.record("vector", "exponential", (dst, src))
+
+
+_ACT2_PAIRS = frozenset((("multiply", "add"), ("multiply", "subtract"), ("multiply", "bypass"), ("add", "bypass"),
+                         ("subtract", "bypass"), ("bypass", "bypass")))
+_ACT2_REDUCE = ("add", "maximum", "minimum", "abs_max", "abs_min")
+
+
+def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op0: Any, op1: Any,
+              relu_param: Any = 0.0, reverse0: bool = False, reverse1: bool = False, reduce_op: Any = None,
+              reduce_res: NkiTensor | None = None, reduce_cmd: reduce_cmd = reduce_cmd.idle, name: str | None = None,
+              **removed: Any) -> None:
+    """dst = op((data <op0> imm0) <op1> imm1) on ScalarE (NC-v4); (op0, op1) is one of the six documented
+    pairs (nl.bypass skips a stage); ``relu_param`` is the negative slope of nl.prelu; an optional
+    free-dim reduction (add, maximum, minimum, abs_max, abs_min) goes to the ScalarE accumulators."""
+    api = "nisa.activate2"
+    if removed:
+        C.removed_kwargs(api, removed)
+    C.need_version(api, 4)
+    n = O.opname(op)
+    if n not in O.ACTIVATIONS:
+        raise SimulatorConstraintError(api, "op", n or op, "a function of the activation table (NKI API reference, "
+                                       "'Supported Activation Functions')")
+    n0, n1 = O.opname(op0) or "bypass", O.opname(op1) or "bypass"
+    if (n0, n1) not in _ACT2_PAIRS:
+        raise SimulatorConstraintError(api, "op0", (n0, n1), "one of (multiply, add), (multiply, subtract), "
+                                       "(multiply, bypass), (add, bypass), (subtract, bypass), (bypass, bypass)")
+    if reverse0 and n0 == "bypass" or reverse1 and n1 == "bypass":
+        raise SimulatorError(f"{api}: reverse0/reverse1 need op0/op1 to be set (not nl.bypass)")
+    p, f = C.onchip(api, "dst", dst)
+    C.same_pf(api, "data", C.onchip(api, "data", data), "dst", (p, f))
+    x = C.read32(data).reshape(p, f)
+    for stage, imm, reverse, param in ((n0, imm0, reverse0, "imm0"), (n1, imm1, reverse1, "imm1")):
+        if stage == "bypass":
+            continue
+        v = C.scalar_or_vector(api, param, imm, p, 2, fp32_only=False)
+        x = O.ARITH[stage](v, x) if reverse else O.ARITH[stage](x, v)
+    if n == "prelu":
+        slope = C.scalar_or_vector(api, "relu_param", relu_param, p, 2, fp32_only=False)
+        y = np.where(x >= 0, x, x * slope).astype(F32)
+    elif n == "copy":
+        y = x
+    else:
+        with np.errstate(over="ignore"):
+            y = O.ACTIVATIONS[n](x)
+    if reduce_op is not None or reduce_res is not None or reduce_cmd is not _en.reduce_cmd.idle:
+        red = O.reduce_name(reduce_op) if reduce_op is not None else "add"
+        if red not in _ACT2_REDUCE:
+            raise SimulatorConstraintError(api, "reduce_op", red, "nl.add, nl.maximum, nl.minimum, nl.abs_max or "
+                                           "nl.abs_min")
+        regs = _state.current().act_acc
+        start = dst.pinfo()[0]
+        update_registers(api, regs, start, p, reduce_cmd, red, _row_reduce(y, p, red))
+        _read_out(api, reduce_res, regs, start, p)
+    C.write(dst, y.reshape(dst.shape))
+    if _trace.ACTIVE is not None:
+        _trace.record("scalar", "activate2", [dst, data] + [t for t in (imm0, imm1, reduce_res)
+                                                            if isinstance(t, NkiTensor)])

@@ -19,6 +19,7 @@ from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.enums import check_enum, dge_mode, engine, oob_mode
 from neuron_compile.simulator.tensor import PSUM, NkiTensor
+from neuron_compile.simulator.tensor import SBUF as _SBUF
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,10 @@ def _indirect_rows(api: str, t: NkiTensor, oob: oob_mode) -> tuple[np.ndarray, n
     idx_t, row_stride, rows = t._indirect  # type: ignore[misc]
     if idx_t.info.kind not in ("i", "u"):
         raise SimulatorConstraintError(api, "vector_offset", idx_t.dtype, "index tile must have an integer dtype")
-    idx = np.asarray(idx_t.arr).reshape(-1).astype(np.int64)
+    a = np.asarray(idx_t.arr)
+    # [P, N] index tiles are read column by column: index j is at [j % P, j // P].
+    flat = a.reshape(a.shape[0], -1).T.reshape(-1) if a.ndim >= 2 and a.size > a.shape[0] else a.reshape(-1)
+    idx = flat[:t.shape[0]].astype(np.int64)
     valid = (idx >= 0) & (idx < rows)
     if not valid.all() and oob is oob_mode.error:
         bad = idx[~valid][0]
@@ -119,7 +123,12 @@ def _dma_indirect(api: str, dst: NkiTensor, src: NkiTensor, oob: oob_mode, same:
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: tuple[int, ...] | None = None, priority: int | None = None,
                   dge_mode: dge_mode = dge_mode.unknown, oob_mode: oob_mode = oob_mode.error, name: str | None = None,
                   **removed: Any) -> None:
-    """dst = src permuted by ``axes`` through the DMA engine (2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0))."""
+    """dst = src permuted by ``axes`` through the DMA engine (2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0)).
+
+    An indirect source (``src_hbm.ap(..., vector_offset=idx)``) is a gather-transpose on the
+    software DGE: rows ``idx`` (read column by column from a ``[P, N]`` uint32 SBUF tile) are
+    gathered, then transposed; with ``oob_mode.skip`` an out-of-range row leaves its dst column as it
+    was, with ``oob_mode.error`` it raises."""
     api = "nisa.dma_transpose"
     if removed:
         C.removed_kwargs(api, removed)
@@ -138,7 +147,22 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: tuple[int, ...] | None =
     expect = tuple(src.shape[a] for a in ax)
     if dst.shape != expect:
         raise SimulatorConstraintError(api, "dst", dst.shape, f"shape == permuted src shape {expect}")
-    if dge_mode is not _en.dge_mode.unknown and check_enum(dge_mode, _en.dge_mode, api, "dge_mode").name == "hwdge":
+    mode = check_enum(dge_mode, _en.dge_mode, api, "dge_mode")
+    oob = check_enum(oob_mode, _en.oob_mode, api, "oob_mode")
+    if src._indirect is not None:
+        _check_gather_transpose(api, src, mode)
+        vals, valid = _values_for(api, src, oob, False)
+        out = np.transpose(vals.reshape(src.shape), ax)
+        if valid is not None and not valid.all():  # source row r lands in dst[..., r]
+            out = np.where(valid, out, np.asarray(dst.arr))
+        C.write_raw(dst, out)
+        if _trace.ACTIVE is not None:
+            _trace.record("dma", "dma_transpose", (dst, src))
+        return
+    if mode.name == "swdge":
+        raise SimulatorConstraintError(api, "dge_mode", "swdge", "nisa.dge_mode.unknown or hwdge for a direct "
+                                       "transpose (swdge is the indirect gather-transpose: src.ap(vector_offset=...))")
+    if mode.name == "hwdge":
         if src.itemsize != 2:
             raise SimulatorConstraintError(api, "src", src.dtype, "2-byte dtype on the HW-DGE path")
         if src.shape[-1] > 128:
@@ -146,6 +170,39 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: tuple[int, ...] | None =
     C.write_raw(dst, np.transpose(src.arr, ax))
     if _trace.ACTIVE is not None:
         _trace.record("dma", "dma_transpose", (dst, src))
+
+
+def _check_gather_transpose(api: str, src: NkiTensor, mode: Any) -> None:
+    """The documented limits of the indirect (software DGE) transpose."""
+    idx = src._indirect[0]  # type: ignore[index]
+    if mode.name not in ("unknown", "swdge"):
+        raise SimulatorConstraintError(api, "dge_mode", mode.name, "nisa.dge_mode.unknown or swdge for an indirect "
+                                       "(vector_offset) source")
+    C.need_version(api + " (indirect source)", 3)
+    if src.itemsize != 2:
+        raise SimulatorConstraintError(api, "src", src.dtype, "a 2-byte dtype for the indirect transpose")
+    if src.shape[-1] > 128:
+        raise SimulatorConstraintError(api, "src", src.shape, "src.shape[-1] <= 128 for the indirect transpose")
+    if src.shape[0] % 16:
+        raise SimulatorConstraintError(api, "src", src.shape, "src.shape[0] divisible by 16 (indirect transpose)")
+    if src.ndim == 4 and src.shape[1] != 1 and src.shape[2] != 1:
+        raise SimulatorConstraintError(api, "src", src.shape, "a 4-D indirect source with shape[1] or shape[2] == 1")
+    if idx.ndim != 2:
+        raise SimulatorConstraintError(api, "vector_offset", idx.shape, "2-D indices [P, N]")
+    if idx.dtype != _dt.uint32:
+        raise SimulatorConstraintError(api, "vector_offset", idx.dtype, "uint32 indices")
+    if idx.buffer is not _SBUF:
+        raise SimulatorConstraintError(api, "vector_offset", f"nl.{idx.buffer.value}", "indices in SBUF")
+    p, n = idx.shape
+    if not (16 <= p <= 128 and p % 16 == 0):
+        raise SimulatorConstraintError(api, "vector_offset", idx.shape, "indices.shape[0] in [16, 128] and a "
+                                       "multiple of 16")
+    if n > 1 and p != 128:
+        raise SimulatorConstraintError(api, "vector_offset", idx.shape, "indices.shape[0] == 128 when "
+                                       "indices.shape[1] > 1")
+    if p * n < src.shape[0]:
+        raise SimulatorConstraintError(api, "vector_offset", idx.shape, f"at least src.shape[0] = {src.shape[0]} "
+                                       "indices")
 
 
 def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, unique_indices: bool = True,

@@ -105,8 +105,9 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     fv = C.scalar_or_vector(api, "on_false", on_false, p, 2)
     y = np.where(mask, C.read32(on_true).reshape(p, f), fv).astype(F32)
     red = O.reduce_name(reduce_op) if reduce_op is not None else "maximum"
-    if red not in ("maximum", "minimum", "add"):
-        raise SimulatorConstraintError(api, "reduce_op", red, "nl.maximum (or minimum/add)")
+    if red != "maximum":
+        raise SimulatorConstraintError(api, "reduce_op", red, "nl.maximum, the only reduction select_reduce supports "
+                                       "(nki.isa.select_reduce API reference)")
     if reduce_res is not None or reduce_cmd is not _en.reduce_cmd.idle:
         regs = _state.current().dve_acc
         start = dst.pinfo()[0]

@@ -2,8 +2,11 @@
 
 NumPy arrays and CPU torch tensors become HBM tensors (copies); other arguments pass through. The
 kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
-run one after the other). Returned tensors must be in ``nl.shared_hbm``; they come back as arrays
-of the caller's kind. HBM arguments the kernel wrote are copied back into the caller's arrays.
+run one after the other). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
+kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
+comes back as the caller's own object). HBM arguments the kernel wrote are copied back into the
+caller's arrays. On-chip capacity is strict (over-budget allocations raise) for the backend's own
+kernels (``simulate(k, strict_capacity=True)``) and a warning otherwise, as in AWS's simulator.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from neuron_compile.errors import RemovedAPIError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
-from neuron_compile.simulator.tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, from_array, to_numpy
+from neuron_compile.simulator.tensor import (
+    PRIVATE_HBM,
+    SHARED_HBM,
+    NkiTensor,
+    check_capacity,
+    from_array,
+    to_numpy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +112,27 @@ def _write_back(a: _Arg) -> None:
         a.orig[...] = vals.astype(a.orig.dtype) if vals.dtype != a.orig.dtype else vals
 
 
-def _result(r: Any, as_torch: bool) -> Any:
+def _result(r: Any, as_torch: bool, by_storage: dict[int, _Arg], resident: frozenset[int] | None = None) -> Any:
     if isinstance(r, NkiTensor):
+        if resident is not None and (r.buffer is SHARED_HBM or id(r.storage) in resident):
+            return r  # device-resident execution: an output, or a device argument, stays on the device
+        arg = by_storage.get(id(r.storage))
+        if arg is not None:
+            if r.offset == 0 and r.shape == arg.tensor.shape and r.strides == arg.tensor.strides:
+                return arg.orig  # an in-place kernel returning the argument it wrote (written back above)
+            a = to_numpy(r)  # a view of an argument: its values
+            return _numpy_to_torch(a) if as_torch else a
         if r.buffer is not SHARED_HBM:
             raise SimulatorError(f"kernel returned tensor '{r.name}' in nl.{r.buffer.value}: returned tensors must be "
                                  "allocated with buffer=nl.shared_hbm (copy SBUF/PSUM results there with "
-                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0)")
+                                 "nisa.dma_copy; nl.hbm/private_hbm outputs fail to compile since NKI 0.3.0) or be "
+                                 "one of the kernel's arguments")
         a = to_numpy(r)
         return _numpy_to_torch(a) if as_torch else a
     if isinstance(r, (tuple, list)):
-        return type(r)(_result(v, as_torch) for v in r)
+        return type(r)(_result(v, as_torch, by_storage, resident) for v in r)
     if isinstance(r, dict):
-        return {k: _result(v, as_torch) for k, v in r.items()}
+        return {k: _result(v, as_torch, by_storage, resident) for k, v in r.items()}
     return r
 
 
@@ -138,8 +157,13 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
-def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = ()) -> Any:
-    """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind."""
+def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = (),
+        strict_capacity: bool = False, resident: bool = False) -> Any:
+    """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind.
+
+    HBM tensors (``NkiTensor``) passed as arguments are used in place: they are the simulated device's
+    memory, which persists across kernel calls. With ``resident=True`` returned HBM tensors stay
+    tensors too (no copy back to the host), so a runner can chain kernels on device memory."""
     conv: list[_Arg] = []
     cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
     ckw = {k: _convert(v, -1, conv) for k, v in kwargs.items()}
@@ -149,12 +173,13 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     result = None
     shared: list[Any] = []
     for pid in range(math.prod(grid) if grid else 1):
-        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid)
+        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid, strict_capacity=strict_capacity)
         st.shared_replay = shared if pid else None
         _state.push(st)
         try:
             with single_threaded_blas():
                 out = fn(*cargs, **ckw)
+            check_capacity(getattr(fn, "__name__", "kernel"))
         finally:
             _state.pop(st)
         if pid == 0:
@@ -163,26 +188,29 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     for a in conv:
         if a.tensor.storage.written:
             _write_back(a)
-    return _result(result, as_torch)
+    device_args = frozenset(id(x.storage) for x in (*args, *kwargs.values()) if isinstance(x, NkiTensor))
+    return _result(result, as_torch, {id(a.tensor.storage): a for a in conv}, device_args if resident else None)
 
 
 class Kernel:
     """A ``@nki.jit`` kernel: calling it with arrays simulates it; inside a kernel it is inlined."""
 
-    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), options: dict[str, Any] | None = None):
+    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), options: dict[str, Any] | None = None,
+                 strict_capacity: bool = False):
         self.fn = fn
         self.grid = grid
         self.options = dict(options or {})
+        self.strict_capacity = strict_capacity
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid: Any) -> Kernel:
         g = tuple(int(x) for x in grid) if isinstance(grid, (tuple, list)) else (int(grid),)
-        return Kernel(self.fn, g, self.options)
+        return Kernel(self.fn, g, self.options, self.strict_capacity)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _state.in_kernel():
             return self.fn(*args, **kwargs)
-        return run(self.fn, args, kwargs, self.grid)
+        return run(self.fn, args, kwargs, self.grid, self.strict_capacity)
 
     def with_schedule(self, edges: Any) -> Kernel:
         return self
@@ -205,12 +233,15 @@ def jit(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return Kernel(fn.fn if isinstance(fn, Kernel) else fn, options=kwargs)
 
 
-def simulate(kernel: Any) -> Callable[..., Any]:
-    """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator."""
+def simulate(kernel: Any, strict_capacity: bool = False, resident: bool = False) -> Callable[..., Any]:
+    """``nki.simulate(kernel)(*args)``: run a kernel (jit-wrapped or plain function) on the CPU simulator.
+
+    ``strict_capacity=True`` (the backend's own kernels) makes over-budget SBUF/PSUM allocations raise
+    instead of warning; ``resident=True`` returns HBM tensors instead of host arrays (see :func:`run`)."""
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
     @functools.wraps(k.fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return run(k.fn, args, kwargs, k.grid)
+        return run(k.fn, args, kwargs, k.grid, strict_capacity or k.strict_capacity, resident)
 
     return call

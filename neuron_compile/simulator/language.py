@@ -108,15 +108,12 @@ def _record_memset(t: NkiTensor) -> None:
 
 
 def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "", address: Any = None) -> NkiTensor:
-    """Allocate an uninitialised tensor (filled with the NaN / 4 sentinel)."""
-    t = allocate(shape, dtype, buffer, name, "nl.ndarray")
-    if address is not None:
-        if t.buffer not in (SBUF, PSUM) or len(address) != 2:
-            raise SimulatorError("nl.ndarray: address=(partition_offset, free_byte_offset) applies to SBUF/PSUM")
-        if t.buffer is PSUM and int(address[1]) % 2048:
-            raise C.SimulatorConstraintError("nl.ndarray", "address", tuple(address),
-                                             "PSUM allocations start at a 2 KiB bank boundary")
-    return t
+    """Allocate an uninitialised tensor (filled with the NaN / 4 sentinel); ``address=(partition_offset,
+    byte_offset)`` places an SBUF/PSUM tile by hand (not charged to the allocator's budget)."""
+    if address is not None and check_buffer(buffer, "nl.ndarray") not in (SBUF, PSUM):
+        raise SimulatorError("nl.ndarray: address=(partition_offset, byte_offset) places SBUF/PSUM tiles only, "
+                             f"not nl.{check_buffer(buffer, 'nl.ndarray').value}")
+    return allocate(shape, dtype, buffer, name, "nl.ndarray", address=address)
 
 
 def zeros(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
@@ -267,45 +264,59 @@ def _deprecated_range(name: str, replacement: str) -> Callable[..., range]:
 affine_range = _deprecated_range("affine_range", "use Python range() (it is an alias)")
 sequential_range = _deprecated_range("sequential_range", "use Python range() (it is an alias)")
 static_range = _deprecated_range("static_range", "use Python range() (it is an alias)")
-dynamic_range = _deprecated_range("dynamic_range", "use nl.fori_loop(lower, upper, body_fun)")
+
+
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
+    """Deprecated runtime loop (NKI 0.6.0): bounds may be ints or integer ``VirtualRegister``\\ s."""
+    warnings.warn("nl.dynamic_range is deprecated since NKI 0.6.0: use nl.fori_loop(lower, upper, body_fun) or "
+                  "nl.while_loop(init, body_fun)", DeprecationWarning, stacklevel=2)
+    api = "nl.dynamic_range"
+    if not isinstance(step, int) or step <= 0:
+        raise SimulatorError(f"{api}: step must be a positive compile-time int, got {step!r}")
+    if stop is None:
+        return range(0, _reg_value(start, api), step)
+    return range(_reg_value(start, api), _reg_value(stop, api), step)
 
 
 class NKIObject:
-    """Base of user classes in kernels: dataclass-like ``__init__`` from annotations (REFERENCE 1.6)."""
+    """Base of user classes in kernels (the language guide's meta-programming subset): a dataclass-like
+    ``__init__`` over the annotated fields of the class and its bases, unless the class defines its
+    own ``__init__`` or ``@dataclass`` generates one (then that one runs: defaults, ``default_factory``,
+    ``frozen``, ``__post_init__``). Without annotated fields, keyword arguments become attributes."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        for k, v in kwargs.items():
-            object.__setattr__(self, k, v)
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        if "__init__" in cls.__dict__:
-            return
-        fields: list[str] = []
-        for klass in reversed(cls.__mro__):
-            for f in klass.__dict__.get("__annotations__", {}):
-                if f not in fields:
-                    fields.append(f)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cls = type(self)
+        fields = _fields(cls)
         if not fields:
-            return
-
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            if len(args) > len(fields):
-                raise TypeError(f"{cls.__name__}() takes {len(fields)} positional arguments")
-            values = dict(zip(fields, args, strict=False))
+            if args:
+                raise TypeError(f"{cls.__name__}() takes no positional arguments (it declares no annotated fields)")
             for k, v in kwargs.items():
-                if k not in fields:
-                    raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {k!r}")
-                values[k] = v
-            for f in fields:
-                if f not in values:
-                    if not hasattr(type(self), f):
-                        raise TypeError(f"{cls.__name__}() missing argument {f!r}")
-                    values[f] = getattr(type(self), f)
-                object.__setattr__(self, f, values[f])
-            post = getattr(self, "__post_init__", None)
-            if post is not None:
-                post()
+                object.__setattr__(self, k, v)
+            return
+        if len(args) > len(fields):
+            raise TypeError(f"{cls.__name__}() takes {len(fields)} positional arguments but {len(args)} were given")
+        values = dict(zip(fields, args, strict=False))
+        for k, v in kwargs.items():
+            if k not in fields:
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {k!r}")
+            if k in values:
+                raise TypeError(f"{cls.__name__}() got multiple values for argument {k!r}")
+            values[k] = v
+        for f in fields:
+            if f not in values:
+                if not hasattr(cls, f):
+                    raise TypeError(f"{cls.__name__}() missing argument {f!r}")
+                values[f] = getattr(cls, f)
+            object.__setattr__(self, f, values[f])
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
 
-        cls.__init__ = __init__  # type: ignore[misc]
 
+def _fields(cls: type) -> list[str]:
+    fields: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for f in klass.__dict__.get("__annotations__", {}):
+            if f not in fields:
+                fields.append(f)
+    return fields

@@ -24,7 +24,8 @@ def _resolver() -> Any:
 
     real_import = builtins.__import__
     subs = {"nki": sim_nki, "nki.language": sim_nki.language, "nki.isa": sim_nki.isa,
-            "nki.collectives": sim_nki.collectives}
+            "nki.collectives": sim_nki.collectives, "nki.typing": sim_nki.typing,
+            "nki.isa.constants": sim_nki.isa.constants}
 
     def sim_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if level == 0:

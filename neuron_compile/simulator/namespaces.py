@@ -3,28 +3,22 @@
 Each is a module object with an explicit export table. A missing attribute raises
 :class:`RemovedAPIError` naming the replacement for removed names, a ``DeprecationWarning`` for
 deprecated aliases, ``NotImplementedError`` for public NKI names the simulator does not implement
-(the list of public names is the package's own ``api_names.json``), else ``AttributeError``.
+(the list of public names is :mod:`neuron_compile.nki_api`), else ``AttributeError``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import types
 import warnings
-from importlib import resources
 from typing import Any
 
 from neuron_compile.errors import RemovedAPIError
+from neuron_compile.nki_api import api
 
 log = logging.getLogger(__name__)
 
-
-def _load_api() -> dict[str, Any]:
-    return json.loads(resources.files("neuron_compile.simulator").joinpath("api_names.json").read_text())
-
-
-API = _load_api()
+API = api()
 
 
 class Namespace(types.ModuleType):

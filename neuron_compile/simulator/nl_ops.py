@@ -62,7 +62,7 @@ def _as_f32_vector(api: str, v: NkiTensor) -> NkiTensor:
 def _binary(name: str, x: Any, y: Any, dtype: Any) -> NkiTensor:
     api = f"nl.{name}"
     if name in O.HW_UNSUPPORTED:
-        C.warn(f"{api} is not supported on hardware (REFERENCE 0.1); use nl.multiply(x, nl.reciprocal(y)) for divide")
+        C.warn(f"{api} is not supported on hardware (NKI Release Notes, known issues); use nl.multiply(x, nl.reciprocal(y)) for divide")
     xt, yt = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
     if not (xt or yt):
         raise SimulatorError(f"{api}: at least one operand must be a tile")
@@ -342,7 +342,7 @@ def matmul(x: Any, y: Any, transpose_x: bool = False) -> NkiTensor:
     _tile(api, x, "x")
     _tile(api, y, "y")
     if not transpose_x:
-        C.warn("nl.matmul(x, y) without transpose_x=True fails on hardware (REFERENCE 0.1); pass x as [K, M] with "
+        C.warn("nl.matmul(x, y) without transpose_x=True fails on hardware (NKI Release Notes, known issues); pass x as [K, M] with "
                "transpose_x=True")
         tp = _new((x.shape[1], x.shape[0]), x.dtype, api, PSUM)
         MM.nc_transpose(tp, x, engine=engine.tensor)

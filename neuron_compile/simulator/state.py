@@ -8,10 +8,27 @@ outside any simulation (unit tests calling ``nisa`` directly) uses a default pro
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+# The instruction clock: advanced by every nisa instruction issued by kernel code and every on-chip
+# allocation; a storage's views stamp it on access, so [allocation tick, last-use tick] is its lifetime.
+CLOCK = [0]
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """One allocator-managed on-chip tile: ``life`` is its storage's [allocation, last-use] ticks."""
+
+    life: list[int]
+    nbytes: int  # per partition
+    sbuf: bool
+    label: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
 class Pool:
@@ -28,9 +45,10 @@ class Pool:
 
 
 class SimState:
-    __slots__ = ("sbuf", "psum", "act_acc", "dve_acc", "program_id", "grid", "seed", "shared", "shared_replay")
+    __slots__ = ("sbuf", "psum", "act_acc", "dve_acc", "program_id", "grid", "seed", "shared", "shared_replay",
+                 "strict_capacity", "capacity_warned", "rng_state", "peers", "lifetimes")
 
-    def __init__(self, program_id: tuple[int, ...] = (), grid: tuple[int, ...] = ()) -> None:
+    def __init__(self, program_id: tuple[int, ...] = (), grid: tuple[int, ...] = (), strict_capacity: bool = True) -> None:
         self.sbuf = Pool("sbuf")
         self.psum = Pool("psum")
         # 128 per-lane fp32 accumulators per engine (ScalarE: activation family; VectorE: exponential,
@@ -43,6 +61,15 @@ class SimState:
         # shared_hbm allocations of SPMD program 0, replayed (same storages) by programs 1..n-1.
         self.shared: list[object] = []
         self.shared_replay: list[object] | None = None
+        # Over-budget on-chip allocations raise when strict (the backend's kernels, unit tests) and
+        # warn once otherwise (kernels run through nki.simulate / @nki.jit, like AWS's simulator).
+        self.strict_capacity = strict_capacity
+        self.capacity_warned = False
+        self.lifetimes: list[Lifetime] = []
+        # Per-engine PRNG state (nisa.rng / dropout / rand2 / rand_set_state), seeded lazily.
+        self.rng_state: dict[str, object] = {}
+        # LNC peers: (barrier, exchange dict) shared by the programs of one kernel[n] launch.
+        self.peers: object = None
 
 
 _DEFAULT = SimState()

@@ -5,7 +5,10 @@ view aliasing the storage, created once per view. Indexing follows the on-chip r
 partition dim and never disappears; on-chip results are never < 2-D) or NumPy rules for HBM. The
 view methods (``slice``, ``permute``, ``broadcast``, ``reshape``, ``rearrange``, ``view``, ``ap`` ...)
 never copy. On-chip allocations are charged to the per-partition SBUF/PSUM budgets of the current
-simulation and released when the storage is garbage-collected.
+simulation by liveness: each one lives from its allocation to its last use (the accesses of its
+views stamp it with the instruction clock of :mod:`state`), as the NKI compiler's allocator sees
+it, so a tile is free once its iteration or block no longer uses it, whether or not a Python name
+still refers to it. :func:`check_capacity` sweeps those lifetimes when a kernel ends.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class Storage:
     """The flat backing array of one allocation (on-chip storages are ``(P, free...)`` row-major)."""
 
     __slots__ = ("data", "shape", "buffer", "dtype", "info", "name", "part_elems", "mm", "written", "_charge",
-                 "__weakref__")
+                 "life", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape: tuple[int, ...], buffer: MemoryRegion, info: _dt.DTypeInfo,
                  name: str) -> None:
@@ -73,6 +76,8 @@ class Storage:
         self.mm: np.ndarray | None = np.zeros(data.shape, dtype=np.int8) if buffer is PSUM else None
         self.written = False
         self._charge: tuple[_state.Pool, int] | None = None
+        # On-chip allocator-managed storages: [allocation tick, last-use tick] (see state.Lifetime).
+        self.life: list[int] | None = None
 
     def __del__(self) -> None:
         charge = self._charge
@@ -154,7 +159,10 @@ class NkiTensor:
 
     @property
     def arr(self) -> np.ndarray:
-        """The NumPy view aliasing the storage (writes go to the storage)."""
+        """The NumPy view aliasing the storage (writes go to the storage); stamps the storage's last use."""
+        life = self.storage.life
+        if life is not None:
+            life[1] = _state.CLOCK[0]
         a = self._arr
         if a is None:
             isz = self.info.np_dtype.itemsize
@@ -174,11 +182,18 @@ class NkiTensor:
             self._mmv = m
         return m
 
+    def part_elems(self) -> int:
+        """Elements per partition of the storage, counted in this view's dtype (views may reinterpret)."""
+        st = self.storage
+        if self.info.itemsize == st.info.itemsize:
+            return st.part_elems
+        return st.part_elems * st.info.itemsize // self.info.itemsize
+
     def pinfo(self) -> tuple[int, int, int]:
         """(start partition, partition count, elements per partition) of an on-chip view."""
         p = self._pinfo
         if p is None:
-            pe = self.storage.part_elems
+            pe = self.part_elems()
             n = self.shape[0] if self.shape else 1
             p = (self.offset // pe, n, self.size // n if n else 0)
             self._pinfo = p
@@ -498,26 +513,37 @@ class NkiTensor:
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, scalar_offset: Any = None,
            vector_offset: NkiTensor | None = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
-        """Raw access pattern ``[[stride, count], ...]`` (outer -> inner) against the storage."""
+        """Raw access pattern ``[[stride, count], ...]`` (outer -> inner) against the storage.
+
+        With ``dtype=`` of another size the storage's bytes are reinterpreted: strides, ``offset`` and
+        the partition stride count elements of the new dtype."""
         st = self.storage
         pat = [(int(p[0]), int(p[1])) for p in pattern]
         if not pat:
             raise SimulatorError("NkiTensor.ap: empty pattern")
         off = int(offset or 0)
+        info = self.storage.info if dtype is None else _dt.info(dtype)
+        old, new = st.info.itemsize, info.itemsize
+        if new != old:
+            if st.info.np_dtype.itemsize != old or info.np_dtype.itemsize != new:
+                raise SimulatorError("NkiTensor.ap: reinterpreting bytes (dtype= of another size) is unavailable with "
+                                     "NKI_PRECISE_FP=0")
+            if (st.part_elems * old) % new or (st.data.size * old) % new:
+                raise SimulatorError(f"NkiTensor.ap: {st.info.name} storage '{st.name}' {st.shape} cannot be viewed "
+                                     f"as {info.name} (its size in bytes is not a multiple of {new})")
+        part_elems = st.part_elems * old // new
+        n_elems = st.data.size * old // new
         if st.buffer in ON_CHIP:
-            if pat[0][1] > 1 and pat[0][0] != st.part_elems:
+            if pat[0][1] > 1 and pat[0][0] != part_elems:
                 raise SimulatorConstraintError("NkiTensor.ap", "pattern", pat[0],
-                                               f"partition stride == elements per partition ({st.part_elems})",
+                                               f"partition stride == elements per partition ({part_elems})",
                                                f"tensor '{st.name}'")
             if len(pat) < 2:
                 raise SimulatorError("NkiTensor.ap: on-chip patterns need a partition pair and >= 1 free pair")
-        info = self.storage.info if dtype is None else _dt.info(dtype)
-        if info.itemsize != st.info.itemsize:
-            raise SimulatorError(f"NkiTensor.ap: dtype={info.name} must have the storage's element size")
         if scalar_offset is not None:
             if not 0 <= indirect_dim < len(st.shape):
                 raise SimulatorError(f"NkiTensor.ap: indirect_dim {indirect_dim} out of range")
-            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(st.shape[indirect_dim + 1:])
+            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(st.shape[indirect_dim + 1:]) * old // new
         t = NkiTensor(st, off, tuple(c for _, c in pat), tuple(s for s, _ in pat), info, st.name)
         first = 0
         if vector_offset is not None:
@@ -525,18 +551,24 @@ class NkiTensor:
                 raise SimulatorError("NkiTensor.ap: vector_offset indexes an HBM tensor only")
             if indirect_dim != 0:
                 raise SimulatorError("NkiTensor.ap: vector_offset supports indirect_dim=0 only")
-            if vector_offset.shape[0] != pat[0][1]:
+            n_cols = vector_offset.shape[1] if vector_offset.ndim >= 2 else 1
+            if n_cols > 1:  # [P, N] indices are read column by column (index i*P + p is at [p, i])
+                if vector_offset.size < pat[0][1]:
+                    raise SimulatorError(f"NkiTensor.ap: vector_offset {vector_offset.shape} holds "
+                                         f"{vector_offset.size} indices but the indirect pattern pair counts "
+                                         f"{pat[0][1]}")
+            elif vector_offset.shape[0] != pat[0][1]:
                 raise SimulatorError(f"NkiTensor.ap: vector_offset has {vector_offset.shape[0]} indices but the "
                                      f"indirect pattern pair counts {pat[0][1]}")
-            t._indirect = (vector_offset, math.prod(st.shape[1:]), st.shape[0])
+            t._indirect = (vector_offset, math.prod(st.shape[1:]) * old // new, st.shape[0])
             first = 1
         lo = off + sum(min(0, (c - 1) * s) for s, c in pat[first:] if c)
         hi = off + sum(max(0, (c - 1) * s) for s, c in pat[first:] if c)
         if any(c == 0 for _, c in pat):
             return t
-        if lo < 0 or hi >= st.data.size:
+        if lo < 0 or hi >= n_elems:
             raise SimulatorError(f"NkiTensor.ap: pattern {pat} with offset {off} addresses elements {lo}..{hi}, "
-                                 f"outside tensor '{st.name}' of {st.data.size} elements")
+                                 f"outside tensor '{st.name}' of {n_elems} elements")
         return t
 
 
@@ -594,8 +626,16 @@ def _nocopy_strides(old_shape: Sequence[int], old_strides: Sequence[int], new_sh
 # ---------------------------------------------------------------------------------------- allocation
 
 def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api: str = "nl.ndarray",
-             fill: float | None = None) -> NkiTensor:
-    """A fresh storage + full view, filled with the uninitialised-memory sentinel (or ``fill``)."""
+             fill: float | None = None, address: Any = None) -> NkiTensor:
+    """A fresh storage + full view, filled with the uninitialised-memory sentinel (or ``fill``).
+
+    On-chip allocations are charged to the per-partition budget of the current simulation, except
+    those placed by hand with ``address=(partition_offset, byte_offset)``: they are checked to lie
+    inside the memory (and, in PSUM, to start on a bank) and occupy the place they name, which other
+    such tiles may share (that is how kernels reuse a bank). Going over the budget raises in strict
+    mode (our own kernels) and warns otherwise, like AWS's simulator, which leaves capacity to the
+    compiler's spilling.
+    """
     buf = check_buffer(buffer, api)
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
@@ -611,24 +651,27 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
     pool = None
     if buf in ON_CHIP:
         lim = _targets.limits()
-        if len(shp) < 2:
-            raise SimulatorConstraintError(api, "shape", shp, "on-chip tensors are >= 2-D (partition dim first)",
-                                           f"allocation '{label}' in nl.{buf.value}; store a vector as (1, N) or (N, 1)")
+        if not shp:
+            raise SimulatorConstraintError(api, "shape", shp, "at least one dim (the partition dim)",
+                                           f"allocation '{label}' in nl.{buf.value}")
         if shp[0] > lim.pmax:
             raise SimulatorConstraintError(api, "shape", shp, f"partition dim <= {lim.pmax}",
                                            f"allocation '{label}' in nl.{buf.value}")
         if len(shp) > 5:
             raise SimulatorConstraintError(api, "shape", shp, "at most 5 dims (partition + 4 free)",
                                            f"allocation '{label}'")
+        # A 1-D on-chip tensor (the API's own examples use nl.ndarray([1], ...) for registers) is
+        # its partition dim alone: one element per partition.
         nbytes_pp = math.prod(shp[1:]) * info.itemsize
-        st_ = _state.current()
-        pool = st_.sbuf if buf is SBUF else st_.psum
         budget = lim.sbuf_partition_bytes if buf is SBUF else lim.psum_partition_bytes
-        if pool.live + nbytes_pp > budget:
-            raise SimulatorConstraintError(
-                api, "shape", shp, f"live {buf.value.upper()} bytes per partition <= {budget} on {lim.name}",
-                f"allocation '{label}' needs {nbytes_pp} B/partition with {pool.live} B already live; free or "
-                "reuse tiles (allocate inside the loop that uses them)")
+        if address is not None:
+            _check_address(api, label, buf, shp, nbytes_pp, budget, address)
+        else:
+            st_ = _state.current()
+            pool = st_.sbuf if buf is SBUF else st_.psum
+            if nbytes_pp > budget:
+                raise SimulatorConstraintError(api, "shape", shp, f"{buf.value.upper()} bytes per partition <= {budget} "
+                                               f"on {lim.name}", f"allocation '{label}' alone needs {nbytes_pp} B/partition")
     if buf is SHARED_HBM and _state.in_kernel():
         cur = _state.current()
         replay = cur.shared_replay
@@ -644,9 +687,68 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
     if pool is not None:
         pool.live += nbytes_pp
         st._charge = (pool, nbytes_pp)
+        _state.CLOCK[0] += 1
+        st.life = [_state.CLOCK[0], _state.CLOCK[0]]
+        _state.current().lifetimes.append(_state.Lifetime(st.life, nbytes_pp, buf is SBUF, label, shp, info.name))
     elif buf is SHARED_HBM and _state.in_kernel():
         _state.current().shared.append(st)
     return NkiTensor(st, 0, shp, _contig(shp), info, label)
+
+
+def _check_address(api: str, label: str, buf: MemoryRegion, shp: tuple[int, ...], nbytes_pp: int, budget: int,
+                   address: Any) -> None:
+    """``address=(partition_offset, byte_offset)``: inside the memory, PSUM tiles on a bank boundary."""
+    try:
+        part, byte = (int(a) for a in address)
+    except (TypeError, ValueError):
+        raise SimulatorError(f"{api}: address={address!r} must be (partition_offset, byte_offset) ints "
+                             f"(allocation '{label}')") from None
+    where = f"allocation '{label}' {shp} in nl.{buf.value}"
+    if part < 0 or part + shp[0] > 128:
+        raise SimulatorConstraintError(api, "address", (part, byte), f"partition_offset + {shp[0]} partitions <= 128",
+                                       where)
+    if byte < 0 or byte + nbytes_pp > budget:
+        raise SimulatorConstraintError(api, "address", (part, byte),
+                                       f"byte_offset + {nbytes_pp} B/partition <= {budget} B", where)
+    if buf is PSUM and byte % 2048:
+        raise SimulatorConstraintError(api, "address", (part, byte), "PSUM allocations start at a 2 KiB bank "
+                                       "boundary (byte_offset a multiple of 2048)", where)
+
+
+def check_capacity(kernel: str) -> None:
+    """Peak live SBUF/PSUM bytes per partition of the current simulation (tiles live from allocation to
+    last use) against the target's budgets: raise in strict mode (the backend's kernels), else warn once,
+    like AWS's simulator, which leaves capacity to the compiler (it would spill or fail)."""
+    st = _state.current()
+    lim = _targets.limits()
+    for sbuf, budget in ((True, lim.sbuf_partition_bytes), (False, lim.psum_partition_bytes)):
+        lives = [lt for lt in st.lifetimes if lt.sbuf is sbuf]
+        if not lives:
+            continue
+        events = sorted([(lt.life[0], 0, lt.nbytes) for lt in lives] + [(lt.life[1], 1, -lt.nbytes) for lt in lives])
+        cur = peak = 0
+        at = 0
+        for tick, _kind, delta in events:
+            cur += delta
+            if cur > peak:
+                peak, at = cur, tick
+        if peak <= budget:
+            continue
+        name = "SBUF" if sbuf else "PSUM"
+        live = sorted((lt for lt in lives if lt.life[0] <= at <= lt.life[1]), key=lambda lt: -lt.nbytes)
+        shown = ", ".join(f"'{lt.label}' {lt.shape} {lt.dtype} ({lt.nbytes} B)" for lt in live[:6])
+        more = f" and {len(live) - 6} more" if len(live) > 6 else ""
+        detail = (f"kernel {kernel}: {peak} B/partition live at once ({len(live)} tiles: {shown}{more}); a tile lives "
+                  "from its allocation to its last use: allocate tiles in the loop that uses them, or use fewer")
+        if st.strict_capacity:
+            raise SimulatorConstraintError(f"kernel {kernel}", name, peak, f"live {name} bytes per partition <= "
+                                           f"{budget} on {lim.name}", detail)
+        if not st.capacity_warned:
+            st.capacity_warned = True
+            from neuron_compile.simulator.checks import warn
+
+            warn(f"{name}: live bytes per partition exceed {budget} on {lim.name} ({detail}); the compiler would "
+                 "spill or fail here. Strict mode (the backend's own kernels) raises instead.")
 
 
 def _contig(shp: tuple[int, ...]) -> tuple[int, ...]:

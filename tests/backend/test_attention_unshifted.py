@@ -25,8 +25,9 @@ from neuron_compile.simulator import trace
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "codegen"))
-from nki_api_check import check_source_against_api, require_api  # noqa: E402
 from static_checks import check_kernel_rules  # noqa: E402
+
+from neuron_compile.nki_api.checker import check_source_against_api  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
@@ -185,7 +186,6 @@ def test_additive_mask_keeps_the_exact_kernel() -> None:
 @pytest.mark.parametrize("d", [32, 128])
 def test_kernel_source_uses_only_public_nki_api(d: int) -> None:
     """The unshifted kernel and its fallback (transposed-scores for d = 32, standard for 128) in one source."""
-    require_api()
     q, k, v = _qkv(1, 2, 130, 130, d, dtype=torch.bfloat16)
     _, stats, _ = _run_traced(_sdpa(is_causal=True), q, k, v)
     (_, src), = stats["sources"]

@@ -114,7 +114,7 @@ def test_batched_bmm_frees_its_psum_between_batches(tiles: Tiles | None) -> None
         got = _run_forced(tiles, fn, a, b)
     torch.testing.assert_close(got, fn(a, b), atol=2e-4, rtol=2e-4)
     src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
-    assert "\n        del acc, acc0" in src, src
+    assert "del " not in src, src  # PSUM lifetimes follow the iteration (no del statements)
 
 def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
     g = torch.Generator().manual_seed(3)

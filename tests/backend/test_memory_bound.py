@@ -16,7 +16,7 @@ from neuron_compile.lowering.ir import TileOp
 
 from neuron_compile import backend
 from neuron_compile.config import config
-from tests.nki_api_check import check_source_against_api
+from neuron_compile.nki_api.checker import check_source_against_api
 
 
 def _op(out: str, opcode: str, args: tuple, kind: str = "full", phase: int = 0, **attrs: object) -> TileOp:

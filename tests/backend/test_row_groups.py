@@ -17,7 +17,7 @@ from neuron_compile import backend
 from neuron_compile.config import config
 from neuron_compile.costmodel import estimate
 from neuron_compile.instruction_stream import source_stream
-from tests.nki_api_check import check_source_against_api
+from neuron_compile.nki_api.checker import check_source_against_api
 
 
 @pytest.fixture(autouse=True)

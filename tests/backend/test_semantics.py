@@ -187,6 +187,36 @@ def test_zero_element_tensors():
     x = torch.randn(0, 4)
     out = _compile(lambda t: torch.softmax(t * 2 + 1, -1))(x)
     assert out.shape == (0, 4)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="reduction over an empty dimension is not supported"):
-        _compile(lambda t: t.sum(0))(x)
+
+
+
+@pytest.mark.parametrize("fn", [lambda t: t.sum(0), lambda t: t.prod(0), lambda t: t.mean(0),
+                                lambda t: t.var(0), lambda t: t.any(0), lambda t: t.all(0),
+                                lambda t: (t.sum(0) + 1) * 2],
+                         ids=["sum", "prod", "mean", "var", "any", "all", "sum_then_pointwise"])
+def test_reductions_over_an_empty_dim_give_the_identity_like_eager(fn):
+    x = torch.randn(0, 4)
+    torch.testing.assert_close(_compile(fn)(x), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [lambda t: t.sum(0), lambda t: t.amax(0), lambda t: t.max(0).indices,
+                                lambda t: t.var(0), lambda t: t.var(0, correction=0), lambda t: torch.softmax(t, 0),
+                                lambda t: t.argmax(), lambda t: t.logsumexp(0), lambda t: t.view(1) * 2,
+                                lambda t: t.any()],
+                         ids=["sum", "amax", "max_indices", "var", "var_c0", "softmax", "argmax", "logsumexp",
+                              "view", "any"])
+def test_reductions_of_0d_tensors_match_eager(fn):
+    x = torch.tensor(3.5)
+    torch.testing.assert_close(_compile(fn)(x), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [lambda t: t.argmax(), lambda t: t.argmin(keepdim=True), lambda t: t.t().argmax()],
+                         ids=["argmax", "argmin_keepdim", "argmax_transposed"])
+def test_argmax_without_dim_flattens(fn):
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(_compile(fn)(x), fn(x))
+
+
+def test_empty_contraction_matmul_is_zeros():
+    a, b = torch.randn(3, 0), torch.randn(0, 4)
+    torch.testing.assert_close(_compile(lambda x, y: x @ y)(a, b), torch.zeros(3, 4))

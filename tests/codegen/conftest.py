@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/nki_api_check.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (shared helpers)
 
 from corpus import CorpusResult, compile_entry  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Static hardware/API rules for rendered NKI kernel source, beyond the name check of ``nki_api_check``.
+"""Static hardware/API rules for rendered NKI kernel source, beyond the name check of ``neuron_compile.nki_api.checker``.
 
 :func:`check_kernel_rules` parses a kernel's source and reports (as a list of messages, empty when
 clean): kernel outputs not allocated in ``nl.shared_hbm``; ``nisa.*`` calls that don't pass ``dst=``
@@ -11,13 +11,10 @@ a name assigned ``min(<int>, ...)`` / an int literal; anything else is reported 
 from __future__ import annotations
 
 import ast
-import functools
-import json
 import logging
 from dataclasses import dataclass
 
-from nki_api_check import API_JSON_PATH
-
+from neuron_compile import nki_api
 from neuron_compile.simulator_limits import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
@@ -26,13 +23,9 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1, 
              "uint32": 4, "uint16": 2}
 
 
-@functools.lru_cache(maxsize=1)
 def dst_first_isa_ops() -> frozenset[str]:
-    """``nki.isa`` functions whose first parameter is ``dst`` (from api.json)."""
-    data = json.loads(API_JSON_PATH.read_text())
-    return frozenset(e["qualname"] for e in data["entries"]
-                     if e["module"] == "nki.isa" and e["kind"] == "function" and e.get("params")
-                     and e["params"][0]["name"] == "dst")
+    """``nki.isa`` functions whose first parameter is ``dst`` (from the NKI 0.6 listing)."""
+    return nki_api.dst_first_isa_ops()
 
 
 @dataclass(frozen=True)
@@ -93,7 +86,14 @@ class _Collector(ast.NodeVisitor):
         self.calls.append(node)
         self.generic_visit(node)
 
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.depth = getattr(self, "depth", 0) + 1
+        self.generic_visit(node)
+        self.depth -= 1
+
     def visit_Return(self, node: ast.Return) -> None:
+        if getattr(self, "depth", 1) > 1:  # a nested function (a loop body) returns a register, not an output
+            return
         values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
         self.returns += [v.id for v in values if isinstance(v, ast.Name)]
         self.generic_visit(node)
@@ -140,6 +140,38 @@ def check_kernel_rules(source: str) -> list[str]:
             problems.append(f"line {call.lineno}: nisa.{op} must pass its destination as dst=")
         if op == "nc_matmul":
             problems += _matmul_problems(col, call)
+    return problems + hygiene_problems(tree)
+
+
+def hygiene_problems(tree: ast.AST) -> list[str]:
+    """Habits the real compiler may not share with the simulator: ``del`` statements (NKI frees tiles by
+    scope and liveness, not by deleting names), ``nl.while_loop`` bodies that return anything but their
+    own register (the documented form loads or moves the next condition into it and returns it), and
+    ``.ap(vector_offset=...)`` patterns whose indirect pair stride is not the base's row stride (our HBM
+    arguments are flat, so 1: the documented element start is ``offset + idx * prod(shape[1:])``)."""
+    problems: list[str] = []
+    bodies: dict[str, ast.FunctionDef] = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Delete):
+            problems.append(f"line {node.lineno}: del statement (tile lifetimes follow NKI's scoping)")
+        if not isinstance(node, ast.Call):
+            continue
+        if _attr_name(node.func) == "while_loop" and len(node.args) == 2 and isinstance(node.args[1], ast.Name):
+            body = bodies.get(node.args[1].id)
+            if body is not None:
+                reg = body.args.args[0].arg if body.args.args else None
+                for ret in (n for n in ast.walk(body) if isinstance(n, ast.Return)):
+                    if not (isinstance(ret.value, ast.Name) and ret.value.id == reg):
+                        problems.append(f"line {ret.lineno}: nl.while_loop body {body.name} must return its own "
+                                        f"register {reg!r}")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "ap" and _kw(node, "vector_offset") is not None:
+            pattern = _kw(node, "pattern") or (node.args[0] if node.args else None)
+            first = pattern.elts[0] if isinstance(pattern, ast.List) and pattern.elts else None
+            stride = first.elts[0] if isinstance(first, ast.List) and first.elts else None
+            if not (isinstance(stride, ast.Constant) and stride.value == 1):
+                problems.append(f"line {node.lineno}: .ap(vector_offset=...) indirect pair stride "
+                                f"{ast.unparse(stride) if stride is not None else '?'} is not the flat argument's "
+                                "row stride 1")
     return problems
 
 

@@ -26,7 +26,7 @@ GOLDEN = [
     ("softmax", "k0_amax_sub_exp"),  # a row reduction kernel: max, exp, sum, normalize in one kernel
     ("layer_norm", "k0_mean_sub_mul"),  # LayerNorm: mean/var phases and the affine epilogue in one kernel
     ("linear_gelu", "k0_mm_add_gelu"),  # Linear + bias + GELU, M=130 K=300 N=700 (ragged tiles)
-    ("embedding", "k0_embedding"),  # indirect-DMA row gather
+    ("embedding", "k1_embedding"),  # indirect-DMA row gather (k0 checks the indices are in range)
 ]
 
 

@@ -4,15 +4,14 @@ Covers ``load_kernel_source``: the standard ``import nki`` / ``import nki.langua
 ``import nki.isa as nisa`` lines (and the ``from nki import ...`` forms) bind the simulator, nothing is
 registered in ``sys.modules`` (a pre-existing ``nki`` module object stays untouched), legacy
 ``neuronxcc`` imports raise :class:`RemovedAPIError`, and tracebacks point at the kernel file's lines.
-Also checks statically (``tests/nki_api_check.py``) that the kernel source, and every kernel of
-``test_kernels.py``, uses only public, non-removed, non-deprecated names of api.json, and that the
+Also checks statically (:mod:`neuron_compile.nki_api.checker`) that the kernel source, and every kernel of
+``test_kernels.py``, uses only public, non-removed, non-deprecated names of NKI 0.6, and that the
 checker itself catches legacy code.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import linecache
 import logging
 import sys
@@ -27,27 +26,12 @@ import pytest
 import torch
 
 from neuron_compile.errors import RemovedAPIError
+from neuron_compile.nki_api.checker import check_source_against_api
 from neuron_compile.simulator import load_kernel_source, simulate
 from neuron_compile.simulator import nki as sim_nki
 
 log = logging.getLogger(__name__)
 
-_CHECKER_PATH = Path(__file__).resolve().parents[1] / "nki_api_check.py"
-
-
-def _load_checker() -> types.ModuleType:
-    # tests/ has no __init__.py: load the shared helper by path (pytest puts only this folder on sys.path).
-    if "nki_api_check" in sys.modules:
-        return sys.modules["nki_api_check"]
-    spec = importlib.util.spec_from_file_location("nki_api_check", _CHECKER_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nki_api_check"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-api_check = _load_checker()
 
 KERNEL_SOURCE = '''\
 import nki
@@ -168,12 +152,10 @@ _PRELUDE = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n\n"
 
 
 def test_kernel_source_uses_only_current_public_api() -> None:
-    api_check.require_api()
-    assert api_check.check_source_against_api(KERNEL_SOURCE) == []
+    assert check_source_against_api(KERNEL_SOURCE) == []
 
 
 def test_every_kernel_in_test_kernels_uses_only_current_public_api() -> None:
-    api_check.require_api()
     path = Path(__file__).with_name("test_kernels.py")
     tree = ast.parse(path.read_text())
     kernels = [
@@ -185,7 +167,7 @@ def test_every_kernel_in_test_kernels_uses_only_current_public_api() -> None:
     problems: list[str] = []
     for node in kernels:
         source = _PRELUDE + (ast.get_source_segment(path.read_text(), node) or "")
-        problems += [f"{node.name}: {p}" for p in api_check.check_source_against_api(source)]
+        problems += [f"{node.name}: {p}" for p in check_source_against_api(source)]
     assert problems == []
 
 
@@ -232,16 +214,14 @@ LEGACY_SOURCE = textwrap.dedent(
     ],
 )
 def test_checker_reports_legacy_and_unknown_names(needle: str, line: int) -> None:
-    api_check.require_api()
-    problems = api_check.check_source_against_api(LEGACY_SOURCE)
+    problems = check_source_against_api(LEGACY_SOURCE)
     hits = [p for p in problems if needle in p]
     assert hits, f"{needle!r} not reported; problems: {problems}"
     assert all(p.startswith(f"line {line}:") for p in hits), hits
 
 
 def test_checker_reports_removed_replacement_hint() -> None:
-    api_check.require_api()
-    problems = api_check.check_source_against_api(LEGACY_SOURCE)
+    problems = check_source_against_api(LEGACY_SOURCE)
     (arange,) = [p for p in problems if "nki.language.arange" in p]
     assert "nl.ds" in arange
     (flag,) = [p for p in problems if "psumAccumulateFlag" in p]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import gc
-
 import ml_dtypes
 import numpy as np
 import pytest
 from sim_helpers import tile, val
 
 from neuron_compile.errors import RemovedAPIError, SimulatorConstraintError, SimulatorError
-from neuron_compile.simulator import nisa, nl, use_target
-from neuron_compile.simulator import state as _state
+from neuron_compile.simulator import nisa, nl, simulate, use_target
 from neuron_compile.simulator.tensor import from_array
 
 
@@ -118,31 +115,38 @@ def test_allocation_errors() -> None:
     with pytest.raises(SimulatorConstraintError) as e:
         nl.ndarray((256, 2), nl.float32)
     assert e.value.operand == "shape" and "<= 128" in str(e.value.limit)
-    with pytest.raises(SimulatorConstraintError, match=">= 2-D"):
-        nl.ndarray((128,), nl.float32)
+    with pytest.raises(SimulatorConstraintError, match="at least one dim"):
+        nl.ndarray((), nl.float32)
+    vec = nl.ndarray((128,), nl.float32)  # 1-D on-chip: the partition dim alone (one element per partition)
+    assert vec.shape == (128,) and vec.pinfo() == (0, 128, 1)
 
 
 @pytest.mark.parametrize(("target", "budget"), [("trn1", 192 * 1024), ("trn2", 208 * 1024), ("trn3", 240 * 1024)])
 def test_sbuf_capacity_per_target(target: str, budget: int) -> None:
-    st = _state.SimState()
-    _state.push(st)
-    try:
-        with use_target(target):
-            keep = nl.ndarray((128, budget // 4), nl.float32, name="big")
-            assert st.sbuf.live == budget
-            with pytest.raises(SimulatorConstraintError) as e:
-                nl.ndarray((128, 1), nl.float32, name="one_more")
-            assert "one_more" in str(e.value) and str(budget) in str(e.value.limit)
-            del keep
-            gc.collect()
-            assert st.sbuf.live == 0
-            for _ in range(20):  # loop-local tiles are released as they are rebound
+    def fill(extra: int) -> None:
+        big = nl.ndarray((128, budget // 4), nl.float32, name="big")
+        more = nl.ndarray((128, extra), nl.float32, name="one_more")
+        nisa.memset(dst=big, value=0.0)
+        nisa.memset(dst=more, value=0.0)
+        nisa.tensor_copy(dst=big[:, 0:1], src=more[:, 0:1])  # both live at once
+
+    with use_target(target):
+        with pytest.raises(SimulatorConstraintError) as e:
+            simulate(fill, strict_capacity=True)(1)
+        assert "'one_more'" in str(e.value) and str(budget) in str(e.value.limit)
+        with pytest.raises(SimulatorConstraintError, match="alone needs"):
+            nl.ndarray((128, budget // 4 + 1), nl.float32)
+
+        def sequential() -> None:
+            for _ in range(20):  # loop-local tiles: each dies after its iteration
                 t = nl.ndarray((128, budget // 8), nl.float32)
-            del t
-            with pytest.raises(SimulatorConstraintError, match="PSUM"):
-                nl.ndarray((128, 4097), nl.float32, buffer=nl.psum)
-    finally:
-        _state.pop(st)
+                nisa.memset(dst=t, value=1.0)
+            big = nl.ndarray((128, budget // 4), nl.float32)
+            nisa.memset(dst=big, value=0.0)
+
+        simulate(sequential, strict_capacity=True)()
+        with pytest.raises(SimulatorConstraintError, match="PSUM"):
+            nl.ndarray((128, 4097), nl.float32, buffer=nl.psum)
 
 
 def test_removed_and_unimplemented_names() -> None:
@@ -156,8 +160,6 @@ def test_removed_and_unimplemented_names() -> None:
         nisa.tensor_copy_dynamic_src  # noqa: B018
     with pytest.raises(NotImplementedError, match="nki.collectives.all_reduce"):
         nki.collectives.all_reduce  # noqa: B018
-    with pytest.raises(NotImplementedError, match="nki.isa.topk"):
-        nisa.topk  # noqa: B018
     with pytest.warns(DeprecationWarning, match="nisa.engine.vector"):
         assert nisa.vector_engine is nisa.engine.vector
     with pytest.warns(DeprecationWarning):

@@ -34,7 +34,6 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, 128], [16640, KF], [1, RW]], offset=k0 * 130 + r0), src=a_t_cols[0:128, 0:KF, 0:RW])
             if KW % 128:
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 130 + r0), src=a_t_cols[0:KW % 128, KF, 0:RW])
-    del a_t_tp, a_t_rows, a_t_cols
     b_t_rows = nl.ndarray((128, 6, 300), dtype=nl.float32, buffer=nl.sbuf)
     b_t_cols = nl.ndarray((128, 3, 768), dtype=nl.float32, buffer=nl.sbuf)
     b_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
@@ -58,7 +57,6 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=b_t.ap(pattern=[[700, 128], [89600, KF], [1, RW]], offset=k0 * 700 + r0), src=b_t_cols[0:128, 0:KF, 0:RW])
             if KW % 128:
                 nisa.dma_copy(dst=b_t.ap(pattern=[[700, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 700 + r0), src=b_t_cols[0:KW % 128, KF, 0:RW])
-    del b_t_tp, b_t_rows, b_t_cols
     acc0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)

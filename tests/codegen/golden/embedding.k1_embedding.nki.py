@@ -4,7 +4,7 @@ import nki.language as nl
 
 
 @nki.jit
-def k0_embedding(in0, in1):
+def k1_embedding(in0, in1):
     """gather kernel: aten.embedding.default"""
     out0 = nl.ndarray((156000,), dtype=nl.float32, buffer=nl.shared_hbm)
     for g0 in range(0, 4, 4):
@@ -20,7 +20,7 @@ def k0_embedding(in0, in1):
             F = min(300, 300 - f0)
             rows = nl.ndarray((128, 4, F), dtype=nl.float32, buffer=nl.sbuf)
             for t in range(T):
-                nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[300, 128], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0))
+                nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[1, 128], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0), oob_mode=nisa.oob_mode.skip)
             nisa.dma_copy(dst=out0.ap(pattern=[[300, 128], [38400, T], [1, F]], offset=p0 * 300 + f0), src=rows[:, 0:T, :])
     p0 = 512
     idx = nl.ndarray((8, 1), dtype=nl.int32, buffer=nl.sbuf)
@@ -33,6 +33,6 @@ def k0_embedding(in0, in1):
         F = min(300, 300 - f0)
         rows = nl.ndarray((8, 1, F), dtype=nl.float32, buffer=nl.sbuf)
         for t in range(1):
-            nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[300, 8], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0))
+            nisa.dma_copy(dst=rows[:, t, :], src=in0.ap(pattern=[[1, 8], [1, F]], offset=f0, vector_offset=idx_scaled[:, t:t + 1], indirect_dim=0), oob_mode=nisa.oob_mode.skip)
         nisa.dma_copy(dst=out0.ap(pattern=[[300, 8], [38400, 1], [1, F]], offset=p0 * 300 + f0), src=rows[:, 0:1, :])
     return out0

@@ -1,0 +1,109 @@
+"""Decompositions of torch.nn's fused inference fast paths into ops the backend lowers.
+
+``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` in eval mode without autograd call fused
+native kernels (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``) that PyTorch
+has no decomposition for. These functions restate their documented semantics with ATen ops: packed
+QKV projection, scaled dot-product attention with the mask types the fast path passes (0: ``[L, S]``
+attention mask, 1: ``[B, S]`` key padding mask, 2: ``[B, H, L, S]``; boolean True = masked out), rows
+with every key masked give zeros (the fast path's masked softmax), then the output projection, and
+for the encoder layer the residuals, LayerNorms and feed-forward block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, mask_type: int | None) -> torch.Tensor:
+    """softmax over the last dim with boolean ``mask`` (True = masked) broadcast per ``mask_type``; rows
+    whose keys are all masked give zeros, as the native masked softmax does."""
+    if mask is None:
+        return torch.softmax(scores, -1)
+    b, h, lq, s = scores.shape
+    if mask_type == 1 or (mask.dim() == 2 and mask.shape == (b, s) and mask_type is None):
+        m = mask.view(b, 1, 1, s)
+    elif mask.dim() == 2:
+        m = mask.view(1, 1, lq, s)
+    else:
+        m = mask.reshape(-1 if mask.dim() == 4 else 1, *mask.shape[-3:]) if mask.dim() >= 3 else mask
+    m = m.expand(b, h, lq, s)
+    if mask.dtype != torch.bool:  # an additive float mask
+        return torch.softmax(scores + m, -1)
+    filled = scores.masked_fill(m, float("-inf"))
+    probs = torch.softmax(filled, -1)
+    return probs.masked_fill(m.all(-1, keepdim=True), 0.0)
+
+
+def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int, num_heads: int,
+               qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+               mask: torch.Tensor | None, mask_type: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    b, lq, _ = query.shape
+    s = key.shape[1]
+    hd = embed_dim // num_heads
+    wq, wk, wv = qkv_weight.split(embed_dim, 0)
+    bq, bk, bv = qkv_bias.split(embed_dim, 0)
+    q = torch.nn.functional.linear(query, wq, bq).view(b, lq, num_heads, hd).transpose(1, 2)
+    k = torch.nn.functional.linear(key, wk, bk).view(b, s, num_heads, hd).transpose(1, 2)
+    v = torch.nn.functional.linear(value, wv, bv).view(b, s, num_heads, hd).transpose(1, 2)
+    scores = (q * (hd ** -0.5)) @ k.transpose(-2, -1)
+    probs = _masked_softmax(scores, mask, mask_type)
+    out = (probs @ v).transpose(1, 2).reshape(b, lq, embed_dim)
+    return torch.nn.functional.linear(out, proj_weight, proj_bias), probs
+
+
+def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int,
+                                num_head: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+                                proj_weight: torch.Tensor, proj_bias: torch.Tensor, mask: torch.Tensor | None = None,
+                                need_weights: bool = True, average_attn_weights: bool = True,
+                                mask_type: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    out, probs = _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                            mask, mask_type)
+    if not need_weights:
+        return out, torch.empty(0, dtype=out.dtype, device=out.device)
+    return out, probs.mean(1) if average_attn_weights else probs
+
+
+def transformer_encoder_layer_fwd(src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
+                                  qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+                                  use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: torch.Tensor,
+                                  norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor, norm_bias_2: torch.Tensor,
+                                  ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor, ffn_weight_2: torch.Tensor,
+                                  ffn_bias_2: torch.Tensor, mask: torch.Tensor | None = None,
+                                  mask_type: int | None = None) -> torch.Tensor:
+    def ln(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (embed_dim,), w, bias, eps)
+
+    def sa(x: torch.Tensor) -> torch.Tensor:
+        return _attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+                          mask_type)[0]
+
+    def ff(x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.linear(x, ffn_weight_1, ffn_bias_1)
+        h = torch.nn.functional.gelu(h) if use_gelu else torch.relu(h)
+        return torch.nn.functional.linear(h, ffn_weight_2, ffn_bias_2)
+
+    x = src
+    if norm_first:
+        x = x + sa(ln(x, norm_weight_1, norm_bias_1))
+        return x + ff(ln(x, norm_weight_2, norm_bias_2))
+    x = ln(x + sa(x), norm_weight_1, norm_bias_1)
+    return ln(x + ff(x), norm_weight_2, norm_bias_2)
+
+
+def masked_softmax(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None, mask_type: int | None = None) -> Any:
+    """aten._masked_softmax (True = masked; fully masked rows give zeros), the mask broadcast to ``x``."""
+    d = -1 if dim is None else dim
+    m = mask.expand_as(x) if mask.shape != x.shape else mask
+    probs = torch.softmax(x.masked_fill(m, float("-inf")), d)
+    return probs.masked_fill(m.all(d, keepdim=True), 0.0)
+
+
+NN: dict[Any, Any] = {
+    aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+    aten._native_multi_head_attention.default: native_multi_head_attention,
+    aten._masked_softmax.default: masked_softmax,
+}

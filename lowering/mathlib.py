@@ -1,0 +1,529 @@
+"""Elementwise math the NeuronCore has no single instruction for, composed from the ones it has.
+
+Input: fp32 :class:`~neuron_compile.lowering.builder.TileVal` operands and a
+:class:`~neuron_compile.lowering.builder.ProgramBuilder`; output: the result tile. Every function
+records ordinary tile ops (VectorE ALU ops in fp32, ScalarE activations fed only inside their
+documented valid ranges (REFERENCE 2.6), predicated selects), so results are the same on the
+simulator and on hardware, and the ops fuse into whatever kernel the caller is building.
+
+Techniques (all exact or within a few ulp of the correctly rounded result):
+
+- rounding: ``(x + 2^23) - 2^23`` rounds an fp32 of magnitude below 2^23 to an integer (half to even)
+  because the sum has no fraction bits left; larger magnitudes are integers already;
+- logarithms: the argument is scaled by 2^+-64 into the activation's range, the scale added back;
+- ``log1p``/``expm1``: Goldberg's ``log(u) * x / (u - 1)`` with ``u = 1 + x`` and Kahan's
+  ``(u - 1) * x / log(u)`` with ``u = e^x`` cancel the rounding error of ``u``;
+- ``atan``: reduced to [0, 1] with ``atan(x) = pi/2 - atan(1/x)``; the inverse trig and hyperbolic
+  functions are written through atan, log1p and expm1 in their cancellation-free forms;
+- ``lgamma``/``digamma``: the argument is shifted past 8 (recurrence), then Stirling's series;
+  negative arguments use the reflection formula with an exactly range-reduced sin(pi x).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from neuron_compile.lowering.builder import Operand, ProgramBuilder, TileVal
+
+TWO23 = 8388608.0  # 2**23: fp32 values at least this large have no fraction bits
+LN2 = math.log(2.0)
+INF = math.inf
+NAN = math.nan
+
+
+# -- basics ----------------------------------------------------------------------------------------
+
+
+def absval(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """|x| as max(x, -x): exact, NaN stays NaN."""
+    return b.binary("maximum", x, b.binary("multiply", x, -1.0))  # type: ignore[return-value]
+
+
+def neg(b: ProgramBuilder, x: TileVal) -> TileVal:
+    return b.binary("multiply", x, -1.0)  # type: ignore[return-value]
+
+
+def where(b: ProgramBuilder, cond: TileVal, t: Operand, f: Operand) -> TileVal:
+    return b.select(cond, t, f)
+
+
+def isnan(b: ProgramBuilder, x: TileVal) -> TileVal:
+    return b.binary("not_equal", x, x)  # type: ignore[return-value]
+
+
+def keep_nan(b: ProgramBuilder, x: TileVal, y: TileVal) -> TileVal:
+    """``y``, but NaN wherever ``x`` is NaN (for results built from ops whose NaN behaviour varies)."""
+    return b.select(isnan(b, x), x, y)
+
+
+def signbit(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """1.0 where the sign bit is set: negative values and -0.0 (1/-0 = -inf)."""
+    negative = b.binary("less", x, 0.0)
+    neg_zero = b.binary("logical_and", b.binary("equal", x, 0.0), b.binary("less", b.reciprocal(x), 0.0))
+    return b.binary("logical_or", negative, neg_zero)  # type: ignore[return-value]
+
+
+def with_sign_of(b: ProgramBuilder, magnitude: TileVal, x: TileVal) -> TileVal:
+    """``magnitude`` (>= 0) negated where ``x`` is negative (NaN x keeps the magnitude)."""
+    return b.select(b.binary("less", x, 0.0), neg(b, magnitude), magnitude)
+
+
+# -- rounding -------------------------------------------------------------------------------------
+
+
+def rint(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """Round half to even (torch.round), exact for every fp32 incl. +-inf and NaN."""
+    up = b.binary("subtract", b.binary("add", x, TWO23), TWO23)
+    down = b.binary("add", b.binary("subtract", x, TWO23), TWO23)
+    r = b.select(b.binary("greater_equal", x, 0.0), up, down)
+    return b.select(b.binary("greater_equal", absval(b, x), TWO23), x, r)
+
+
+def floor(b: ProgramBuilder, x: TileVal) -> TileVal:
+    r = rint(b, x)
+    return b.binary("subtract", r, b.binary("greater", r, x))  # type: ignore[return-value]
+
+
+def ceil(b: ProgramBuilder, x: TileVal) -> TileVal:
+    r = rint(b, x)
+    return b.binary("add", r, b.binary("less", r, x))  # type: ignore[return-value]
+
+
+def trunc(b: ProgramBuilder, x: TileVal) -> TileVal:
+    r = rint(b, x)
+    down = b.binary("subtract", r, b.binary("greater", r, x))
+    up = b.binary("add", r, b.binary("less", r, x))
+    return b.select(b.binary("less", x, 0.0), up, down)
+
+
+# -- exp / log ------------------------------------------------------------------------------------
+
+
+def log(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """Natural log over the whole fp32 range (ScalarE log is valid on [2^-64, 2^64] only)."""
+    big = b.binary("greater", x, 2.0**63)
+    small = b.binary("less", x, 2.0**-63)
+    scale = b.select(big, 2.0**-64, b.select(small, 2.0**64, b.fill(1.0, x.kind)))
+    xs = b.binary("multiply", x, scale)
+    xs = b.binary("minimum", b.binary("maximum", xs, 2.0**-64), 2.0**64)  # 0, negatives, inf: fixed below
+    offset = b.select(big, 64 * LN2, b.select(small, -64 * LN2, b.fill(0.0, x.kind)))
+    y = b.binary("add", b.activation("log", xs), offset)
+    y = b.select(b.binary("equal", x, 0.0), -INF, y)
+    y = b.select(b.binary("equal", x, INF), INF, y)
+    y = b.select(b.binary("less", x, 0.0), NAN, y)
+    return keep_nan(b, x, y)  # type: ignore[arg-type]
+
+
+def sqrt(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """sqrt over the whole fp32 range (ScalarE sqrt is valid on [2^-116, 2^118] only): scaled by an even
+    power of two into range; sqrt(0) = 0, sqrt(inf) = inf, negative -> NaN."""
+    small = b.binary("less", x, 2.0**-100)
+    big = b.binary("greater", x, 2.0**100)
+    one = b.fill(1.0, x.kind)
+    xs = b.binary("multiply", x, b.select(small, 2.0**100, b.select(big, 2.0**-100, one)))
+    xs = b.binary("minimum", b.binary("maximum", xs, 2.0**-116), 2.0**118)
+    y = b.binary("multiply", b.activation("sqrt", xs), b.select(small, 2.0**-50, b.select(big, 2.0**50, one)))
+    y = b.select(b.binary("equal", x, 0.0), x, y)  # keeps -0.0
+    y = b.select(b.binary("equal", x, INF), INF, y)
+    y = b.select(b.binary("less", x, 0.0), NAN, y)
+    return keep_nan(b, x, y)  # type: ignore[arg-type]
+
+
+def exp(b: ProgramBuilder, x: TileVal, scale: float = 1.0) -> TileVal:
+    return b.activation("exp", x, scale=scale)
+
+
+def log1p(b: ProgramBuilder, x: TileVal) -> TileVal:
+    u = b.binary("add", x, 1.0)
+    d = b.binary("subtract", u, 1.0)
+    y = b.binary("multiply", log(b, u), b.divide(x, d))  # type: ignore[arg-type]
+    y = b.select(b.binary("equal", d, 0.0), x, y)
+    return b.select(b.binary("equal", x, INF), INF, y)
+
+
+def expm1(b: ProgramBuilder, x: TileVal) -> TileVal:
+    u = exp(b, x)
+    d = b.binary("subtract", u, 1.0)
+    y = b.binary("multiply", d, b.divide(x, log(b, u)))  # type: ignore[arg-type]
+    y = b.select(b.binary("equal", u, 1.0), x, y)
+    y = b.select(b.binary("equal", d, -1.0), -1.0, y)
+    y = b.select(b.binary("equal", u, INF), INF, y)
+    return keep_nan(b, x, y)
+
+
+# -- trigonometric and hyperbolic -------------------------------------------------------------------
+
+
+# 2 pi in three parts (Cody and Waite): C1 has 8 significant bits, so k * C1 is exact for |k| < 2^16.
+_C1 = 6.28125
+_C2 = float(np.float32(2 * math.pi - _C1))
+_C3 = float(np.float32(2 * math.pi - _C1 - _C2))
+_PIO2_HI = float(np.float32(math.pi / 2))
+_PIO2_LO = float(np.float32(math.pi / 2 - _PIO2_HI))
+
+
+def reduce_2pi(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """x - 2 pi k in [-pi, pi], k = round(x / 2 pi), with 2 pi in three parts (accurate to ~1 ulp)."""
+    k = rint(b, b.binary("multiply", x, 1.0 / (2 * math.pi)))  # type: ignore[arg-type]
+    r = b.binary("subtract", x, b.binary("multiply", k, _C1))
+    r = b.binary("subtract", r, b.binary("multiply", k, _C2))
+    r = b.binary("subtract", r, b.binary("multiply", k, _C3))
+    return b.binary("minimum", b.binary("maximum", r, -math.pi), math.pi)  # type: ignore[return-value]
+
+
+def sin(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """sin(x): Cody-Waite reduction to [-pi, pi], where ScalarE sin is valid."""
+    return keep_nan(b, x, b.activation("sin", reduce_2pi(b, x)))
+
+
+def cos(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """cos(x) = sin(pi/2 - |r|), r the reduced x, pi/2 in two parts (no cancellation near the zeros)."""
+    r = absval(b, reduce_2pi(b, x))
+    t = b.binary("add", b.binary("subtract", _PIO2_HI, r), _PIO2_LO)
+    return keep_nan(b, x, b.activation("sin", t))  # type: ignore[arg-type]
+
+
+def sinpi(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """sin(pi x), exact at integers: x reduced by an exactly computed even integer first."""
+    r = b.binary("subtract", x, b.binary("multiply", rint(b, b.binary("multiply", x, 0.5)), 2.0))  # [-1, 1]
+    return b.activation("sin", b.binary("minimum", b.binary("maximum", r, -1.0), 1.0), scale=math.pi)  # type: ignore[arg-type]
+
+
+def atan(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """atan over the whole line: ScalarE arctan on [0, 1], ``pi/2 - atan(1/|x|)`` beyond."""
+    a = absval(b, x)
+    inv = b.binary("greater", a, 1.0)
+    t = b.select(inv, b.reciprocal(b.binary("maximum", a, 1.0)), b.binary("minimum", a, 1.0))
+    at = b.activation("arctan", t)
+    r = b.select(inv, b.binary("subtract", math.pi / 2, at), at)
+    return keep_nan(b, x, with_sign_of(b, r, x))  # type: ignore[arg-type]
+
+
+def atan2(b: ProgramBuilder, y: TileVal, x: TileVal) -> TileVal:
+    """atan2 with torch's (C's) conventions for zeros of either sign and infinities."""
+    ax, ay = absval(b, x), absval(b, y)
+    hi = b.binary("maximum", ax, ay)
+    lo = b.binary("minimum", ax, ay)
+    safe_hi = b.select(b.binary("equal", hi, 0.0), 1.0, hi)
+    t = b.binary("multiply", lo, b.reciprocal(safe_hi))  # type: ignore[arg-type]
+    both_inf = b.binary("logical_and", b.binary("equal", ax, INF), b.binary("equal", ay, INF))
+    t = b.select(both_inf, 1.0, t)
+    t = b.binary("minimum", b.binary("maximum", t, 0.0), 1.0)
+    a = b.activation("arctan", t)  # type: ignore[arg-type]
+    a = b.select(b.binary("greater", ay, ax), b.binary("subtract", math.pi / 2, a), a)
+    a = b.select(signbit(b, x), b.binary("subtract", math.pi, a), a)
+    a = b.select(signbit(b, y), neg(b, a), a)
+    a = keep_nan(b, x, a)
+    return keep_nan(b, y, a)
+
+
+def asin(b: ProgramBuilder, x: TileVal) -> TileVal:
+    a = absval(b, x)
+    den = sqrt(b, b.binary("maximum", b.binary("multiply", b.binary("subtract", 1.0, a),
+                                                            b.binary("add", a, 1.0)), 0.0))
+    r = atan(b, b.divide(a, den))  # type: ignore[arg-type]
+    r = b.select(b.binary("greater", a, 1.0), NAN, r)
+    return keep_nan(b, x, with_sign_of(b, r, x))
+
+
+def acos(b: ProgramBuilder, x: TileVal) -> TileVal:
+    ratio = b.divide(b.binary("subtract", 1.0, x), b.binary("add", x, 1.0))
+    r = b.binary("multiply", atan(b, sqrt(b, b.binary("maximum", ratio, 0.0))), 2.0)  # type: ignore[arg-type]
+    r = b.select(b.binary("greater", absval(b, x), 1.0), NAN, r)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def tan(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - 2 pi k kept as an exact pair
+    (hi, lo): near the poles tan magnifies the reduction's rounding error by 1 + tan^2."""
+    k = rint(b, b.binary("multiply", x, 1.0 / (2 * math.pi)))  # type: ignore[arg-type]
+    t1 = b.binary("subtract", x, b.binary("multiply", k, _C1))  # exact
+    p = b.binary("multiply", k, _C2)
+    kh, kl = split(b, k)
+    ch, cl = _C2_SPLIT
+    e = b.binary("add", b.binary("add", b.binary("add", b.binary("subtract", b.binary("multiply", kh, ch), p),
+                                                    b.binary("multiply", kh, cl)), b.binary("multiply", kl, ch)),
+                 b.binary("multiply", kl, cl))  # k * C2 - p, exactly
+    hi = b.binary("subtract", t1, p)
+    lo = b.binary("subtract", b.binary("subtract", b.binary("subtract", t1, hi), p), e)  # two-sum error - e
+    lo = b.binary("subtract", lo, b.binary("multiply", k, _C3))
+    s_ = b.activation("sin", b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi))
+    r = absval(b, hi)  # type: ignore[arg-type]
+    c_ = b.activation("sin", b.binary("add", b.binary("subtract", _PIO2_HI, r), _PIO2_LO))
+    t = b.divide(s_, c_)
+    t = b.binary("add", t, b.binary("multiply", lo, b.binary("add", b.binary("multiply", t, t), 1.0)))
+    return keep_nan(b, x, t)  # type: ignore[arg-type]
+
+
+def split(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal]:
+    """Veltkamp split of an fp32 into two 12-bit halves with x = hi + lo exactly."""
+    c = b.binary("multiply", x, 4097.0)
+    hi = b.binary("subtract", c, b.binary("subtract", c, x))
+    return hi, b.binary("subtract", x, hi)  # type: ignore[return-value]
+
+
+def _split_const(v: float) -> tuple[float, float]:
+    c = np.float32(v) * np.float32(4097.0)
+    hi = c - (c - np.float32(v))
+    return float(hi), float(np.float32(v) - hi)
+
+
+_C2_SPLIT = _split_const(_C2)
+
+
+def sinh(b: ProgramBuilder, x: TileVal) -> TileVal:
+    a = absval(b, x)
+    e = expm1(b, b.binary("minimum", a, 88.0))  # type: ignore[arg-type]
+    small = b.binary("multiply", b.binary("add", e, b.divide(e, b.binary("add", e, 1.0))), 0.5)
+    h = exp(b, a, scale=0.5)  # sinh(a) ~ e^a / 2 = (e^(a/2) / 2) e^(a/2), no overflow below 89.4
+    big = b.binary("multiply", b.binary("multiply", h, 0.5), h)
+    r = b.select(b.binary("greater", a, 20.0), big, small)
+    return keep_nan(b, x, with_sign_of(b, r, x))  # type: ignore[arg-type]
+
+
+def cosh(b: ProgramBuilder, x: TileVal) -> TileVal:
+    a = absval(b, x)
+    e = exp(b, b.binary("minimum", a, 80.0))  # type: ignore[arg-type]
+    small = b.binary("add", b.binary("multiply", e, 0.5), b.binary("multiply", b.reciprocal(e), 0.5))
+    h = exp(b, a, scale=0.5)
+    big = b.binary("multiply", b.binary("multiply", h, 0.5), h)
+    return keep_nan(b, x, b.select(b.binary("greater", a, 20.0), big, small))  # type: ignore[arg-type]
+
+
+def asinh(b: ProgramBuilder, x: TileVal) -> TileVal:
+    a = absval(b, x)
+    a2 = b.binary("multiply", a, a)
+    inner = b.binary("add", a, b.divide(a2, b.binary("add", sqrt(b, b.binary("add", a2, 1.0)), 1.0)))
+    small = log1p(b, inner)  # type: ignore[arg-type]
+    big = b.binary("add", log(b, a), LN2)
+    r = b.select(b.binary("greater", a, 2.0**28), big, small)
+    return keep_nan(b, x, with_sign_of(b, r, x))  # type: ignore[arg-type]
+
+
+def acosh(b: ProgramBuilder, x: TileVal) -> TileVal:
+    t = b.binary("subtract", x, 1.0)
+    root = sqrt(b, b.binary("maximum", b.binary("add", b.binary("multiply", t, 2.0),
+                                                             b.binary("multiply", t, t)), 0.0))
+    small = log1p(b, b.binary("add", t, root))  # type: ignore[arg-type]
+    big = b.binary("add", log(b, x), LN2)
+    r = b.select(b.binary("greater", x, 2.0**28), big, small)
+    r = b.select(b.binary("less", x, 1.0), NAN, r)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def atanh(b: ProgramBuilder, x: TileVal) -> TileVal:
+    a = absval(b, x)
+    r = b.binary("multiply", log1p(b, b.divide(b.binary("multiply", a, 2.0), b.binary("subtract", 1.0, a))), 0.5)  # type: ignore[arg-type]
+    r = b.select(b.binary("equal", a, 1.0), INF, r)
+    r = b.select(b.binary("greater", a, 1.0), NAN, r)
+    return keep_nan(b, x, with_sign_of(b, r, x))  # type: ignore[arg-type]
+
+
+def hypot(b: ProgramBuilder, x: TileVal, y: TileVal) -> TileVal:
+    ax, ay = absval(b, x), absval(b, y)
+    hi = b.binary("maximum", ax, ay)
+    lo = b.binary("minimum", ax, ay)
+    safe_hi = b.select(b.binary("equal", hi, 0.0), 1.0, hi)
+    q = b.binary("multiply", lo, b.reciprocal(safe_hi))  # type: ignore[arg-type]
+    r = b.binary("multiply", hi, sqrt(b, b.binary("add", b.binary("multiply", q, q), 1.0)))  # type: ignore[arg-type]
+    r = keep_nan(b, x, keep_nan(b, y, r))  # type: ignore[arg-type]
+    inf = b.binary("logical_or", b.binary("equal", ax, INF), b.binary("equal", ay, INF))
+    return b.select(inf, INF, r)
+
+
+# -- special functions ---------------------------------------------------------------------------
+
+
+_SQRT_PI = math.sqrt(math.pi)
+
+
+def exp_neg_sq(b: ProgramBuilder, a: TileVal) -> TileVal:
+    """e^(-a^2) to ~1 ulp: a^2 = hi + lo exactly (Dekker), e^(-hi) (1 - lo)."""
+    hi = b.binary("multiply", a, a)
+    ah, al = split(b, a)
+    lo = b.binary("add", b.binary("add", b.binary("subtract", b.binary("multiply", ah, ah), hi),
+                                  b.binary("multiply", b.binary("multiply", ah, al), 2.0)), b.binary("multiply", al, al))
+    return b.binary("multiply", exp(b, hi, scale=-1.0), b.binary("subtract", 1.0, lo))  # type: ignore[return-value]
+
+
+def erfc_cf(b: ProgramBuilder, a: TileVal) -> TileVal:
+    """t(a) with erfc(a) = e^(-a^2) / (sqrt(pi) t), a >= 1: Laplace's continued fraction at depth 32
+    (relative error < 2e-7 at a = 1, far less beyond)."""
+    t = a
+    for n in range(32, 0, -1):
+        t = b.binary("add", a, b.binary("multiply", b.reciprocal(t), n / 2.0))  # type: ignore[assignment]
+    return t
+
+
+def erfc(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """erfc over the whole line: 1 - erf(|x|) below 1, the continued fraction above; 2 - erfc(-x) for x < 0."""
+    a = absval(b, x)
+    ac = b.binary("maximum", a, 1.0)
+    tail = b.divide(exp_neg_sq(b, ac), b.binary("multiply", erfc_cf(b, ac), _SQRT_PI))  # type: ignore[arg-type]
+    r = b.select(b.binary("less", a, 1.0), b.binary("subtract", 1.0, b.activation("erf", a)), tail)
+    r = b.select(b.binary("less", x, 0.0), b.binary("subtract", 2.0, r), r)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def erfcx(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """e^(x^2) erfc(x): 1 / (sqrt(pi) t) from the continued fraction for x >= 1 (no overflow)."""
+    xc = b.binary("maximum", x, 1.0)
+    tail = b.reciprocal(b.binary("multiply", erfc_cf(b, xc), _SQRT_PI))  # type: ignore[arg-type]
+    e2 = b.reciprocal(exp_neg_sq(b, b.binary("minimum", x, 1.0)))  # type: ignore[arg-type]
+    body = b.binary("multiply", e2, erfc(b, b.binary("minimum", x, 1.0)))  # type: ignore[arg-type]
+    r = b.select(b.binary("less", x, 1.0), body, tail)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def log_erfc(b: ProgramBuilder, a: TileVal) -> TileVal:
+    """log(erfc(a)) for a >= 1 without underflow: -a^2 - log(sqrt(pi) t)."""
+    return b.binary("subtract", b.binary("multiply", b.binary("multiply", a, a), -1.0),  # type: ignore[return-value]
+                    log(b, b.binary("multiply", erfc_cf(b, a), _SQRT_PI)))  # type: ignore[arg-type]
+
+
+def erfcinv_pair(b: ProgramBuilder, a: TileVal, q: TileVal) -> TileVal:
+    """x >= 0 with erf(x) = a, given q = 1 - a exactly as well: Halley on erf in the centre, Newton on
+    log erfc (continued fraction) in the tail, both from Winitzki's closed-form guess."""
+    k = 0.147
+    w = log(b, b.binary("maximum", b.binary("multiply", q, b.binary("add", a, 1.0)), 1e-37))  # type: ignore[arg-type]
+    c = b.binary("add", b.binary("multiply", w, 0.5), 2.0 / (math.pi * k))
+    disc = b.binary("subtract", b.binary("multiply", c, c), b.binary("multiply", w, 1.0 / k))
+    x = sqrt(b, b.binary("maximum", b.binary("subtract", sqrt(b, b.binary("maximum", disc, 0.0)), c), 0.0))  # type: ignore[arg-type]
+    centre = x
+    for _ in range(3):  # Halley: x -= f / (f' + x f), f = erf(x) - a, f' = 2/sqrt(pi) e^(-x^2)
+        f = b.binary("subtract", b.activation("erf", centre), a)
+        fp = b.binary("multiply", b.activation("exp", b.binary("multiply", centre, centre), scale=-1.0),
+                      2.0 / _SQRT_PI)
+        centre = b.binary("subtract", centre, b.divide(f, b.binary("add", fp, b.binary("multiply", centre, f))))
+    tail = b.binary("maximum", x, 1.0)
+    lq = log(b, b.binary("maximum", q, 1e-45))  # type: ignore[arg-type]
+    for _ in range(4):  # Newton on h = log erfc(x) - log q, h' = -2 t
+        t = erfc_cf(b, tail)  # type: ignore[arg-type]
+        h = b.binary("subtract", b.binary("subtract", b.binary("multiply", b.binary("multiply", tail, tail), -1.0),
+                                          log(b, b.binary("multiply", t, _SQRT_PI))), lq)  # type: ignore[arg-type]
+        tail = b.binary("maximum", b.binary("add", tail, b.divide(h, b.binary("multiply", t, 2.0))), 1.0)
+    r = b.select(b.binary("less", q, 0.15), tail, centre)
+    return b.select(b.binary("equal", q, 0.0), INF, r)  # type: ignore[return-value]
+
+
+def erfinv(b: ProgramBuilder, y: TileVal) -> TileVal:
+    a = absval(b, y)
+    x = erfcinv_pair(b, a, b.binary("subtract", 1.0, a))  # type: ignore[arg-type]
+    x = b.select(b.binary("greater", a, 1.0), NAN, x)
+    return keep_nan(b, y, with_sign_of(b, x, y))
+
+
+def ndtri(b: ProgramBuilder, p: TileVal) -> TileVal:
+    """Inverse normal CDF: sqrt(2) erfinv(2p - 1), with q = 2 min(p, 1 - p) kept exact for the tails."""
+    q = b.binary("multiply", b.binary("minimum", p, b.binary("subtract", 1.0, p)), 2.0)
+    x = b.binary("multiply", erfcinv_pair(b, b.binary("subtract", 1.0, q), q), math.sqrt(2.0))  # type: ignore[arg-type]
+    x = b.select(b.binary("less", p, 0.5), neg(b, x), x)
+    x = b.select(b.binary("logical_or", b.binary("less", p, 0.0), b.binary("greater", p, 1.0)), NAN, x)
+    return keep_nan(b, p, x)
+
+
+def log_ndtr(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """log of the normal CDF: log(erfc(-x / sqrt 2) / 2), the continued fraction's log form below -sqrt 2."""
+    a = b.binary("multiply", x, -1.0 / math.sqrt(2.0))
+    tail = b.binary("subtract", log_erfc(b, b.binary("maximum", a, 1.0)), LN2)  # type: ignore[arg-type]
+    body = b.binary("subtract", log(b, erfc(b, b.binary("minimum", a, 1.0))), LN2)  # type: ignore[arg-type]
+    return keep_nan(b, x, b.select(b.binary("greater", a, 1.0), tail, body))  # type: ignore[arg-type]
+
+
+def _stirling_lgamma(b: ProgramBuilder, z: TileVal) -> TileVal:
+    """lgamma(z) for z >= 8: (z - 1/2) log z - z + log(2 pi)/2 + 1/(12 z) - 1/(360 z^3) + 1/(1260 z^5)."""
+    inv = b.reciprocal(z)
+    inv2 = b.binary("multiply", inv, inv)
+    series = b.binary("multiply", inv, b.binary("add", b.binary("multiply", inv2, b.binary(
+        "add", b.binary("multiply", inv2, 1.0 / 1260), -1.0 / 360)), 1.0 / 12))
+    lz = log(b, z)
+    main = b.binary("add", b.binary("subtract", b.binary("multiply", b.binary("subtract", z, 0.5), lz), z),
+                    0.5 * math.log(2 * math.pi))
+    return b.binary("add", main, series)  # type: ignore[return-value]
+
+
+def lgamma(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """log|Gamma(x)|: shift by 8 (product of the shifted terms), Stirling, reflection below 0.5."""
+    refl = b.binary("less", x, 0.5)
+    z = b.select(refl, b.binary("subtract", 1.0, x), x)  # z >= 0.5
+    shift = b.binary("less", z, 8.0)
+    prod = b.fill(1.0, z.kind)
+    for k in range(8):
+        prod = b.binary("multiply", prod, b.binary("add", z, float(k)))  # type: ignore[assignment]
+    zs = b.select(shift, b.binary("add", z, 8.0), z)
+    lg = _stirling_lgamma(b, zs)
+    lg = b.select(shift, b.binary("subtract", lg, log(b, prod)), lg)
+    # reflection: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x)
+    s = absval(b, sinpi(b, x))
+    lr = b.binary("subtract", b.binary("subtract", math.log(math.pi), log(b, s)), lg)
+    r = b.select(refl, lr, lg)
+    r = b.select(b.binary("equal", absval(b, x), INF), INF, r)
+    return keep_nan(b, x, r)
+
+
+def digamma(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """psi(x): shift by 8 (sum of reciprocals), the asymptotic series, reflection below 0.5."""
+    refl = b.binary("less", x, 0.5)
+    z = b.select(refl, b.binary("subtract", 1.0, x), x)
+    shift = b.binary("less", z, 8.0)
+    acc = b.fill(0.0, z.kind)
+    for k in range(8):
+        acc = b.binary("add", acc, b.reciprocal(b.binary("add", z, float(k))))  # type: ignore[assignment]
+    zs = b.select(shift, b.binary("add", z, 8.0), z)
+    inv = b.reciprocal(zs)
+    inv2 = b.binary("multiply", inv, inv)
+    tail = b.binary("multiply", inv2, b.binary("add", b.binary("multiply", inv2, b.binary(
+        "add", b.binary("multiply", inv2, b.binary("add", b.binary("multiply", inv2, 1.0 / 240), -1.0 / 252)),
+        1.0 / 120)), -1.0 / 12))
+    psi = b.binary("add", b.binary("subtract", log(b, zs), b.binary("multiply", inv, 0.5)), tail)
+    psi = b.select(shift, b.binary("subtract", psi, acc), psi)
+    # reflection: psi(x) = psi(1 - x) - pi / tan(pi x)
+    cot = b.divide(sinpi(b, b.binary("add", x, 0.5)), sinpi(b, x))
+    r = b.select(refl, b.binary("subtract", psi, b.binary("multiply", cot, math.pi)), psi)
+    is_int = b.binary("logical_and", b.binary("equal", x, floor(b, x)), b.binary("less_equal", x, 0.0))
+    r = b.select(is_int, NAN, r)
+    r = b.select(b.binary("equal", x, 0.0), -INF, r)
+    r = b.select(b.binary("equal", x, INF), INF, r)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def bessel_i(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal:
+    """Modified Bessel I0/I1 (``scaled``: times e^-|x|): power series up to |x| = 20, asymptotic beyond."""
+    a = absval(b, x)
+    q = b.binary("multiply", b.binary("multiply", b.binary("minimum", a, 20.0), b.binary("minimum", a, 20.0)), 0.25)
+    # sum_k q^k / (k! (k + order)!) in Horner form, 48 terms (converges to fp32 for |x| <= 20)
+    acc = b.fill(1.0, x.kind)
+    for k in range(48, 0, -1):
+        acc = b.binary("add", b.binary("multiply", acc, b.binary("multiply", q, 1.0 / (k * (k + order)))), 1.0)  # type: ignore[assignment]
+    series = acc if order == 0 else b.binary("multiply", acc, b.binary("multiply", b.binary("minimum", a, 20.0), 0.5))
+    if scaled:
+        series = b.binary("multiply", series, b.activation("exp", b.binary("minimum", a, 20.0), scale=-1.0))
+    # asymptotic: e^a / sqrt(2 pi a) * sum_k (-1)^k prod_{j<=k} (mu - (2j-1)^2) / (k! (8a)^k)
+    mu = 4.0 * order * order
+    big_a = b.binary("maximum", a, 20.0)
+    inv8a = b.reciprocal(b.binary("multiply", big_a, 8.0))
+    term = b.fill(1.0, x.kind)
+    total = b.fill(1.0, x.kind)
+    for k in range(1, 8):
+        term = b.binary("multiply", term, b.binary("multiply", inv8a, -(mu - (2 * k - 1) ** 2) / k))  # type: ignore[assignment]
+        total = b.binary("add", total, term)  # type: ignore[assignment]
+    asym = b.binary("multiply", total, b.reciprocal(sqrt(b, b.binary("multiply", big_a, 2 * math.pi))))
+    if not scaled:  # e^a as (e^(a/2))^2: finite up to a ~ 177 like eager's fp32 result
+        h = exp(b, big_a, scale=0.5)
+        asym = b.binary("multiply", b.binary("multiply", asym, h), h)
+    r = b.select(b.binary("greater", a, 20.0), asym, series)
+    if order == 1:
+        r = with_sign_of(b, r, x)  # type: ignore[arg-type]
+    return keep_nan(b, x, r)  # type: ignore[arg-type]
+
+
+def wrap_int(b: ProgramBuilder, x: TileVal, dtype: torch.dtype) -> TileVal:
+    """An int32 tile wrapped to an 8/16-bit integer range, as torch's integer arithmetic wraps."""
+    bits = {torch.int8: 8, torch.uint8: 8, torch.int16: 16}[dtype]
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    low = b.binary("bitwise_and", x, mask)
+    if dtype == torch.uint8:
+        return low  # type: ignore[return-value]
+    return b.binary("subtract", b.binary("bitwise_xor", low, sign), sign)  # type: ignore[return-value]

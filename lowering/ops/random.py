@@ -1,0 +1,109 @@
+"""Random ops: buffers the runner fills with torch's own CPU generator, in graph order, at every call.
+
+Design: NeuronCore RNG instructions (``nisa.rng``/``rand2``/``dropout``) follow neither torch's generator
+nor its seeding, so each random op of a graph becomes a plan-level 'random' buffer described by a
+:class:`~neuron_compile.lowering.ir.RandomSpec` (the torch sampler and its parameters). Before the
+kernels run, the runner draws every buffer with that sampler on the CPU default generator, in the
+graph's order: results are deterministic under ``torch.manual_seed``, have exactly torch's
+distribution, and equal eager's draws when nothing else consumes the generator in between. The
+kernels read the buffers like inputs (dropout's compare and multiply fuse as usual).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from neuron_compile.lowering.ir import BufferRef, RandomSpec
+from neuron_compile.lowering.partition import node_shape
+from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from torch import fx
+
+aten = torch.ops.aten
+
+# op -> (sampler, positions of its float parameters in node.args, their defaults)
+_SAMPLERS: dict[Any, tuple[str, tuple[int, ...], tuple[float, ...]]] = {
+    aten.rand.default: ("uniform", (), (0.0, 1.0)),
+    aten.rand_like.default: ("uniform", (), (0.0, 1.0)),
+    aten.randn.default: ("normal", (), (0.0, 1.0)),
+    aten.randn_like.default: ("normal", (), (0.0, 1.0)),
+    aten.normal_functional.default: ("normal", (1, 2), (0.0, 1.0)),
+    aten.uniform.default: ("uniform", (1, 2), (0.0, 1.0)),
+    aten.bernoulli.p: ("bernoulli", (1,), (0.5,)),
+    aten.exponential.default: ("exponential", (1,), (1.0,)),
+    aten.randint.low: ("randint", (0, 1), (0.0, 0.0)),
+    aten.randint.default: ("randint", (0,), (0.0,)),
+    aten.randint_like.default: ("randint", (1,), (0.0,)),
+    aten.randint_like.low_dtype: ("randint", (1, 2), (0.0, 0.0)),
+}
+
+
+def _check(node: fx.Node) -> str | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and storage_dtype(val.dtype) is None:
+        return f"{node.target} of dtype {val.dtype} is not supported"
+    if node.target in (aten.randint.low, aten.randint.default, aten.randint_like.default, aten.randint_like.low_dtype):
+        lims = [a for a in node.args if isinstance(a, int) and not isinstance(a, bool)]
+        if any(abs(v) > 2**31 - 1 for v in lims):
+            return f"{node.target} with bounds beyond int32 is not supported (NeuronCores hold int32)"
+    for k in ("generator",):
+        if node.kwargs.get(k) is not None:
+            return f"{node.target} with an explicit generator= is not supported; seed the default generator"
+    return None
+
+
+def _params(node: fx.Node) -> tuple[float, ...]:
+    sampler, positions, defaults = _SAMPLERS[node.target]
+    if sampler == "randint":
+        ints = [a for a in node.args if isinstance(a, int) and not isinstance(a, bool)]
+        if node.target == aten.randint.default:
+            return (0.0, float(ints[0]))
+        if node.target == aten.randint_like.default:
+            return (0.0, float(node.args[1]))
+        return (float(ints[0]), float(ints[1]))
+    names = {aten.normal_functional.default: ("mean", "std"), aten.uniform.default: ("from", "to"),
+             aten.bernoulli.p: ("p",), aten.exponential.default: ("lambd",)}.get(node.target, ())
+    out = list(defaults)
+    for i, pos in enumerate(positions):
+        if pos < len(node.args):
+            out[i] = float(node.args[pos])
+        elif i < len(names) and names[i] in node.kwargs:
+            out[i] = float(node.kwargs[names[i]])
+    return tuple(out)
+
+
+@register_lowering(*_SAMPLERS, family="random", kind="copy", check=_check)
+def lower_random(gl: Any, node: fx.Node) -> None:
+    """rand/randn/randint(_like), normal_, uniform_, bernoulli_(p), exponential_: torch's CPU sampler, drawn
+    by the runner into a plan-level buffer at every call (deterministic under torch.manual_seed)."""
+    val = node.meta["val"]
+    shape = node_shape(node)
+    strides = tuple(int(s) for s in val.stride()) if val.dim() else ()
+    numel = max(math.prod(shape), 1)
+    if strides and sorted(zip(strides, shape, strict=True)) != sorted(zip(contiguous_strides(shape), shape,
+                                                                          strict=True)):
+        strides = contiguous_strides(shape)
+    sampler = _SAMPLERS[node.target][0]
+    spec = RandomSpec(sampler, _params(node), numel, str(val.dtype).replace("torch.", ""))
+    gl.randoms.append(spec)
+    buf = gl._buffer(BufferRef("random", len(gl.randoms) - 1, 0, numel, storage_dtype(val.dtype) or "float32"))
+    gl.views[node] = View(buf, shape, strides or contiguous_strides(shape), 0, val.dtype)
+
+
+def draw(spec: RandomSpec) -> torch.Tensor:
+    """One random buffer (flat, storage order), drawn as eager draws it."""
+    dtype = getattr(torch, spec.torch_dtype)
+    if spec.sampler == "randint":
+        return torch.randint(int(spec.params[0]), int(spec.params[1]), (spec.numel,), dtype=dtype)
+    out = torch.empty(spec.numel, dtype=dtype)
+    if spec.sampler == "uniform":
+        return out.uniform_(*spec.params)
+    if spec.sampler == "normal":
+        return out.normal_(*spec.params)
+    if spec.sampler == "bernoulli":
+        return out.bernoulli_(spec.params[0])
+    if spec.sampler == "exponential":
+        return out.exponential_(spec.params[0])
+    raise ValueError(f"unknown sampler {spec.sampler!r}")

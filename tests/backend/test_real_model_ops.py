@@ -1,0 +1,193 @@
+"""Ops real models emit: graph constants, casts, integer semantics, advanced indexing, device-side checks,
+random ops, torch.nn fast paths. Every result is compared with eager; every bad input must raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile.errors import DeviceAssertionError, IndexOutOfRangeError, UnsupportedOpError
+
+
+def _compile(fn):
+    return torch.compile(fn, backend="neuron", dynamic=False)
+
+
+def _same(fn, *args):
+    out, ref = _compile(fn)(*args), fn(*args)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    return out
+
+
+# -- graph constants ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_tensor_literals_in_forward_are_graph_inputs(dtype):
+    const = torch.tensor([1, 0, 3], dtype=dtype)
+
+    def fn(x):
+        return x * torch.tensor(2.0) + const.to(x.dtype) + torch.tensor([[0.5], [1.5]])
+
+    _same(fn, torch.randn(2, 3))
+
+
+def test_tensor_literal_in_an_eager_fallback_graph():
+    def fn(x):
+        return torch.special.zeta(x.abs() + 2, torch.tensor(2.0)) * torch.tensor(3.0)  # zeta runs eagerly
+
+    x = torch.randn(4, 5)
+    out = torch.compile(fn, backend="neuron", options={"fallback": "eager"})(x)
+    torch.testing.assert_close(out, fn(x))
+
+
+# -- casts and integer semantics ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dst", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_float_to_int_casts_truncate_toward_zero(dst):
+    x = torch.tensor([-3.7, -0.5, -0.0, 0.5, 2.5, 3.99, 100.7])
+    if dst == torch.uint8:
+        x = x.abs()
+    out = _same(lambda t: t.to(dst), x)
+    assert out.dtype == dst
+
+
+@pytest.mark.parametrize("dst", [torch.int8, torch.uint8, torch.int16])
+def test_narrow_integer_results_wrap_like_torch(dst):
+    i = torch.tensor([-300, -129, -1, 0, 127, 128, 255, 256, 70000])
+    _same(lambda t: t.to(dst), i)
+    _same(lambda t: t.to(dst) * 3 + 100, i)
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda t: t * 100000, torch.tensor([1, 2, 100000])),
+    (lambda t: t.sum(), torch.full((8,), 2**30)),
+    (lambda t: -t, torch.tensor([-(2**31), 5])),
+    (lambda t: t + t, torch.tensor([2**30, 1])),
+], ids=["mul", "sum", "neg", "add"])
+def test_int64_results_beyond_int32_raise_instead_of_wrapping(fn, x):
+    with pytest.raises(DeviceAssertionError, match=r"integer overflow in aten\.\w+\.\w+: an int64 result left the "
+                                                   r"int32 range"):
+        _compile(fn)(x)
+
+
+def test_int64_arithmetic_within_int32_is_exact_and_int32_wraps_like_torch():
+    _same(lambda t: (t * 3 - 7).sum(-1), torch.arange(12).view(3, 4))
+    _same(lambda t: t * 100000, torch.tensor([100000], dtype=torch.int32))  # int32 wraps in torch too
+
+
+def test_integer_scalar_beyond_int32_is_refused_by_name():
+    with pytest.raises(Exception, match="the integer scalar 2147483648 is outside int32") as info:
+        _compile(lambda t: t + 2**31)(torch.tensor([1, 2]))
+    assert isinstance(info.value, UnsupportedOpError) or isinstance(info.value.__cause__, UnsupportedOpError) \
+        or "UnsupportedOpError" in str(info.value)
+
+
+@pytest.mark.parametrize("fn", [lambda a, b: torch.div(a, b, rounding_mode="floor"),
+                                lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                                lambda a, b: torch.remainder(a, b), lambda a, b: torch.fmod(a, b),
+                                lambda a, b: a // b], ids=["floor", "trunc", "remainder", "fmod", "floordiv"])
+def test_integer_division_is_exact(fn):
+    a = torch.tensor([-(2**31) + 3, -17, -7, -1, 0, 1, 7, 17, 2**31 - 1, 123456789])
+    b = torch.tensor([7, 5, -3, 4, 3, -2, 2, -5, 3, -9876])
+    _same(fn, a, b)
+
+
+@pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
+                                lambda t: t.argmax(), lambda t: t.min(0).indices, lambda t: torch.sign(t)],
+                         ids=["argmax", "argmin", "max_dim", "argmax_flat", "min_dim_indices", "sign"])
+def test_nan_propagates_like_torch(fn):
+    x = torch.randn(4, 6)
+    x[1, 3] = x[2, 0] = x[2, 4] = float("nan")
+    _same(fn, x)
+
+
+# -- advanced indexing and device-side bounds checks ---------------------------------------------------------
+
+
+def test_multi_tensor_advanced_indexing_places_dims_like_numpy():
+    x = torch.randn(4, 5, 6)
+    i0, i1 = torch.tensor([[0, 3], [1, -1]]), torch.tensor([2, 4])
+    _same(lambda t: t[i0, i1], x)
+    _same(lambda t: t[:, torch.tensor([0, 4]), torch.tensor([[1], [5]])], x)  # adjacent: stays in place
+    _same(lambda t: t[i0, :, i1], x)  # not adjacent: broadcast dims first
+
+
+def test_index_put_forms_match_eager():
+    x = torch.randn(4, 5, 6)
+
+    def setitem(t):
+        y = t.clone()
+        y[:, torch.tensor([1, 3])] = 7.0
+        y[torch.tensor([0, 0]), 2, torch.tensor([5, 5])] = torch.tensor([-1.0, -2.0])  # duplicates: last wins
+        y[y > 1.5] = 0.0
+        return y
+
+    _same(setitem, x)
+    _same(lambda t: t.index_put((torch.tensor([0, 2, 0]), torch.tensor([1, 1, 1])), torch.ones(3, 6),
+                                accumulate=True), x)
+
+
+def test_hugging_face_style_mask_indexing():
+    pad = torch.tensor([[True] * 8, [True] * 5 + [False] * 3])
+    b = torch.arange(2).view(2, 1, 1, 1)
+    kv = torch.arange(8).view(1, 1, 1, 8)
+    _same(lambda m: m[b, kv], pad)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (lambda w, i: torch.nn.functional.embedding(i, w), (torch.randn(10, 4), torch.tensor([1, 10]))),
+    (lambda x, i: x[i], (torch.randn(5, 3), torch.tensor([0, -6]))),
+    (lambda x, i: torch.index_select(x, 0, i), (torch.randn(5, 3), torch.tensor([5]))),
+    (lambda x, i: torch.gather(x, 1, i), (torch.randn(3, 4), torch.tensor([[0, 4], [1, 1], [2, 3]]))),
+    (lambda x, i: torch.nn.functional.cross_entropy(x, i), (torch.randn(3, 5), torch.tensor([1, 5, 0]))),
+], ids=["embedding", "index", "index_select", "gather", "cross_entropy"])
+def test_out_of_range_indices_raise_index_error(fn, args):
+    with pytest.raises(IndexOutOfRangeError, match=r"index out of range in aten\.\w+") as info:
+        _compile(fn)(*args)
+    assert isinstance(info.value, IndexError)
+
+
+# -- random ops ----------------------------------------------------------------------------------------------
+
+
+def test_random_ops_follow_torch_generator_under_manual_seed():
+    def fn(x):
+        y = torch.randn_like(x) + torch.randn(3, 4) + torch.rand_like(x)
+        z = torch.empty_like(x).normal_(2.0, 3.0) + torch.empty_like(x).uniform_(-1, 1)
+        return y + z + torch.empty_like(x).bernoulli_(0.3) + torch.randint(0, 10, (3, 4)) + \
+            torch.empty_like(x).exponential_()
+
+    x = torch.randn(3, 4)
+    compiled = _compile(fn)
+    torch.manual_seed(7)
+    a = compiled(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(a, fn(x))
+    assert not torch.equal(compiled(x), a)  # a fresh draw on every call
+
+
+# -- torch.nn fast paths ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_layer_fast_path_with_padding_mask(norm_first):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True,
+                                             norm_first=norm_first).eval()
+    x = torch.randn(2, 5, 16)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad():
+        _same(lambda t: layer(t, src_key_padding_mask=kpm), x)
+        _same(lambda t: layer(t, src_mask=torch.nn.Transformer.generate_square_subsequent_mask(5),
+                              is_causal=True), x)
+
+
+def test_multihead_attention_fast_path_without_weights():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad():
+        _same(lambda t: mha(t, t, t, key_padding_mask=kpm, need_weights=False)[0], x)
