@@ -43,9 +43,18 @@ import textwrap
 
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.codegen.render_attention import (
-    BANK_KEYS, _group_pattern, _transpose_rows, causal_tiles, group_loops, head_group, score_chunk, split_scale)
+    BANK_KEYS,
+    _group_pattern,
+    _transpose_rows,
+    causal_tiles,
+    group_loops,
+    head_group,
+    score_chunk,
+    split_scale,
+)
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
+
 from neuron_compile.simulator_limits import PMAX
 
 QUERY_BLOCK = 4 * PMAX  # queries per S^T matmul: 512 fp32 scores per partition = one PSUM bank

@@ -459,7 +459,7 @@ def first_order(records: Iterable[InstructionRecord] | Mapping[InstructionRecord
     cuts = [i + 1 for i, r in enumerate(records) if r.instruction == "register_load"]
     if cuts and cuts[0] < len(records):
         bounds = [0] + cuts + [len(records)]
-        return total([_estimate(records[a:b], target) for a, b in zip(bounds, bounds[1:]) if b > a], target)
+        return total([_estimate(records[a:b], target) for a, b in zip(bounds, bounds[1:], strict=False) if b > a], target)
     return _estimate(records, target)
 
 

@@ -108,7 +108,7 @@ class Report:
                              f"{k.estimate.first_order_ns / 1e3:>9.2f} {k.roofline.time_ns / 1e3:>9.2f} "
                              f"{k.efficiency:>6.1%} {top + f' {occ.get(top, 0):.0%}':<16}")
                 lines.append(f"      ops: {', '.join(dict.fromkeys(k.source_ops)) or '-'}")
-                lines.append(f"      occupancy: " + " ".join(f"{e} {v:.0%}" for e, v in occ.items()))
+                lines.append("      occupancy: " + " ".join(f"{e} {v:.0%}" for e, v in occ.items()))
                 if k.tripped is not None:
                     lines.append(f"      guarded: {_us(k.tripped.time_ns)} if every runtime guard trips "
                                  f"(efficiency {k.roofline.time_ns / k.tripped.time_ns:.1%})")

@@ -263,7 +263,6 @@ class _Recorder:
         failing that, the shortest block seen repeating MAX_SAMPLES iterations long, each queue at its longest
         advance over those blocks (conservative)."""
         fallback = None
-        n_res = len(_TAGS)
         for per in range(1, max_period + 1):
             if len(hist) < 2 * per or any(hist[-k][0] != hist[-k - per][0] for k in range(1, per + 1)):
                 continue

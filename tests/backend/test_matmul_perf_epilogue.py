@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 import torch
 from neuron_compile.codegen.render_matmul import Tiles
-from neuron_compile.costmodel import estimate
-from neuron_compile.instruction_stream import kernel_stream
 from neuron_compile.lowering.ops import matmul as mm_rules
 
 import neuron_compile.backend
 from neuron_compile.config import config
-
+from neuron_compile.costmodel import estimate
+from neuron_compile.instruction_stream import kernel_stream
 
 
 def _run_forced(tiles: Tiles, fn: Callable[..., Any], *xs: torch.Tensor) -> Any:

@@ -62,7 +62,7 @@ def test_splitting_a_store_never_lowers_the_estimate(tiles: int, free: int, part
             continue
         src, n = stream_kernel(tiles, free, split, partitions)
         times.append(est(src, n))
-    assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:])), times
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:], strict=False)), times
     assert times[-1] > times[0]  # 128 stores per tile pay their issue cost
 
 
