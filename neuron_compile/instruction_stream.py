@@ -602,6 +602,7 @@ def _skippable(loop: ast.For) -> bool:
         return False
     tainted, periodic = {loop.target.id}, set()
     body = [n for stmt in loop.body for n in ast.walk(stmt)]
+    assigns: list[tuple[list[str], set[str], bool, bool]] = []  # targets, names read, min() clamp, has %
     for n in body:
         if isinstance(n, _STOP):
             return False
@@ -610,32 +611,34 @@ def _skippable(loop: ast.For) -> bool:
         if isinstance(n, ast.Assign):
             if any(not isinstance(t, ast.Name) for t in n.targets):
                 return False
-            for t in n.targets:
-                if isinstance(t, ast.Name) and t.id in _names(n.value) and not _index_only(t.id, body, n):
+            names = _names(n.value)
+            targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
+            for t in targets:
+                if t in names and not _index_only(t, body, n):
                     return False  # a loop-carried value computed from itself (a counter) used beyond list indices
+            clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
+            has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value))
+            assigns.append((targets, names, clamp, has_mod))
     extents: set[str] = set()  # min(C, X - v) clamps: constant but for the last iterations
     changed = True
     while changed:  # names computed from the loop variable
         changed = False
-        for n in body:
-            if isinstance(n, ast.Assign) and _names(n.value) & tainted:
-                used = _names(n.value) & tainted
-                clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and \
-                    n.value.func.id == "min"
-                ext = clamp or used <= extents
-                mod = not ext and (bool(used & periodic) or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod)
-                                                                for m in ast.walk(n.value)))
-                for t in n.targets:
-                    assert isinstance(t, ast.Name)
-                    if t.id not in tainted or (mod and t.id not in periodic) or (not ext and t.id in extents):
-                        tainted.add(t.id)
-                        if ext and t.id not in periodic:
-                            extents.add(t.id)
-                        else:
-                            extents.discard(t.id)
-                        if mod:
-                            periodic.add(t.id)
-                        changed = True
+        for targets, names, clamp, has_mod in assigns:
+            used = names & tainted
+            if not used:
+                continue
+            ext = clamp or used <= extents
+            mod = not ext and (bool(used & periodic) or has_mod)
+            for t in targets:
+                if t not in tainted or (mod and t not in periodic) or (not ext and t in extents):
+                    tainted.add(t)
+                    if ext and t not in periodic:
+                        extents.add(t)
+                    else:
+                        extents.discard(t)
+                    if mod:
+                        periodic.add(t)
+                    changed = True
     for n in body:
         if isinstance(n, ast.Subscript) and isinstance(n.value, (ast.Tuple, ast.List)) and _names(n.slice) & tainted:
             return False  # a choice among literal values (e.g. an engine per iteration)

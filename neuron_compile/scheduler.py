@@ -440,7 +440,7 @@ class Scheduler:
         f = self.free
         queues = [f[q] for q in self.dma_queues]  # a pool: which queue a DMA takes alternates
         return (f["tensor"], f["vector"], f["scalar"], f["gpsimd"], min(queues), max(queues),
-                max(lane.last for lane in self.dma_engines), self.hbm.last)
+                max([lane.e[-1] if lane.e else 0.0 for lane in self.dma_engines]), self.hbm.last)
 
     def busy_snapshot(self) -> dict[str, float]:
         return dict(self.busy)
