@@ -19,13 +19,13 @@ from typing import Any
 import jinja2
 from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.lowering.ir import (
+    FAMILY_KERNELS,
     AttentionKernel,
     CopyKernel,
     GatherKernel,
     IndexAddKernel,
     Kernel,
     LoopKernel,
-    ScanKernel,
     TileOp,
 )
 
@@ -58,12 +58,34 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    context = _template_context(kernel)
+    if context is not None:  # the template is the whole kernel; Python gives it the plan (one core)
+        return _wrap(kernel, "", 1, **context)
     body, grid = _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())
     return _wrap(kernel, body, grid)
 
 
+def _template_context(kernel: Kernel) -> dict[str, Any] | None:
+    """The template context of a kernel whose family template renders the whole kernel (sort, search, scatter,
+    line_gather and scan: codegen/render_family.py; conv, conv_wgrad, pool, resample: codegen/render_conv.py), else
+    None. These run on one physical core (their loops live in the template, not in a body :func:`_spmd` splits)."""
+    if isinstance(kernel, FAMILY_KERNELS):
+        from neuron_compile.codegen.render_family import family_plan
+
+        return {"k": kernel, "plan": family_plan(kernel), "pmax": PMAX}
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS, template_context
+
+    if isinstance(kernel, TEMPLATE_KERNELS):
+        return template_context(kernel)
+    return None
+
+
 def launch_grid(kernel: Kernel) -> int:
     """Programs (physical cores) the kernel is launched on: ``lnc()`` when its work splits, else 1."""
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS
+
+    if isinstance(kernel, (*FAMILY_KERNELS, *TEMPLATE_KERNELS)):
+        return 1
     return _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())[1]
 
 
@@ -131,7 +153,7 @@ def _body(kernel: Kernel) -> str:
         return _loop_body(kernel)
     if isinstance(kernel, CopyKernel):
         return _copy_body(kernel)
-    if isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
+    if isinstance(kernel, (GatherKernel, IndexAddKernel)):
         return _index_body(kernel)
     if isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
@@ -142,7 +164,7 @@ def _body(kernel: Kernel) -> str:
 
 def _split_loop(kernel: Kernel) -> str | None:
     """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
-    row tiles (``p0``) or non-reduced outer dims of row kernels and scans, M blocks (``m0``) of matmuls, row
+    row tiles (``p0``) or non-reduced outer dims of row kernels, M blocks (``m0``) of matmuls, row
     groups (``g0``) of gathers, batches (``b``) of the exact attention kernel."""
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         return "m0"
@@ -151,8 +173,6 @@ def _split_loop(kernel: Kernel) -> str | None:
         if r.red_outer:
             return None
         return "o0" if kernel.n_outer and 0 not in kernel.reduce_dims else "p0"
-    if isinstance(kernel, ScanKernel):
-        return "p0"
     if isinstance(kernel, GatherKernel):
         return "g0"
     if isinstance(kernel, AttentionKernel):
@@ -189,8 +209,12 @@ def _spmd(kernel: Kernel, body: str, grid: int) -> str | None:
     return "\n".join(lines) + ("\n" if body.endswith("\n") else "")
 
 
-def _wrap(kernel: Kernel, body: str, grid: int = 1) -> str:
-    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
+def _wrap(kernel: Kernel, body: str, grid: int = 1, **context: Any) -> str:
+    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
+
+    Family templates (``context`` given: the IR as ``k`` and the plan Python computed for it, plain data)
+    override the frame's body block and render the whole kernel.
+    """
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
     returns = ", ".join(f"out{i}" for i in range(len(kernel.outputs))) or "None"
@@ -199,7 +223,8 @@ def _wrap(kernel: Kernel, body: str, grid: int = 1) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, grid=grid)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, grid=grid,
+            **context)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:
@@ -792,11 +817,9 @@ def _copy_body(k: CopyKernel) -> str:
     return out.text()
 
 
-def _index_body(k: GatherKernel | IndexAddKernel | ScanKernel) -> str:
+def _index_body(k: GatherKernel | IndexAddKernel) -> str:
     from neuron_compile.codegen import render_index  # imports Lines/_offset from this module
 
     if isinstance(k, GatherKernel):
         return render_index.gather_body(k, k.inputs[0].dtype)
-    if isinstance(k, IndexAddKernel):
-        return render_index.index_add_body(k)
-    return render_index.scan_body(k)
+    return render_index.index_add_body(k)

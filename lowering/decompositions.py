@@ -194,8 +194,16 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_nn import NN
+    from neuron_compile.lowering.decomp_special import SPECIAL
 
     table.update(ATTENTION)
     table.update(NN)
     table.update(INDEX)
+    table.update(SPECIAL)
+    from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
+
+    table.update(SCATTER)
+    from neuron_compile.lowering.decomp_conv import conv_decompositions
+
+    table.update(conv_decompositions())
     return table

@@ -147,9 +147,12 @@ class StaticShapeDispatcher:
     """Runs a graph Dynamo made symbolic on its own (automatic dynamic shapes) as one static compile per shape."""
 
     def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]]) -> None:
+        from neuron_compile import metrics
+
         self.gm = gm
         self.make_backend = make_backend
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.compile_id = metrics._compile_id()  # later per-shape compiles run outside Dynamo's context
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -160,7 +163,10 @@ class StaticShapeDispatcher:
         key = self.signature(args)
         fn = self.compiled.get(key)
         if fn is None:
+            from neuron_compile import metrics
+
             log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
+            metrics.dynamo_graph(self.gm, self.compile_id)
             fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
         return fn(*args)
@@ -393,6 +399,9 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     from neuron_compile import metrics
 
     metrics.dynamo_graph(gm)
+    from neuron_compile.lowering.decomp_conv import rewrite_interpolate
+
+    gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)

@@ -77,6 +77,19 @@ class ShapeTensor:
         shape[dim], strides[dim] = size, 0
         return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, self.offset)
 
+    def expand_dim(self, dim: int) -> ShapeTensor:
+        return ShapeTensor(self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (0,) + self.strides[dim:],
+                           self.dtype, self.buffer, self.base, self.offset)
+
+    def view(self, dtype: Any) -> ShapeTensor:
+        """Bit reinterpretation (same-size dtypes keep the shape; the last dim scales by the size ratio)."""
+        old, new = _itemsize(self.dtype), _itemsize(_dtype_name(dtype))
+        last = self.shape[-1] * old // new if self.shape else 1
+        # offsets count elements of the allocation's dtype: a same-size view keeps its place, another size is
+        # placed anywhere in the allocation (the scheduler then orders it after every access to it: never early)
+        return ShapeTensor(self.shape[:-1] + (last,), self.strides, _dtype_name(dtype), self.buffer, self.base,
+                           self.offset if old == new else None)
+
     def __getitem__(self, key: Any) -> ShapeTensor:
         if key.__class__ is not tuple:
             key = (key,)
@@ -108,6 +121,11 @@ class ShapeTensor:
             elif off is not None:  # an integer index drops the dim
                 off += int(k) * s
         return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, off)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2, "uint16": 2}.get(dtype, 1) \
+        if dtype not in ("float64", "int64") else 8
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -321,8 +339,8 @@ class _Recorder:
                         self.buffer = None
                     self._fold(sig, cnt)
                     done(sig)
-                    if sig == steady_sig:
-                        skipped += 1
+                    if sig == steady_sig and i <= n - TAIL:  # the last iterations run: their accesses are the
+                        skipped += 1                           # region times later instructions wait for
                         continue
                     sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
                     skipped, steady = 0, None
@@ -447,7 +465,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         rec.add(engine_kw(kw, "vector"), "tensor_copy", (dst, src))
 
     def tensor_tensor(dst: ShapeTensor, data1: ShapeTensor, data2: ShapeTensor, op: Any, **kw: Any) -> None:
-        ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH
+        ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH and dst.dtype in _INT32ISH  # as the simulator
         anypsum = "psum" in (data1.buffer, data2.buffer, dst.buffer)
         default = "gpsimd" if (str(op) == "power" or ints) and not anypsum else "vector"
         rec.add(engine_kw(kw, default), "tensor_tensor", (dst, data1, data2))
@@ -511,6 +529,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
                       **kw: Any) -> None:
         rec.add("gpsimd", "affine_select", (dst, on_true_tile))
 
+    def nc_n_gather(dst: ShapeTensor, data: ShapeTensor, indices: ShapeTensor, **kw: Any) -> None:
+        rec.add("gpsimd", "nc_n_gather", (dst, data, indices), main=dst)  # per-partition gather: one pass over dst
+
     def register_alloc(x: int | None = None) -> ShapeRegister:
         rec.add("sequencer", "register_alloc", ())
         return ShapeRegister(0 if x is None else int(x))
@@ -536,8 +557,8 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
-               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, register_alloc,
-               register_move, register_load, register_store):
+               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
+               register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, at_line(fn))
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
