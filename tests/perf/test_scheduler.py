@@ -161,3 +161,22 @@ def test_first_order_figure_rides_along() -> None:
     assert e.time_ns == e.scheduled_ns
     with pytest.raises(ValueError, match="scheduled for trn2, not trn3"):
         cm.estimate(stream, "trn3")
+
+
+def test_launch_grid_costs_each_core_its_share() -> None:
+    """LNC=2: each program of the launch grid is scheduled on its own core (its rows, its core's HBM share); the
+    kernel takes the slowest program, and the counts are both programs'."""
+    n = 16 * 128 * 2048
+    src = kernel("""
+for t in range(0 + nl.program_id(0) * 1, 16, 1 * nl.num_programs(0)):
+    v = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v, src=in0.ap(pattern=[[2048, 128], [1, 2048]], offset=t * 128 * 2048))
+    nisa.activation(dst=v, op=nl.exp, data=v)
+    nisa.dma_copy(dst=out0.ap(pattern=[[2048, 128], [1, 2048]], offset=t * 128 * 2048), src=v)
+""", n)
+    one, two = (source_stream(src, "k", [(n, "float32")], target="trn2", grid=g) for g in (1, 2))
+    assert len(one.schedules) == 1 and len(two.schedules) == 2
+    assert two == one  # the same instructions, split between the cores
+    t1, t2 = (cm.estimate(s, "trn2").time_ns - cm.KERNEL_LAUNCH_NS for s in (one, two))
+    assert t2 == pytest.approx(t1 / 2, rel=0.1)
+    assert t2 == pytest.approx(max(s.makespan_ns for s in two.schedules))
