@@ -46,7 +46,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream
+    from neuron_compile.instruction_stream import kernel_streams
     from neuron_compile.roofline import graph_roofline
 
     t0 = time.perf_counter()
@@ -61,12 +61,14 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     with config.patch(target=target, lnc=lnc):
         for gm, ins in graphs:
             _, _, plan = build_artifacts(gm, ins)
-            streams = [kernel_stream(k, target=target) for k in plan.kernels]
+            streams = kernel_streams(plan.kernels, target=target)  # identical layers' kernels costed once
             per_kernel = [estimate(s, target) for s in streams]
             # kernels with a runtime guard (attention's unshifted softmax): also the time when it trips everywhere
-            tripped = [estimate(kernel_stream(k, loaded_flag=1, target=target), target)
-                       if any(r.instruction == "register_load" for r in s) else e
-                       for k, s, e in zip(plan.kernels, streams, per_kernel, strict=True)]
+            tripped = list(per_kernel)
+            checked = [i for i, s in enumerate(streams) if any(r.instruction == "register_load" for r in s)]
+            for i, s in zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
+                            strict=True):
+                tripped[i] = estimate(s, target)
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])
             tripped_ns += total([tripped[c.kernel] for c in plan.calls], target).time_ns
             cores = max([cores] + [len(st.schedules) for st in streams])

@@ -190,7 +190,7 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
     check against the simulator trace record for record)."""
     from neuron_compile.codegen.render import render_kernel
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream
+    from neuron_compile.instruction_stream import kernel_streams
     from neuron_compile.roofline import graph_roofline, kernel_roofline
 
     plan = stats["plan"]
@@ -200,15 +200,19 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
     calls = Counter(c.kernel for c in plan.calls)
     kernels = []
     cores = 1
+    analytic = kernel_streams(plan.kernels, target=target, timeline=timeline)  # identical layers costed once
+    checked = [i for i, s in enumerate(analytic) if any(r.instruction == "register_load" for r in s)]
+    trips = dict(zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
+                     strict=True))
     for i, k in enumerate(plan.kernels):
         traced = bool(streams and streams.get(i))
-        stream = kernel_stream(k, target=target, timeline=timeline)
+        stream = analytic[i]
         one = estimate(stream, target)
         n = max(calls[i], 1)
         est = total([one] * n, target)
         tripped = None
-        if any(r.instruction == "register_load" for r in stream):
-            tripped = total([estimate(kernel_stream(k, loaded_flag=1, target=target), target)] * n, target)
+        if i in trips:
+            tripped = total([estimate(trips[i], target)] * n, target)
         grid = max(len(stream.schedules), 1)
         cores = max(cores, grid)
         roof = kernel_roofline(k, target, grid).scaled(n)

@@ -770,6 +770,25 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, 
                          loaded_flag, target, 1, timeline, exact)
 
 
+def kernel_streams(kernels: Sequence[Any], loaded_flag: int = 0, target: str | None = None,
+                   timeline: bool = False) -> list[Stream]:
+    """:func:`kernel_stream` of each kernel; kernels that render the same source but for their name (one per
+    transformer layer) are enumerated and scheduled once and share one (read-only) :class:`Stream`."""
+    from neuron_compile.codegen.render import render_kernel
+
+    seen: dict[Any, Stream] = {}
+    out = []
+    for k in kernels:
+        src = render_kernel(k)
+        args = tuple((a.numel, a.dtype) for a in k.inputs)
+        key = (src.replace(k.name, "\0"), args)
+        stream = seen.get(key)
+        if stream is None:
+            stream = seen[key] = source_stream(src, k.name, args, loaded_flag, target, 1, timeline)
+        out.append(stream)
+    return out
+
+
 def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:
     """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (first-order
     costs of each add with :func:`~neuron_compile.costmodel.total`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile import backend, costmodel
-from neuron_compile.instruction_stream import count_instructions, kernel_stream, source_stream
+from neuron_compile.instruction_stream import count_instructions, kernel_stream, kernel_streams, source_stream
 from neuron_compile.simulator import trace
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,20 @@ def test_conv_weight_gradient_stream_matches_trace() -> None:
     torch.testing.assert_close(w.grad, torch.ops.aten.convolution_backward(
         2 * F.conv2d(x, w.detach(), padding=1), x, w.detach(), None, (1, 1), (1, 1), (1, 1), False, (0, 0), 1,
         (False, True, False))[1], rtol=1e-4, atol=1e-4)
+
+
+def test_identical_kernels_are_costed_once() -> None:
+    """One kernel per transformer layer: kernels that differ only by name share one stream (explain, benchmarks)."""
+    fn, make = CASES["softmax"]
+    plan, _ = traced_and_plan(fn, make())
+    k = plan.kernels[0]
+    twin = dataclasses.replace(k, name="k7_twin")
+    a, b = kernel_streams([k, twin])
+    assert a is b
+    alone = kernel_stream(twin)
+    assert a == alone and costmodel.estimate(a).time_ns == pytest.approx(costmodel.estimate(alone).time_ns)
+    other = dataclasses.replace(k, inputs=tuple(dataclasses.replace(x, numel=x.numel // 2) for x in k.inputs))
+    assert kernel_streams([k, other])[1] is not a  # different arguments: costed on their own
 
 
 def test_families_covered() -> None:
