@@ -702,8 +702,10 @@ def _compiled(source: str, name: str) -> Any:
 
 
 def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int, target: str | None = None,
-                grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True) -> Stream:
-    """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program."""
+                grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True,
+                first_program: bool = False) -> Stream:
+    """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program
+    (``first_program``: program 0 only, see :func:`kernel_time_ns`)."""
     from neuron_compile.config import config
     from neuron_compile.scheduler import Alloc, Scheduler
 
@@ -718,7 +720,7 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
     except Exception:  # noqa: BLE001 - a grid we can't read is the one we were given
         pass
     grid = max(grid, int(probe.get("LAUNCH_GRID", 1)))
-    for pid in range(grid):
+    for pid in range(1 if first_program else grid):
         sched = Scheduler(target, timeline=timeline) if schedule else None
         rec = _Recorder(sched, fast=fast and not timeline)
         nki, nl, isa = _namespaces(rec, loaded_flag, (pid, grid))
@@ -768,6 +770,20 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, 
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
                          loaded_flag, target, 1, timeline, exact)
+
+
+def kernel_time_ns(kernel: Any, target: str | None = None) -> float:
+    """The scheduled time of ``kernel`` (as ``estimate(kernel_stream(kernel)).time_ns``) for tuners ranking
+    candidates: only program 0 of a launch grid is scheduled. The codegen splits a loop cyclically
+    (:func:`neuron_compile.codegen.render._spmd`), so program 0 runs the most iterations (``ceil(n / grid)``, and
+    program 1 the ragged last one when ``n`` is even) on an identical core: it is the slowest program, whose
+    makespan is the kernel's."""
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.costmodel import estimate
+
+    stream = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], 0, target,
+                         first_program=True)
+    return estimate(stream, stream.target).time_ns
 
 
 def kernel_streams(kernels: Sequence[Any], loaded_flag: int = 0, target: str | None = None,
