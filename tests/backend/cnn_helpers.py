@@ -3,12 +3,9 @@ backward against eager, tolerance per dtype, the NKI API checker and the refusal
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,14 +19,10 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
 
 
 def api_checker() -> types.ModuleType:
-    if "nki_api_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("nki_api_check",
-                                                      Path(__file__).resolve().parents[1] / "nki_api_check.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["nki_api_check"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["nki_api_check"]
+    """The NKI 0.6 API checker over the repository's own API listing (neuron_compile/nki_api)."""
+    from neuron_compile.nki_api import checker
+
+    return checker
 
 
 def close(got: torch.Tensor, want: torch.Tensor, what: str, dtype: torch.dtype = torch.float32) -> None:

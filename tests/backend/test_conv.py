@@ -214,7 +214,6 @@ def test_conv_output_used_twice_is_not_fused() -> None:
 
 def test_rendered_conv_kernels_use_only_current_nki_api() -> None:
     checker = api_checker()
-    checker.require_api()
     x, w = torch.randn(2, 4, 9, 9, requires_grad=True), torch.randn(6, 2, 3, 3, requires_grad=True)
     torch.compile(lambda x, w: torch.relu(F.conv2d(x, w, stride=2, padding=1, groups=2)),
                   backend="neuron")(x, w).sum().backward()
