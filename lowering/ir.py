@@ -493,7 +493,7 @@ def _decode(tp: Any, value: Any) -> Any:
                 continue
         return value
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        hints = typing.get_type_hints(tp, localns=globals())  # ir_conv names ArgSpec/Access only for type checkers
+        hints = typing.get_type_hints(tp)
         fields = {f.name for f in dataclasses.fields(tp)}
         return tp(**{k: _decode(hints[k], v) for k, v in value.items() if k in fields})
     if origin is tuple:
