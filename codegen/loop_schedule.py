@@ -131,11 +131,13 @@ def op_ns(op: TileOp, engine: str, free: int, target: str, kinds: dict[str, str]
     work = float(free * inputs)
     if op.opcode == "reciprocal":
         work = free * costmodel.VECTOR_RECIPROCAL_CYCLES
-    elif engine == "vector" and dtypes is not None and hw.nc_version >= 3:
-        tiles = [op.dtype] + [dtypes.get(a, "float32") for a in op.args if isinstance(a, str) and a in kinds]
-        if all(d in costmodel.LOW_PRECISION for d in tiles):
-            work /= {"tensor_scalar": costmodel.VECTOR_PERF_MODE_MAX, "cast": costmodel.VECTOR_PERF_MODE_MAX,
-                     "tensor_tensor": 2}.get(op.opcode, 1)
+    elif engine == "vector" and hw.nc_version >= 3:
+        tiles = [op.dtype] + [(dtypes or {}).get(a, "float32") for a in op.args if isinstance(a, str) and a in kinds]
+        speedup = costmodel.VECTOR_WIDE_V3  # NC-v3+ VectorE: 2 elements per partition per cycle
+        if dtypes is not None and all(d in costmodel.LOW_PRECISION for d in tiles):
+            speedup = max(speedup, {"tensor_scalar": costmodel.VECTOR_PERF_MODE_MAX,
+                                    "cast": costmodel.VECTOR_PERF_MODE_MAX}.get(op.opcode, speedup))
+        work /= speedup
     return (costmodel.INSTRUCTION_OVERHEAD + work) / ghz
 
 

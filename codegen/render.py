@@ -13,6 +13,7 @@ import ast
 import functools
 import logging
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import jinja2
@@ -57,34 +58,158 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
-    if isinstance(kernel, FAMILY_KERNELS):  # the family template is the whole kernel (codegen/render_family.py)
+    context = _template_context(kernel)
+    if context is not None:  # the template is the whole kernel; Python gives it the plan (one core)
+        return _wrap(kernel, "", 1, **context)
+    body, grid = _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())
+    return _wrap(kernel, body, grid)
+
+
+def _template_context(kernel: Kernel) -> dict[str, Any] | None:
+    """The template context of a kernel whose family template renders the whole kernel (sort, search, scatter,
+    line_gather and scan: codegen/render_family.py; conv, conv_wgrad, pool, resample: codegen/render_conv.py), else
+    None. These run on one physical core (their loops live in the template, not in a body :func:`_spmd` splits)."""
+    if isinstance(kernel, FAMILY_KERNELS):
         from neuron_compile.codegen.render_family import family_plan
 
-        return _wrap(kernel, "", k=kernel, plan=family_plan(kernel), pmax=PMAX)
+        return {"k": kernel, "plan": family_plan(kernel), "pmax": PMAX}
     from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS, template_context
 
-    if isinstance(kernel, TEMPLATE_KERNELS):  # the template is the whole kernel; Python gives it the plan
-        return _wrap(kernel, "", **template_context(kernel))
+    if isinstance(kernel, TEMPLATE_KERNELS):
+        return template_context(kernel)
+    return None
+
+
+def launch_grid(kernel: Kernel) -> int:
+    """Programs (physical cores) the kernel is launched on: ``lnc()`` when its work splits, else 1."""
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS
+
+    if isinstance(kernel, (*FAMILY_KERNELS, *TEMPLATE_KERNELS)):
+        return 1
+    return _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())[1]
+
+
+def _snapshot() -> tuple[tuple[str, Any], ...]:
+    from neuron_compile.config import codegen_snapshot
+
+    return tuple(sorted(codegen_snapshot().items()))
+
+
+def lnc() -> int:
+    """Physical cores per logical core (config ``lnc``; 0 = the target's default: 2 on trn2/trn3)."""
+    return config.lnc or (1 if config.target == "trn1" else 2)
+
+
+def _renderers() -> tuple[Any, ...]:
+    """The renderer entry points (part of the cache key: a test that patches one gets a fresh render)."""
+    return (LoopRenderer.__init__, LoopRenderer.body, LoopRenderer.row_group_options)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_body(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...],
+                 renderers: tuple[Any, ...]) -> tuple[str, int]:
+    """(body, launch grid) of a kernel with its name taken out: identical kernels (one per transformer layer) render,
+    search row groups and choose their launch once per config ``snapshot`` (the codegen knobs)."""
+    return _render(replace(kernel, name="k"), grid)
+
+
+def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
+    """(body, launch grid) of a kernel on a logical core of ``grid`` physical cores."""
+    if grid > 1 and isinstance(kernel, AttentionKernel):
+        from neuron_compile.codegen.render_attention_u import unshifted_group
+
+        if unshifted_group(kernel):
+            # The unshifted kernel branches on an on-chip check; both cores of a logical core must take the same
+            # runtime path (NKI 0.6 runtime loops), so it runs on one core. The exact kernel splits over both:
+            # take whichever the cost model estimates faster.
+            one = _body(kernel)
+            with config.patch(attention_unshifted=False):
+                two = _spmd(kernel, _body(kernel), grid)
+            if two is None or _estimate(kernel, _wrap(kernel, one, 1)) <= _estimate(kernel, _wrap(kernel, two, grid)):
+                return one, 1
+            return two, grid
+    body = _body(kernel)
+    if grid > 1:
+        split = _spmd(kernel, body, grid)
+        if split is not None:
+            return split, grid
+    return body, 1
+
+
+def _estimate(kernel: Kernel, source: str) -> float:
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import source_stream
+
+    return estimate(source_stream(source, kernel.name, [(a.numel, a.dtype) for a in kernel.inputs]),
+                    config.target).time_ns
+
+
+def _body(kernel: Kernel) -> str:
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
-        body = render_body(kernel)
-    elif isinstance(kernel, LoopKernel):
-        body = _loop_body(kernel)
-    elif isinstance(kernel, CopyKernel):
-        body = _copy_body(kernel)
-    elif isinstance(kernel, (GatherKernel, IndexAddKernel)):
-        body = _index_body(kernel)
-    elif isinstance(kernel, AttentionKernel):
+        return render_body(kernel)
+    if isinstance(kernel, LoopKernel):
+        return _loop_body(kernel)
+    if isinstance(kernel, CopyKernel):
+        return _copy_body(kernel)
+    if isinstance(kernel, (GatherKernel, IndexAddKernel)):
+        return _index_body(kernel)
+    if isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
 
-        body = attention_body(kernel)
-    else:  # pragma: no cover
-        raise TypeError(kernel)
-    return _wrap(kernel, body)
+        return attention_body(kernel)
+    raise TypeError(kernel)  # pragma: no cover
 
 
-def _wrap(kernel: Kernel, body: str, **context: Any) -> str:
+def _split_loop(kernel: Kernel) -> str | None:
+    """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
+    row tiles (``p0``) or non-reduced outer dims of row kernels, M blocks (``m0``) of matmuls, row
+    groups (``g0``) of gathers, batches (``b``) of the exact attention kernel."""
+    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
+        return "m0"
+    if isinstance(kernel, LoopKernel):
+        r = LoopRenderer(kernel)
+        if r.red_outer:
+            return None
+        return "o0" if kernel.n_outer and 0 not in kernel.reduce_dims else "p0"
+    if isinstance(kernel, GatherKernel):
+        return "g0"
+    if isinstance(kernel, AttentionKernel):
+        return "b"
+    return None  # copies (no loop), index_put (scatter-add: programs could add to the same row)
+
+
+def _spmd(kernel: Kernel, body: str, grid: int) -> str | None:
+    """The body with its independent top-level loop spread over ``grid`` programs (cyclically: program ``i`` runs
+    iterations ``i, i + grid, ...``), or None when the kernel has no such loop with at least ``grid`` iterations.
+    The one place the launch grid changes a kernel: every other line is the single-core kernel's."""
+    var = _split_loop(kernel)
+    if var is None:
+        return None
+    tree = ast.parse(body)
+    loop = next((n for n in tree.body if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
+                 and n.target.id == var and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
+                 and n.iter.func.id == "range" and not n.iter.keywords), None)
+    if loop is None:
+        return None
+    args = [ast.unparse(a) for a in loop.iter.args]  # type: ignore[attr-defined]
+    start, stop, step = (["0", *args, "1"] if len(args) == 1 else [*args, "1"] if len(args) == 2 else args)[:3]
+    try:
+        trips = len(range(int(ast.literal_eval(start)), int(ast.literal_eval(stop)), int(ast.literal_eval(step))))
+    except (ValueError, SyntaxError):
+        trips = grid
+    if trips < grid:
+        return None
+    lines = body.splitlines()
+    head = lines[loop.lineno - 1]
+    assert head.startswith(f"for {var} in range("), head
+    lines[loop.lineno - 1] = (f"for {var} in range({start} + nl.program_id(0) * {step}, {stop}, "
+                              f"{step} * nl.num_programs(0)):")
+    return "\n".join(lines) + ("\n" if body.endswith("\n") else "")
+
+
+def _wrap(kernel: Kernel, body: str, grid: int = 1, **context: Any) -> str:
     """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
 
     Family templates (``context`` given: the IR as ``k`` and the plan Python computed for it, plain data)
@@ -98,7 +223,8 @@ def _wrap(kernel: Kernel, body: str, **context: Any) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, **context)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, grid=grid,
+            **context)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:

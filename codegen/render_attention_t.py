@@ -39,11 +39,22 @@ multiple of 32) and are at most 32 (start/count alignment); every PSUM tile fits
 
 from __future__ import annotations
 
+import textwrap
+
 from neuron_compile.codegen.render import Lines, _offset
 from neuron_compile.codegen.render_attention import (
-    BANK_KEYS, _group_pattern, _transpose_rows, causal_tiles, group_loops, head_group, score_chunk, split_scale)
+    BANK_KEYS,
+    _group_pattern,
+    _transpose_rows,
+    causal_tiles,
+    group_loops,
+    head_group,
+    score_chunk,
+    split_scale,
+)
 from neuron_compile.lowering.attention import SBUF_BUDGET
 from neuron_compile.lowering.ir import AttentionKernel
+
 from neuron_compile.simulator_limits import PMAX
 
 QUERY_BLOCK = 4 * PMAX  # queries per S^T matmul: 512 fp32 scores per partition = one PSUM bank
@@ -193,17 +204,32 @@ def scores_exp_pv(out: Lines, k: AttentionKernel, rows: int, o_dst: str, exp_sca
     exp there is harmless) and ``[O | l] += P V_aug`` per query tile into ``o_dst`` (an expression of ``it`` and
     ``P``)."""
     escale = "" if exp_scale == 1.0 else f", scale={exp_scale!r}"
+    qs = "max(qb, k1)" if k.causal else "qb"
+    # Software-pipelined by one key tile: TensorE issues the scores of tile j + 1 before the P V matmuls of tile j,
+    # so ScalarE's exp of tile j + 1 does not wait behind them (each engine runs its instructions in order).
+    scores = (f"kn1 = min({PMAX}, {k.sk} - k1)\n"
+              f"qs1 = {qs}\n"
+              f"nw1 = min({QUERY_BLOCK}, qb + NB - qs1)\n"
+              f"st_next = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)\n"
+              f"nisa.nc_matmul(dst=st_next[0:kn1, 0:nw1], stationary=kT[0:{rows}, hh, k1:k1 + kn1], "
+              f"moving=qT[0:{rows}, hh, qs1:qs1 + nw1])")
     out.add(f"""\
-for j in range((jend + {PMAX - 1}) // {PMAX}):
+nj = (jend + {PMAX - 1}) // {PMAX}
+k1 = 0
+{scores}
+for j in range(nj):
     k0 = j * {PMAX}
     kn = min({PMAX}, {k.sk} - k0)
     qs = {"max(qb, k0)" if k.causal else "qb"}
     nw = min({QUERY_BLOCK}, qb + NB - qs)
-    st_ps = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=st_ps[0:kn, 0:nw], stationary=kT[0:{rows}, hh, k0:k0 + kn], moving=qT[0:{rows}, hh, qs:qs + nw])
+    st_ps = st_next
     pt = nl.ndarray(({PMAX}, {QUERY_BLOCK}), dtype=nl.{k.compute_dtype}, buffer=nl.sbuf)
     nisa.activation(dst=pt[0:kn, 0:nw], op=nl.exp, data=st_ps[0:kn, 0:nw]{escale})""")
     out.depth += 1
+    out.add(f"""\
+if j + 1 < nj:
+    k1 = k0 + {PMAX}
+{textwrap.indent(scores, "    ")}""")
     if k.causal:
         out.add(f"""\
 if qs == k0:

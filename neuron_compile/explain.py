@@ -41,7 +41,10 @@ class KernelReport:
     estimate: Estimate
     roofline: Roofline
     reason: str = ""
-    traced: bool = True  # False: the estimate comes from the analytic stream
+    traced: bool = True  # the simulator ran it (its trace matched the graph's calls)
+    tripped: Estimate | None = None  # a guarded kernel (runtime branch) when every guard trips
+    timelines: list[Any] = field(default_factory=list)  # per program: (queue, start, end, instruction, line)
+    source: list[str] = field(default_factory=list)  # the rendered kernel's lines (trace labels)
 
     @property
     def efficiency(self) -> float:
@@ -51,9 +54,11 @@ class KernelReport:
         return {"name": self.name, "family": self.family, "template": self.template, "ops": self.source_ops,
                 "tiles": self.tiles, "calls": self.calls, "flops": self.roofline.flops,
                 "hbm_bytes": self.estimate.hbm_bytes, "min_hbm_bytes": self.roofline.min_bytes,
-                "estimated_ns": self.estimate.time_ns, "roofline_ns": self.roofline.time_ns,
-                "efficiency": self.efficiency, "bottleneck": self.estimate.bottleneck, "bound": self.roofline.bound,
-                "reason": self.reason, "traced": self.traced, "estimate": self.estimate.to_json(),
+                "estimated_ns": self.estimate.time_ns, "first_order_ns": self.estimate.first_order_ns,
+                "roofline_ns": self.roofline.time_ns, "efficiency": self.efficiency,
+                "bottleneck": self.estimate.bottleneck, "occupancy": self.estimate.occupancy(),
+                "bound": self.roofline.bound, "reason": self.reason, "traced": self.traced,
+                "tripped_ns": self.tripped.time_ns if self.tripped else None, "estimate": self.estimate.to_json(),
                 "roofline": self.roofline.to_json()}
 
 
@@ -85,21 +90,59 @@ class Report:
         return {"target": self.target, "graphs": [g.to_json() for g in self.graphs]}
 
     def __str__(self) -> str:
-        lines = [f"neuron-compile explain (target {self.target}; times from the cost model, docs/cost_model.md)"]
+        lines = [f"neuron-compile explain (target {self.target}; est = the scheduling cost model, 1st = the old "
+                 f"first-order figure; docs/cost_model.md)"]
         for g in self.graphs:
-            lines.append(f"graph {g.index} ({g.kind}): {len(g.kernels)} kernels, est {_us(g.estimate.time_ns)}, "
-                         f"roofline {_us(g.roofline.time_ns)} ({g.roofline.bound}), efficiency "
-                         f"{g.efficiency:.1%}, HBM {_mb(g.estimate.hbm_bytes)} / min {_mb(g.roofline.min_bytes)}")
+            lines.append(f"graph {g.index} ({g.kind}): {len(g.kernels)} kernels, est {_us(g.estimate.time_ns)} "
+                         f"(1st-order {_us(g.estimate.first_order_ns)}), roofline {_us(g.roofline.time_ns)} "
+                         f"({g.roofline.bound}), efficiency {g.efficiency:.1%}, HBM {_mb(g.estimate.hbm_bytes)} / min "
+                         f"{_mb(g.roofline.min_bytes)}")
             lines.append(f"  {'kernel':<28} {'template':<18} {'tiles':<34} {'MFLOP':>9} {'HBM MB':>9} "
-                         f"{'min MB':>8} {'est us':>9} {'roof us':>9} {'eff':>6} {'bound by':<8}")
+                         f"{'min MB':>8} {'est us':>9} {'1st us':>9} {'roof us':>9} {'eff':>6} {'busiest':<16}")
             for k in g.kernels:
+                occ = k.estimate.occupancy()
+                top = max(occ, key=lambda e: occ[e]) if occ else "-"
                 lines.append(f"  {k.name[:28]:<28} {k.template:<18} {_tiles(k.tiles)[:34]:<34} "
                              f"{k.roofline.flops / 1e6:>9.2f} {k.estimate.hbm_bytes / 1e6:>9.3f} "
                              f"{k.roofline.min_bytes / 1e6:>8.3f} {k.estimate.time_ns / 1e3:>9.2f} "
-                             f"{k.roofline.time_ns / 1e3:>9.2f} {k.efficiency:>6.1%} {k.estimate.bottleneck:<8}")
+                             f"{k.estimate.first_order_ns / 1e3:>9.2f} {k.roofline.time_ns / 1e3:>9.2f} "
+                             f"{k.efficiency:>6.1%} {top + f' {occ.get(top, 0):.0%}':<16}")
                 lines.append(f"      ops: {', '.join(dict.fromkeys(k.source_ops)) or '-'}")
+                lines.append("      occupancy: " + " ".join(f"{e} {v:.0%}" for e, v in occ.items()))
+                if k.tripped is not None:
+                    lines.append(f"      guarded: {_us(k.tripped.time_ns)} if every runtime guard trips "
+                                 f"(efficiency {k.roofline.time_ns / k.tripped.time_ns:.1%})")
                 lines.append(f"      new kernel because: {k.reason or '-'}")
         return "\n".join(lines)
+
+    def trace_events(self) -> dict[str, Any]:
+        """The scheduled engine timelines as Chrome trace-event JSON (Perfetto, chrome://tracing): one process per
+        kernel call, one track per engine / DMA queue (per core of a launch grid), each instruction labelled with
+        its kernel source line; calls one after the other."""
+        events: list[dict[str, Any]] = []
+        t0 = 0.0
+        pid = 0
+        for g in self.graphs:
+            for k in g.kernels:
+                for _ in range(max(k.calls, 1)):
+                    pid += 1
+                    events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                                   "args": {"name": f"graph {g.index} {k.name}"}})
+                    tids: dict[str, int] = {}
+                    for core, tl in enumerate(k.timelines):
+                        for queue, start, end, instr, line in tl:
+                            track = f"core{core} {queue}" if len(k.timelines) > 1 else queue
+                            if track not in tids:
+                                tids[track] = len(tids) + 1
+                                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[track],
+                                               "args": {"name": track}})
+                            text = k.source[line - 1].strip() if 0 < line <= len(k.source) else ""
+                            events.append({"ph": "X", "name": f"{instr} L{line}", "cat": queue, "pid": pid,
+                                           "tid": tids[track], "ts": (t0 + start) / 1e3, "dur": (end - start) / 1e3,
+                                           "args": {"line": line, "source": text}})
+                    t0 += k.estimate.time_ns / max(k.calls, 1)
+        return {"traceEvents": events, "displayTimeUnit": "ns",
+                "otherData": {"target": self.target, "generator": "neuron-compile explain --trace"}}
 
 
 def _us(ns: float) -> str:
@@ -141,11 +184,14 @@ def tile_config(kernel: Any) -> dict[str, Any]:
 
 
 def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Counter[Any]]] | None,
-                 target: str) -> GraphReport:
-    """One graph from its compiled_graphs() entry; ``streams``: per kernel index, traced streams per call."""
+                 target: str, timeline: bool = False) -> GraphReport:
+    """One graph from its compiled_graphs() entry; ``streams``: per kernel index, traced streams per call (only
+    recorded as ``traced``: estimates come from the scheduled analytic stream of each kernel, which the perf tests
+    check against the simulator trace record for record)."""
+    from neuron_compile.codegen.render import render_kernel
     from neuron_compile.costmodel import estimate, total
-    from neuron_compile.instruction_stream import kernel_stream
-    from neuron_compile.roofline import Roofline, graph_roofline, kernel_roofline
+    from neuron_compile.instruction_stream import kernel_streams
+    from neuron_compile.roofline import graph_roofline, kernel_roofline
 
     plan = stats["plan"]
     if not plan.kernels:
@@ -153,22 +199,29 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
     reasons = {k["name"]: k.get("reason", "") for k in plan.summary.get("kernels", [])}
     calls = Counter(c.kernel for c in plan.calls)
     kernels = []
+    cores = 1
+    analytic = kernel_streams(plan.kernels, target=target, timeline=timeline)  # identical layers costed once
+    checked = [i for i, s in enumerate(analytic) if any(r.instruction == "register_load" for r in s)]
+    trips = dict(zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
+                     strict=True))
     for i, k in enumerate(plan.kernels):
         traced = bool(streams and streams.get(i))
-        if traced:
-            est = total([estimate(s, target) for s in streams[i]], target)  # type: ignore[index]
-        else:
-            one = estimate(kernel_stream(k), target)
-            est = total([one] * max(calls[i], 1), target)
-        roof = kernel_roofline(k, target)
+        stream = analytic[i]
+        one = estimate(stream, target)
         n = max(calls[i], 1)
-        if n > 1:
-            roof = Roofline(roof.pe_flops * n, roof.pe_dtype, roof.elementwise_flops * n, roof.elementwise_dtype,
-                            roof.min_bytes * n, target)
+        est = total([one] * n, target)
+        tripped = None
+        if i in trips:
+            tripped = total([estimate(trips[i], target)] * n, target)
+        grid = max(len(stream.schedules), 1)
+        cores = max(cores, grid)
+        roof = kernel_roofline(k, target, grid).scaled(n)
         kernels.append(KernelReport(k.name, k.family, f"{k.family}.nki.j2", list(k.source_ops), tile_config(k),
-                                    calls[i], est, roof, reasons.get(k.name, ""), traced))
+                                    calls[i], est, roof, reasons.get(k.name, ""), traced, tripped,
+                                    [s.timeline for s in stream.schedules if s.timeline is not None],
+                                    render_kernel(k).splitlines() if timeline else []))
     return GraphReport(index, stats.get("kind", "?"), kernels, total([k.estimate for k in kernels], target),
-                       graph_roofline(plan, target))
+                       graph_roofline(plan, target, cores))
 
 
 def _split_trace(tr: Any, graphs: list[dict[str, Any]]) -> list[dict[int, list[Counter[Any]]] | None]:
@@ -194,16 +247,18 @@ def _split_trace(tr: Any, graphs: list[dict[str, Any]]) -> list[dict[int, list[C
     return out
 
 
-def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str) -> Report:
+def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str, timeline: bool = False) -> Report:
     split = _split_trace(tr, graphs) if tr is not None else [None] * len(graphs)
     rep = Report(target)
     for i, (g, s) in enumerate(zip(graphs, split, strict=True)):
-        rep.graphs.append(graph_report(i, g, s, target))
+        rep.graphs.append(graph_report(i, g, s, target, timeline))
     return rep
 
 
-def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, **compile_kwargs: Any) -> Report:
-    """Compile ``model_or_fn`` with the neuron backend, run it once traced, and report per graph/kernel."""
+def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, timeline: bool = False,
+            **compile_kwargs: Any) -> Report:
+    """Compile ``model_or_fn`` with the neuron backend, run it once traced, and report per graph/kernel
+    (``timeline``: keep every kernel's scheduled timeline, for :meth:`Report.trace_events`)."""
     import torch
 
     from neuron_compile import backend
@@ -221,7 +276,7 @@ def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, *
     if not graphs:
         raise RuntimeError("explain: no graph was compiled by the neuron backend (was this function already "
                            "compiled in this process? call torch._dynamo.reset() first)")
-    return report_graphs(graphs, tr, tgt)
+    return report_graphs(graphs, tr, tgt, timeline)
 
 
 # -- CLI ---------------------------------------------------------------------------------------------
@@ -232,6 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--target", default=None, help="trn1 | trn2 | trn3 (default: config.target)")
+    parser.add_argument("--trace", default=None, metavar="OUT.json",
+                        help="write the scheduled engine timeline as Chrome trace-event JSON (Perfetto, chrome://tracing)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,6 +301,14 @@ def run(args: argparse.Namespace) -> int:
     if "--json" in script_args:  # REMAINDER swallows flags given after the script
         script_args.remove("--json")
         as_json = True
+    trace_path = args.trace
+    if "--trace" in script_args:
+        at = script_args.index("--trace")
+        if at + 1 >= len(script_args):
+            print("neuron-compile explain: --trace needs a file name (--trace out.json)", file=sys.stderr)
+            return 2
+        trace_path = script_args[at + 1]
+        del script_args[at:at + 2]
     tgt = args.target or config.target
     first = len(backend.compiled_graphs())
     argv = sys.argv
@@ -266,7 +331,15 @@ def run(args: argparse.Namespace) -> int:
     if not graphs:
         print(f"neuron-compile explain: {args.script} compiled no graph with backend='neuron'", file=sys.stderr)
         return 1
-    report = report_graphs(graphs, tr, tgt)
+    report = report_graphs(graphs, tr, tgt, timeline=trace_path is not None)
+    if trace_path is not None:
+        try:
+            with open(trace_path, "w") as f:
+                json.dump(report.trace_events(), f)
+        except OSError as exc:
+            print(f"neuron-compile explain: cannot write the trace to {trace_path}: {exc}", file=sys.stderr)
+            return 1
+        print(f"neuron-compile explain: wrote the scheduled timeline to {trace_path}", file=sys.stderr)
     print(json.dumps(report.to_json(), indent=1) if as_json else str(report))
     return 0
 

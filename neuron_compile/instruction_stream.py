@@ -23,9 +23,12 @@ Register instructions are recorded with engine ``"sequencer"``, as the simulator
 
 from __future__ import annotations
 
+import ast
 import builtins
+import functools
 import logging
 import math
+import sys
 import types
 from collections import Counter
 from collections.abc import Sequence
@@ -40,15 +43,20 @@ _INT32ISH = ("int32", "uint32")
 
 
 class ShapeTensor:
-    """A tensor view without data: shape, strides (elements), dtype name, buffer name."""
+    """A tensor view without data: shape, strides (elements), dtype name, buffer name, and where it lies: its
+    allocation (:class:`~neuron_compile.scheduler.Alloc`) and element offset into it (``None``: unknown, a runtime
+    offset)."""
 
-    __slots__ = ("shape", "strides", "dtype", "buffer")
+    __slots__ = ("shape", "strides", "dtype", "buffer", "base", "offset")
 
-    def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: str, buffer: str) -> None:
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)
+    def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: str, buffer: str, base: Any = None,
+                 offset: int | None = 0) -> None:
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)
         self.dtype = dtype
         self.buffer = buffer
+        self.base = base
+        self.offset = offset
 
     @property
     def size(self) -> int:
@@ -60,34 +68,59 @@ class ShapeTensor:
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: Any = 0, scalar_offset: Any = None,
            vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> ShapeTensor:
-        return ShapeTensor([p[1] for p in pattern], [p[0] for p in pattern], dtype or self.dtype, self.buffer)
+        known = scalar_offset is None and vector_offset is None and isinstance(offset, int)
+        return ShapeTensor([p[1] for p in pattern], [p[0] for p in pattern], dtype or self.dtype, self.buffer,
+                           self.base, offset if known else None)
 
     def broadcast(self, dim: int, size: int) -> ShapeTensor:
         shape, strides = list(self.shape), list(self.strides)
         shape[dim], strides[dim] = size, 0
-        return ShapeTensor(shape, strides, self.dtype, self.buffer)
+        return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, self.offset)
 
     def expand_dim(self, dim: int) -> ShapeTensor:
         return ShapeTensor(self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (0,) + self.strides[dim:],
-                           self.dtype, self.buffer)
+                           self.dtype, self.buffer, self.base, self.offset)
 
     def view(self, dtype: Any) -> ShapeTensor:
         """Bit reinterpretation (same-size dtypes keep the shape; the last dim scales by the size ratio)."""
         old, new = _itemsize(self.dtype), _itemsize(_dtype_name(dtype))
         last = self.shape[-1] * old // new if self.shape else 1
-        return ShapeTensor(self.shape[:-1] + (last,), self.strides, _dtype_name(dtype), self.buffer)
+        # offsets count elements of the allocation's dtype: a same-size view keeps its place, another size is
+        # placed anywhere in the allocation (the scheduler then orders it after every access to it: never early)
+        return ShapeTensor(self.shape[:-1] + (last,), self.strides, _dtype_name(dtype), self.buffer, self.base,
+                           self.offset if old == new else None)
 
     def __getitem__(self, key: Any) -> ShapeTensor:
-        key = key if isinstance(key, tuple) else (key,)
-        shape, strides = [], []
-        for d, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
-            k = key[d] if d < len(key) else slice(None)
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                shape.append(max(0, (stop - start + step - 1) // step))
-                strides.append(s * step)
-            # an integer index drops the dim
-        return ShapeTensor(shape, strides, self.dtype, self.buffer)
+        if key.__class__ is not tuple:
+            key = (key,)
+        shape: list[int] = []
+        strides: list[int] = []
+        off = self.offset
+        nk = len(key)
+        d = 0
+        for n, s in zip(self.shape, self.strides, strict=True):
+            k = key[d] if d < nk else None
+            d += 1
+            if k is None:
+                shape.append(n)
+                strides.append(s)
+            elif k.__class__ is slice:
+                a, b, step = k.start, k.stop, k.step
+                if step is None and (a is None or 0 <= a <= n) and (b is None or 0 <= b):
+                    a = a or 0
+                    b = n if b is None or b > n else b
+                    shape.append(b - a if b > a else 0)
+                    strides.append(s)
+                else:
+                    r = range(*k.indices(n))
+                    a = r.start
+                    shape.append(len(r))
+                    strides.append(s * r.step)
+                if off is not None:
+                    off += a * s
+            elif off is not None:  # an integer index drops the dim
+                off += int(k) * s
+        return ShapeTensor(shape, strides, self.dtype, self.buffer, self.base, off)
 
 
 def _itemsize(dtype: str) -> int:
@@ -99,34 +132,261 @@ def _dtype_name(dtype: Any) -> str:
     return str(getattr(dtype, "name", dtype))
 
 
-class _Recorder:
-    """Counts records; ``segments`` splits them at every ``register_load`` (a runtime branch drains the engines, so
-    the work before and after it doesn't overlap)."""
+MIN_TRIP = 4  # loops shorter than this are always scheduled iteration by iteration
+MAX_SAMPLES = 8  # identical iterations scheduled before moving on by the longest period seen
+TAIL = 1  # the last iterations of a skipped loop always run (a ragged last tile)
+UNIFORM = 0.01  # queues advancing within 1% of each other per iteration are in steady state
+_TAGS = ("tensor", "vector", "scalar", "gpsimd", "dma_q_first", "dma_q_last", "dma_lanes", "hbm")  # Scheduler.frontier()
+MAX_PERIOD = 4  # skipped loops may repeat a block of up to this many iterations (e.g. alternating engines)
 
-    def __init__(self) -> None:
-        self.counts: Counter[InstructionRecord] = Counter()
-        self.segments: list[Counter[InstructionRecord]] = [Counter()]
+
+def _by_tag(adv: Sequence[float]) -> dict[str, float]:
+    """Advance per queue (frontier entry), for :meth:`Scheduler.shift`."""
+    return {tag: d for d, tag in zip(adv, _TAGS, strict=True) if d > 1e-9}
+
+
+class _Recorder:
+    """Counts records and feeds them, in program order, to a :class:`~neuron_compile.scheduler.Scheduler`.
+
+    ``segments`` splits the counts at every ``register_load`` (a runtime branch drains the engines, so the work
+    before and after it doesn't overlap). ``loop`` wraps every ``range`` loop of the kernel: it schedules the
+    first iterations, and once two consecutive ones issue identical instructions (the same records, in the same
+    order) and advance every queue by the same period, the following identical iterations run (so the counts stay
+    exact) but are not scheduled: the scheduler moves forward by the period for each. An iteration that differs
+    is scheduled from its buffered instructions, and sampling starts again."""
+
+    def __init__(self, sched: Any = None, fast: bool = True) -> None:
+        self.ids: dict[tuple[Any, ...], int] = {}  # interned records (counters count ids, not records)
+        self.records: list[InstructionRecord] = []
+        self.counts: Counter[int] = Counter()
+        self.segments: list[Counter[int]] = [Counter()]
+        self.sched = sched
+        self.fast = fast and sched is not None
+        self.line = 0
+        self.queue: str | None = None  # a DMA's issue queue when the kernel names its engine
+        self.sig: list[int] = []  # running signature of each open loop iteration
+        self.buffer: list[tuple[Any, ...]] | None = None  # instructions of an iteration being fast-forwarded
+        self.iter_counts: list[Counter[int]] = []  # counts of each open loop iteration
 
     def add(self, engine: str, instruction: str, operands: Sequence[Any], main: Any = None,
-            flags: tuple[str, ...] = ()) -> None:
+            flags: tuple[str, ...] = (), writes: Sequence[Any] | None = None, rmw: bool = False,
+            extra: Sequence[Any] = ()) -> None:
+        tensors = [o for o in operands if o.__class__ is ShapeTensor]
+        mi = next((i for i, t in enumerate(tensors) if t is main), -1) if main is not None else 0
+        key = (engine, instruction, flags, mi, *[(t.shape, t.strides, t.dtype, t.buffer) for t in tensors])
+        rid = self.ids.get(key)
+        if rid is None:
+            rid = self.ids[key] = len(self.records)
+            self.records.append(self._record(engine, instruction, tensors, main, flags))
+        self.counts[rid] += 1
+        self.segments[-1][rid] += 1
+        if self.iter_counts:
+            self.iter_counts[-1][rid] += 1
+        if instruction == "register_load":
+            self.segments.append(Counter())
+        if self.sig:
+            if engine == "dma":  # which DMA engines serve it (8 partitions each) changes its timing, not its record
+                chip = next((t for t in tensors if t.buffer in ON_CHIP and t.offset is not None and t.base), None)
+                lane = chip.offset // max(chip.base.pstride, 1) // 8 if chip is not None else 0
+                self.sig[-1] = hash((self.sig[-1], rid, lane))
+            else:
+                self.sig[-1] = hash((self.sig[-1], rid))
+        rec = self.records[rid]
+        if self.sched is None:
+            return
+        if writes is None:
+            w, r = tensors[:1], (tensors if rmw else tensors[1:])
+        else:  # reads: every operand position but the first one of each written tensor (in place ops read dst)
+            w = list(writes)
+            pos = {next((i for i, t in enumerate(tensors) if t is x), -1) for x in w}
+            r = [t for i, t in enumerate(tensors) if rmw or i not in pos]
+        if extra:
+            r = r + list(extra)
+        if self.buffer is not None:
+            self.buffer.append((rec, r, w, self.line, self.queue))
+        else:
+            self.sched.issue(rec, r, w, self.line, self.queue)
+
+    @staticmethod
+    def _record(engine: str, instruction: str, tensors: list[ShapeTensor], main: Any,
+                flags: tuple[str, ...]) -> InstructionRecord:
         from neuron_compile.costmodel import itemsize
 
-        tensors = [o for o in operands if isinstance(o, ShapeTensor)]
         ref = main if main is not None else (tensors[0] if tensors else None)
         if ref is not None and ref.shape:
             parts = ref.shape[0]
             free = ref.size // parts if parts else 0
         else:
             parts, free = 1, 1
-        rec = InstructionRecord(
+        return InstructionRecord(
             engine=engine, instruction=instruction, partitions=parts, free_size=free,
             dtypes=tuple(o.dtype for o in tensors), bytes=sum(o.size * itemsize(o.dtype) for o in tensors),
             buffers=tuple(o.buffer for o in tensors), shapes=tuple(o.shape for o in tensors),
             strides=tuple(o.strides for o in tensors), flags=flags)
-        self.counts[rec] += 1
-        self.segments[-1][rec] += 1
-        if instruction == "register_load":
-            self.segments.append(Counter())
+
+    def record_counts(self, counts: Counter[int]) -> Counter[InstructionRecord]:
+        """Interned record ids -> records."""
+        out: Counter[InstructionRecord] = Counter()
+        for rid, c in counts.items():
+            out[self.records[rid]] += c
+        return out
+
+    def loop(self, it: Any, safe: bool = False) -> Any:
+        """``for v in range(...)`` of the kernel source (rewritten by :class:`_Loops`; ``safe``: the body may be
+        skipped, see :func:`_skippable`)."""
+        if self.sched is None or not isinstance(it, range):
+            return it
+        if not self.fast or self.buffer is not None or len(it) < MIN_TRIP:
+            return self._plain(it)
+        return self._loop(it, safe)
+
+    def _plain(self, vals: range) -> Any:
+        """Every iteration run and scheduled; the same loop signature as :meth:`_loop`."""
+        rle: list[list[int]] = []
+        try:
+            for v in vals:
+                self.sig.append(0)
+                try:
+                    yield v
+                finally:
+                    sig = self.sig.pop()
+                if rle and rle[-1][0] == sig:
+                    rle[-1][1] += 1
+                else:
+                    rle.append([sig, 1])
+        finally:
+            if self.sig:
+                self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
+
+    def _fold(self, sig: int, counts: Counter[int], times: int = 1) -> None:
+        """Close a loop iteration: fold its counts into the enclosing iteration (signatures: see ``_loop``)."""
+        if self.iter_counts:
+            parent = self.iter_counts[-1]
+            for r, c in counts.items():
+                parent[r] += c * times
+
+    def _skip(self, counts: Counter[int], times: int) -> None:
+        """Count ``times`` more iterations identical to one with ``counts`` (not executed)."""
+        seg = self.segments[-1]
+        for r, c in counts.items():
+            self.counts[r] += c * times
+            seg[r] += c * times
+
+    @staticmethod
+    def _steady(hist: list[tuple[Any, ...]], max_period: int) -> tuple[int, dict[str, float], float,
+                                                                          dict[str, float]] | None:
+        """A repeating block of the last iterations: (iterations per block, busy time per iteration, the time
+        before which nothing moves, each queue's advance per block). Steady: the last two blocks issued the same
+        instructions and every queue they moved advanced by the same period in both (within UNIFORM);
+        failing that, the shortest block seen repeating MAX_SAMPLES iterations long, each queue at its longest
+        advance over those blocks (conservative)."""
+        fallback = None
+        for per in range(1, max_period + 1):
+            if len(hist) < 2 * per or any(hist[-k][0] != hist[-k - per][0] for k in range(1, per + 1)):
+                continue
+            f_a, f_b, f_c = hist[-2 * per][1], hist[-per][1], hist[-1][2]  # block starts and the end
+            adv = [c - b for b, c in zip(f_b, f_c, strict=True)]
+            period = max(adv)
+            if period <= 1e-9:
+                return None
+            # every queue the block moved advanced by the period, as in the block before (a coupled pipeline in
+            # steady state: queues that move at different rates are still filling or draining)
+            same = all(abs((c - b) - (b - a)) <= UNIFORM * period for a, b, c in zip(f_a, f_b, f_c, strict=True))
+            b_a, b_c = hist[-per][3], hist[-1][4]
+            busy = {e: (b_c[e] - b_a[e]) / per for e in b_c}
+            after = min(b for b, d in zip(f_b, adv, strict=True) if d > 1e-9)
+            if same:
+                return per, busy, after, _by_tag(adv)
+            reps = sum(1 for k in range(per, len(hist) + 1 - per, per)
+                       if all(hist[-j][0] == hist[-j - k][0] for j in range(1, per + 1)))
+            if fallback is None and (reps + 1) * per >= MAX_SAMPLES:
+                # each queue's mean advance per block over the repeated blocks after the first (the first fills the
+                # pipeline), but never less than its last block's
+                blocks = min(reps, (len(hist) - per) // per)
+                start = hist[-(blocks + 1) * per + per][1] if blocks else f_b
+                mean = [(c - a) / max(blocks, 1) for a, c in zip(start, f_c, strict=True)]
+                fallback = (per, busy, after, _by_tag([max(a, m) for a, m in zip(adv, mean, strict=True)]))
+        return fallback
+
+    def _loop(self, vals: range, safe: bool) -> Any:
+        sched = self.sched
+        n = len(vals)
+        hist: list[tuple[Any, ...]] = []  # sampled iterations: signature, frontier before/after, busy, counts
+        steady: tuple[int, dict[str, float], float, dict[str, float]] | None = None  # per, busy, after, advance
+        steady_sig = 0
+        skipped = 0
+        rle: list[list[int]] = []  # the loop's signature: its iterations' signatures, run-length encoded
+
+        def done(sig: int, times: int = 1) -> None:
+            if rle and rle[-1][0] == sig:
+                rle[-1][1] += times
+            else:
+                rle.append([sig, times])
+
+        i = 0
+        try:
+            while i < n:
+                v = vals[i]
+                i += 1
+                if steady is not None:  # fast-forward: run the body, schedule nothing unless it differs
+                    self.buffer = []
+                    self.sig.append(0)
+                    self.iter_counts.append(Counter())
+                    try:
+                        yield v
+                    finally:
+                        sig, cnt, buf = self.sig.pop(), self.iter_counts.pop(), self.buffer
+                        self.buffer = None
+                    self._fold(sig, cnt)
+                    done(sig)
+                    if sig == steady_sig and i <= n - TAIL:  # the last iterations run: their accesses are the
+                        skipped += 1                           # region times later instructions wait for
+                        continue
+                    sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
+                    skipped, steady = 0, None
+                    hist.clear()
+                    for ev in buf:
+                        sched.issue(*ev)
+                    continue
+                f0, b0 = sched.frontier(), sched.busy_snapshot()
+                self.sig.append(0)
+                self.iter_counts.append(Counter())
+                try:
+                    yield v
+                finally:
+                    sig, cnt = self.sig.pop(), self.iter_counts.pop()
+                self._fold(sig, cnt)
+                done(sig)
+                hist.append((sig, f0, sched.frontier(), b0, sched.busy_snapshot(), cnt))
+                if len(hist) > 2 * MAX_PERIOD:
+                    del hist[0]
+                if i >= n:
+                    continue
+                found = self._steady(hist, MAX_PERIOD if safe else 1)
+                if found is None:
+                    continue
+                per, busy, after, moved = found
+                m = (n - TAIL - i) // per * per
+                if safe and m > 0:  # skip the body itself up to the last TAIL iterations
+                    sched.shift(m // per, after, busy, m, moved)
+                    block: Counter[int] = Counter()
+                    for h in hist[-per:]:
+                        block.update(h[5])
+                    self._skip(block, m // per)
+                    self._fold(sig, block, m // per)
+                    if per == 1:
+                        done(sig, m)
+                    else:
+                        rle.append([hash(tuple(h[0] for h in hist[-per:])), m // per])
+                    i += m
+                    hist.clear()
+                elif per == 1 and not safe:
+                    steady, steady_sig = (1, busy, after, moved), sig
+        finally:
+            if steady is not None and skipped:
+                sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
+            if self.sig:  # the enclosing iteration sees this loop as one item, however it was scheduled
+                self.sig[-1] = hash((self.sig[-1], tuple(map(tuple, rle))))
 
 
 class ShapeRegister:
@@ -147,8 +407,11 @@ def _engine_name(engine: Any, default: str) -> str:
     return default if engine is None or name in (None, "unknown") else str(name)
 
 
-def _namespaces(rec: _Recorder, loaded_flag: int = 0
+def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] = (0, 1)
                 ) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+    from neuron_compile.costmodel import itemsize
+    from neuron_compile.scheduler import Alloc
+
     nl = types.ModuleType("nki.language")
     for b in ("sbuf", "psum", "shared_hbm", "private_hbm", "hbm"):
         setattr(nl, b, b)
@@ -158,9 +421,16 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
         strides = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
             strides[d] = strides[d + 1] * shape[d + 1]
-        return ShapeTensor(shape, strides, _dtype_name(dtype), str(buffer))
+        dt, buf = _dtype_name(dtype), str(buffer)
+        size = itemsize(dt)
+        pstride = strides[0] * shape[0] // max(shape[0], 1) if buf in ON_CHIP and shape else 0
+        base = Alloc(buf, pstride, size, (sys._getframe(1).f_lineno, pstride * size), pstride * size)
+        return ShapeTensor(shape, strides, dt, buf, base, 0)
 
     nl.ndarray = ndarray  # type: ignore[attr-defined]
+    nl.program_id = lambda axis=0: program[0] if axis == 0 else 0  # type: ignore[attr-defined]
+    nl.num_programs = lambda axes=0: program[1] if axes in (0, None) else 1  # type: ignore[attr-defined]
+    nl.program_ndim = lambda: 1  # type: ignore[attr-defined]
 
     def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1) -> None:
         for i in range(_reg_int(lower), _reg_int(upper), step):
@@ -187,13 +457,15 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
         return _engine_name(kw.get("engine"), default)
 
     def dma_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
+        rec.queue = {"sync": "dma_q0", "scalar": "dma_q1"}.get(_engine_name(kw.get("engine"), ""))
         rec.add("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
+        rec.queue = None
 
     def tensor_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
         rec.add(engine_kw(kw, "vector"), "tensor_copy", (dst, src))
 
     def tensor_tensor(dst: ShapeTensor, data1: ShapeTensor, data2: ShapeTensor, op: Any, **kw: Any) -> None:
-        ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH
+        ints = data1.dtype in _INT32ISH and data2.dtype in _INT32ISH and dst.dtype in _INT32ISH  # as the simulator
         anypsum = "psum" in (data1.buffer, data2.buffer, dst.buffer)
         default = "gpsimd" if (str(op) == "power" or ints) and not anypsum else "vector"
         rec.add(engine_kw(kw, default), "tensor_tensor", (dst, data1, data2))
@@ -212,7 +484,8 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
     def activation(dst: ShapeTensor, op: Any, data: ShapeTensor, bias: Any = None, scale: Any = 1.0,
                    reduce_op: Any = None, reduce_res: Any = None, **kw: Any) -> None:
         instr = "activation_reduce" if reduce_res is not None else "activation"
-        rec.add("scalar", instr, [dst, data] + [t for t in (bias, scale, reduce_res) if isinstance(t, ShapeTensor)])
+        rec.add("scalar", instr, [dst, data] + [t for t in (bias, scale, reduce_res) if isinstance(t, ShapeTensor)],
+                writes=[t for t in (dst, reduce_res) if isinstance(t, ShapeTensor)])
 
     def reciprocal(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
         rec.add("vector", "reciprocal", (dst, data))
@@ -222,7 +495,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def tensor_scalar_reduce(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
                              reduce_op: Any = None, reduce_res: Any = None, **kw: Any) -> None:
-        rec.add("vector", "tensor_scalar_reduce", (dst, data))
+        rec.add("vector", "tensor_scalar_reduce", (dst, data),
+                writes=[t for t in (dst, reduce_res) if isinstance(t, ShapeTensor)],
+                extra=[t for t in (operand0,) if isinstance(t, ShapeTensor)])
 
     def tensor_partition_reduce(dst: ShapeTensor, op: Any, data: ShapeTensor, **kw: Any) -> None:
         rec.add("gpsimd", "tensor_partition_reduce", (dst, data), main=data)
@@ -231,7 +506,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
                   perf_mode: Any = None, **kw: Any) -> None:
         double = perf_mode is not None and getattr(perf_mode, "name", str(perf_mode)) not in ("none", "None")
         flags = (("is_transpose",) if is_transpose else ()) + (("double_row",) if double else ())
-        rec.add("tensor", "nc_matmul", (dst, stationary, moving), flags=flags)
+        rec.add("tensor", "nc_matmul", (dst, stationary, moving), flags=flags, rmw=bool(kw.get("accumulate")))
 
     def nc_transpose(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
         default = "tensor" if dst.buffer == "psum" and data.buffer == "sbuf" else "vector"
@@ -239,7 +514,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def tensor_copy_predicated(dst: ShapeTensor, src: Any, predicate: ShapeTensor, **kw: Any) -> None:
         rec.add("vector", "tensor_copy_predicated", [dst] + ([src] if isinstance(src, ShapeTensor) else [])
-                + [predicate])
+                + [predicate], rmw=True)
 
     def tensor_tensor_scan(dst: ShapeTensor, data0: ShapeTensor, data1: ShapeTensor, initial: Any = None,
                            **kw: Any) -> None:
@@ -247,7 +522,8 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def scalar_tensor_tensor(dst: ShapeTensor, data: ShapeTensor, op0: Any = None, operand0: Any = None,
                              op1: Any = None, operand1: Any = None, **kw: Any) -> None:
-        rec.add("vector", "scalar_tensor_tensor", (dst, data, operand1))
+        rec.add("vector", "scalar_tensor_tensor", (dst, data, operand1),
+                extra=[t for t in (operand0,) if isinstance(t, ShapeTensor)])
 
     def affine_select(dst: ShapeTensor, pattern: Any = None, channel_multiplier: int = 0, on_true_tile: Any = None,
                       **kw: Any) -> None:
@@ -266,15 +542,24 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     def register_load(dst: ShapeRegister, src: ShapeTensor) -> None:
         dst.value = loaded_flag  # no data: every loaded flag is 0 unless asked otherwise (module docstring)
-        rec.add("sequencer", "register_load", (src,))
+        rec.add("sequencer", "register_load", (src,), writes=())
 
     def register_store(dst: ShapeTensor, src: ShapeRegister) -> None:
         rec.add("sequencer", "register_store", (dst,))
 
+    def at_line(fn: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            rec.line = sys._getframe(1).f_lineno
+            return fn(*args, **kw)
+
+        call.__name__ = fn.__name__
+        return call
+
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
-               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather, register_alloc, register_move, register_load, register_store):
-        setattr(isa, fn.__name__, fn)
+               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
+               register_alloc, register_move, register_load, register_store):
+        setattr(isa, fn.__name__, at_line(fn))
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
     def isa_getattr(attr: str) -> Any:
@@ -296,48 +581,234 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
     return nki, nl, isa
 
 
-def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0
-                  ) -> Counter[InstructionRecord]:
-    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)``; every register loaded
-    from a tensor holds ``loaded_flag``."""
-    return _run_source(source, name, args, loaded_flag).counts
+class Stream(Counter[InstructionRecord]):
+    """A kernel's instruction counts (``{record: count}``, every program of its launch grid) and, per program, its
+    :class:`~neuron_compile.scheduler.Schedule` on ``target`` (what :func:`~neuron_compile.costmodel.estimate`
+    reports)."""
+
+    def __init__(self, target: str | None = None) -> None:
+        super().__init__()
+        self.target = target
+        self.schedules: list[Any] = []
+        self.segments: list[Counter[InstructionRecord]] = []
 
 
-def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int) -> _Recorder:
-    rec = _Recorder()
-    nki, nl, isa = _namespaces(rec, loaded_flag)
-    subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
+_MUTATORS = frozenset(("append", "extend", "insert", "pop", "remove", "update", "setdefault", "add", "clear"))
+_STOP = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal, ast.Delete,
+         ast.AugAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.While, ast.Try)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _index_only(name: str, body: list[ast.AST], own: ast.Assign) -> bool:
+    """Every read of ``name`` in ``body`` but its own update is inside a subscript index (``acc[t % 7]``): skipping
+    iterations then only changes which buffer of a list a later iteration uses."""
+    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in ast.walk(n.slice)}
+    own_reads = {id(m) for n in body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for t in n.targets) for m in ast.walk(n.value)}
+    return all(id(n) in inside or id(n) in own_reads for n in body
+               if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
+
+
+def _skippable(loop: ast.For) -> bool:
+    """Whether iterations of ``loop`` that issue what their predecessor issued may be skipped outright (not run):
+    no side effect a later statement could see (no container mutation, no ``x = f(x)`` counter, no control flow
+    out of the body), and the loop variable reaches no branch but a comparison with 0 of a monotone expression
+    (``k0 == 0``, ``KF > 0``: true or false over a prefix or a suffix of the range, and the first iterations and
+    the last ``TAIL`` always run). Periodic uses (``%``) and any other comparison keep every iteration running
+    (the scheduler still fast-forwards identical ones)."""
+    if not isinstance(loop.target, ast.Name):
+        return False
+    tainted, periodic = {loop.target.id}, set()
+    body = [n for stmt in loop.body for n in ast.walk(stmt)]
+    assigns: list[tuple[list[str], set[str], bool, bool]] = []  # targets, names read, min() clamp, has %
+    for n in body:
+        if isinstance(n, _STOP):
+            return False
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
+            return False
+        if isinstance(n, ast.Assign):
+            if any(not isinstance(t, ast.Name) for t in n.targets):
+                return False
+            names = _names(n.value)
+            targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
+            for t in targets:
+                if t in names and not _index_only(t, body, n):
+                    return False  # a loop-carried value computed from itself (a counter) used beyond list indices
+            clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
+            has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value))
+            assigns.append((targets, names, clamp, has_mod))
+    extents: set[str] = set()  # min(C, X - v) clamps: constant but for the last iterations
+    changed = True
+    while changed:  # names computed from the loop variable
+        changed = False
+        for targets, names, clamp, has_mod in assigns:
+            used = names & tainted
+            if not used:
+                continue
+            ext = clamp or used <= extents
+            mod = not ext and (bool(used & periodic) or has_mod)
+            for t in targets:
+                if t not in tainted or (mod and t not in periodic) or (not ext and t in extents):
+                    tainted.add(t)
+                    if ext and t not in periodic:
+                        extents.add(t)
+                    else:
+                        extents.discard(t)
+                    if mod:
+                        periodic.add(t)
+                    changed = True
+    for n in body:
+        if isinstance(n, ast.Subscript) and isinstance(n.value, (ast.Tuple, ast.List)) and _names(n.slice) & tainted:
+            return False  # a choice among literal values (e.g. an engine per iteration)
+        tests = [n.test] if isinstance(n, (ast.If, ast.IfExp)) else [n] if isinstance(n, ast.Compare) else []
+        for t in tests:
+            used = _names(t)
+            if not used & tainted or used & tainted <= extents:
+                continue  # a test on clamped extents changes at most for the last iterations
+            if used & periodic or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(t)):
+                continue  # periodic: iterations repeat in blocks (the loop driver finds the block length)
+            zero = isinstance(t, ast.Compare) and len(t.comparators) == 1 and \
+                isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == 0
+            if not zero:
+                return False
+    return True
+
+
+class _Loops(ast.NodeTransformer):
+    """``for v in range(...)`` -> ``for v in __nc_loop__(range(...), safe)`` (the recorder's loop driver)."""
+
+    def visit_For(self, node: ast.For) -> ast.AST:
+        safe = _skippable(node)
+        self.generic_visit(node)
+        it = node.iter
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+            node.iter = ast.copy_location(ast.Call(ast.Name("__nc_loop__", ast.Load()),
+                                                   [it, ast.Constant(safe)], []), it)
+        return node
+
+
+@functools.lru_cache(maxsize=64)
+def code_tree(source: str) -> list[ast.stmt]:
+    return ast.parse(source).body
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str, name: str) -> Any:
+    tree = ast.fix_missing_locations(_Loops().visit(ast.parse(source)))
+    return compile(tree, f"<stream:{name}>", "exec")
+
+
+def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int, target: str | None = None,
+                grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True,
+                first_program: bool = False) -> Stream:
+    """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program
+    (``first_program``: program 0 only, see :func:`kernel_time_ns`)."""
+    from neuron_compile.config import config
+    from neuron_compile.scheduler import Alloc, Scheduler
+
+    target = target or config.target
+    code = _compiled(source, name)
     real_import = builtins.__import__
+    out = Stream(target)
+    probe: dict[str, Any] = {"__builtins__": builtins.__dict__}
+    try:  # the launch grid a rendered kernel declares (LAUNCH_GRID = n, see codegen.render)
+        exec(compile(ast.Module([n for n in code_tree(source) if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "LAUNCH_GRID" for t in n.targets)], []), "<grid>", "exec"), probe)
+    except Exception:  # noqa: BLE001 - a grid we can't read is the one we were given
+        pass
+    grid = max(grid, int(probe.get("LAUNCH_GRID", 1)))
+    for pid in range(1 if first_program else grid):
+        sched = Scheduler(target, timeline=timeline) if schedule else None
+        rec = _Recorder(sched, fast=fast and not timeline)
+        nki, nl, isa = _namespaces(rec, loaded_flag, (pid, grid))
+        subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
 
-    def imp(modname: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
-        if level == 0 and modname in subs:
-            return subs[modname] if fromlist else nki
-        return real_import(modname, globals, locals, fromlist, level)
+        def imp(modname: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0,
+                subs: dict[str, Any] = subs, nki: Any = nki) -> Any:
+            if level == 0 and modname in subs:
+                return subs[modname] if fromlist else nki
+            return real_import(modname, globals, locals, fromlist, level)
 
-    bdict = dict(builtins.__dict__)
-    bdict["__import__"] = imp
-    env: dict[str, Any] = {"__name__": __name__, "__builtins__": bdict}
-    exec(compile(source, f"<stream:{name}>", "exec"), env)
-    env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm") for n, dt in args])
-    return rec
+        bdict = dict(builtins.__dict__)
+        bdict["__import__"] = imp
+        env: dict[str, Any] = {"__name__": __name__, "__builtins__": bdict, "__nc_loop__": rec.loop}
+        exec(code, env)
+        from neuron_compile.costmodel import itemsize
+
+        env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm", Alloc("private_hbm", 0, itemsize(dt), None, 0), 0)
+                    for n, dt in args])
+        out.update(rec.record_counts(rec.counts))
+        for i, seg in enumerate(rec.segments):
+            if i < len(out.segments):
+                out.segments[i].update(rec.record_counts(seg))
+            else:
+                out.segments.append(rec.record_counts(seg))
+        if sched is not None:
+            out.schedules.append(sched.result())
+    return out
 
 
-def kernel_stream(kernel: Any, loaded_flag: int = 0) -> Counter[InstructionRecord]:
+def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0,
+                  target: str | None = None, grid: int = 1, timeline: bool = False, exact: bool = False) -> Stream:
+    """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)`` on a launch grid of
+    ``grid`` programs, scheduled on ``target`` (default ``config.target``); every register loaded from a tensor
+    holds ``loaded_flag``; ``timeline`` keeps every scheduled instruction; ``timeline`` or ``exact`` schedule every
+    loop iteration (slower; loops are otherwise skipped or fast-forwarded once in steady state)."""
+    return _run_source(source, name, args, loaded_flag, target, grid, timeline=timeline, fast=not exact)
+
+
+
+
+def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False,
+                  exact: bool = False) -> Stream:
     """The instruction stream of one IR kernel (any family), rendered by the real codegen (``loaded_flag``: the value
     of every register loaded from a tensor, e.g. 1 to cost an attention kernel whose guard trips)."""
     from neuron_compile.codegen.render import render_kernel
 
     return source_stream(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs],
-                         loaded_flag)
+                         loaded_flag, target, 1, timeline, exact)
+
+
+def kernel_time_ns(kernel: Any, target: str | None = None) -> float:
+    """The scheduled time of ``kernel`` (as ``estimate(kernel_stream(kernel)).time_ns``) for tuners ranking
+    candidates: only program 0 of a launch grid is scheduled. The codegen splits a loop cyclically
+    (:func:`neuron_compile.codegen.render._spmd`), so program 0 runs the most iterations (``ceil(n / grid)``, and
+    program 1 the ragged last one when ``n`` is even) on an identical core: it is the slowest program, whose
+    makespan is the kernel's."""
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.costmodel import estimate
+
+    stream = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], 0, target,
+                         first_program=True)
+    return estimate(stream, stream.target).time_ns
+
+
+def kernel_streams(kernels: Sequence[Any], loaded_flag: int = 0, target: str | None = None,
+                   timeline: bool = False) -> list[Stream]:
+    """:func:`kernel_stream` of each kernel; kernels that render the same source but for their name (one per
+    transformer layer) are enumerated and scheduled once and share one (read-only) :class:`Stream`."""
+    from neuron_compile.codegen.render import render_kernel
+
+    seen: dict[Any, Stream] = {}
+    out = []
+    for k in kernels:
+        src = render_kernel(k)
+        args = tuple((a.numel, a.dtype) for a in k.inputs)
+        key = (src.replace(k.name, "\0"), args)
+        stream = seen.get(key)
+        if stream is None:
+            stream = seen[key] = source_stream(src, k.name, args, loaded_flag, target, 1, timeline)
+        out.append(stream)
+    return out
 
 
 def kernel_segments(kernel: Any, loaded_flag: int = 0) -> list[Counter[InstructionRecord]]:
-    """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (cost each with
-    :func:`~neuron_compile.costmodel.estimate` and add them with :func:`~neuron_compile.costmodel.total`)."""
-    from neuron_compile.codegen.render import render_kernel
-
-    rec = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], loaded_flag)
-    return [seg for seg in rec.segments if seg]
+    """:func:`kernel_stream` split at every ``register_load``: the parts run one after the other (first-order
+    costs of each add with :func:`~neuron_compile.costmodel.total`)."""
+    return [seg for seg in kernel_stream(kernel, loaded_flag).segments if seg]
 
 
 def count_instructions(counts: Counter[InstructionRecord]) -> Counter[tuple[str, str]]:

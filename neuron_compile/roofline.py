@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from neuron_compile.costmodel import hardware, itemsize
@@ -35,23 +35,41 @@ _COMPUTE = frozenset(("tensor_tensor", "tensor_scalar", "activation", "reciproca
 
 @dataclass(frozen=True)
 class Roofline:
+    """Best-case time of a kernel (or graph). ``pe_parts`` / ``elementwise_parts``: FLOPs per operand dtype (a sum of
+    kernels keeps each kernel's FLOPs at its own dtype's peak); ``cores``: physical cores the work is spread over
+    (a logical core of LNC=2 has two: twice the peaks and twice the HBM share)."""
+
     pe_flops: int
     pe_dtype: str
     elementwise_flops: int
     elementwise_dtype: str
     min_bytes: int
     target: str
+    pe_parts: tuple[tuple[str, int], ...] = ()
+    elementwise_parts: tuple[tuple[str, int], ...] = ()
+    cores: int = 1
 
     @property
     def flops(self) -> int:
         return self.pe_flops + self.elementwise_flops
 
+    def _pe(self) -> tuple[tuple[str, int], ...]:
+        return self.pe_parts or ((self.pe_dtype, self.pe_flops),)
+
+    def _elem(self) -> tuple[tuple[str, int], ...]:
+        return self.elementwise_parts or ((self.elementwise_dtype, self.elementwise_flops),)
+
     def component_ns(self) -> dict[str, float]:
         hw = hardware(self.target)
-        return {"pe": self.pe_flops / hw.pe_flops_per_s(self.pe_dtype) * 1e9 if self.pe_flops else 0.0,
-                "elementwise": (self.elementwise_flops / hw.elementwise_per_s(self.elementwise_dtype) * 1e9
-                                if self.elementwise_flops else 0.0),
-                "hbm": self.min_bytes / hw.hbm_core_gbps_roofline}
+        c = self.cores
+        return {"pe": sum(f / (hw.pe_roofline_per_s(d) * c) * 1e9 for d, f in self._pe() if f),
+                "elementwise": sum(f / (hw.elementwise_per_s(d) * c) * 1e9 for d, f in self._elem() if f),
+                "hbm": self.min_bytes / (hw.hbm_core_gbps_roofline * c)}
+
+    def pe_ns_at_clock_peak(self) -> float:
+        """TensorE time at the clock-derived peak (the other documented figure)."""
+        hw = hardware(self.target)
+        return sum(f / (hw.pe_flops_per_s(d) * self.cores) * 1e9 for d, f in self._pe() if f)
 
     @property
     def time_ns(self) -> float:
@@ -62,16 +80,36 @@ class Roofline:
         c = self.component_ns()
         return max(c, key=lambda k: c[k])
 
+    def scaled(self, n: int) -> Roofline:
+        """``n`` calls of the kernel."""
+        return replace(self, pe_flops=self.pe_flops * n, elementwise_flops=self.elementwise_flops * n,
+                       min_bytes=self.min_bytes * n, pe_parts=tuple((d, f * n) for d, f in self._pe()),
+                       elementwise_parts=tuple((d, f * n) for d, f in self._elem()))
+
     def __add__(self, other: Roofline) -> Roofline:
-        return Roofline(self.pe_flops + other.pe_flops, self.pe_dtype if self.pe_flops else other.pe_dtype,
-                        self.elementwise_flops + other.elementwise_flops,
-                        self.elementwise_dtype if self.elementwise_flops else other.elementwise_dtype,
-                        self.min_bytes + other.min_bytes, self.target)
+        pe: dict[str, int] = {}
+        el: dict[str, int] = {}
+        for d, f in (*self._pe(), *other._pe()):
+            if f:
+                pe[d] = pe.get(d, 0) + f
+        for d, f in (*self._elem(), *other._elem()):
+            if f:
+                el[d] = el.get(d, 0) + f
+        pe_dtype = next(iter(pe)) if len(pe) == 1 else ("mixed" if pe else self.pe_dtype)
+        el_dtype = next(iter(el)) if len(el) == 1 else ("mixed" if el else self.elementwise_dtype)
+        return Roofline(self.pe_flops + other.pe_flops, pe_dtype, self.elementwise_flops + other.elementwise_flops,
+                        el_dtype, self.min_bytes + other.min_bytes, self.target, tuple(pe.items()), tuple(el.items()),
+                        max(self.cores, other.cores))
 
     def to_json(self) -> dict[str, Any]:
+        hw = hardware(self.target)
         return {"flops": self.flops, "pe_flops": self.pe_flops, "pe_dtype": self.pe_dtype,
-                "elementwise_flops": self.elementwise_flops, "min_hbm_bytes": self.min_bytes,
-                "time_ns": self.time_ns, "bound": self.bound, "components_ns": self.component_ns()}
+                "pe_flops_by_dtype": dict(self._pe()), "elementwise_flops": self.elementwise_flops,
+                "min_hbm_bytes": self.min_bytes, "time_ns": self.time_ns, "bound": self.bound,
+                "components_ns": self.component_ns(), "pe_ns_at_clock_peak": self.pe_ns_at_clock_peak(),
+                "cores": self.cores,
+                "pe_peaks_tflops": {d: {"clock": hw.pe_flops_per_s(d) / 1e12, "chip_per_core":
+                                        hw.pe_flops_chip_per_s(d) / 1e12} for d, _ in self._pe()}}
 
 
 def _arg_bytes(specs: Any) -> int:
@@ -142,9 +180,11 @@ def _elementwise_dtype(kernel: Any) -> str:
     return "float32" if isinstance(kernel, AttentionKernel) else _io_dtype(kernel)
 
 
-def kernel_roofline(kernel: Any, target: str = "trn2") -> Roofline:
+def kernel_roofline(kernel: Any, target: str = "trn2", cores: int = 1) -> Roofline:
     pe, pe_dtype, elem = kernel_flops(kernel)
-    return Roofline(pe, pe_dtype, elem, _elementwise_dtype(kernel), min_bytes(kernel), target)
+    el_dtype = _elementwise_dtype(kernel)
+    return Roofline(pe, pe_dtype, elem, el_dtype, min_bytes(kernel), target, ((pe_dtype, pe),), ((el_dtype, elem),),
+                    cores)
 
 
 def graph_min_bytes(plan: Plan) -> int:
@@ -164,13 +204,13 @@ def graph_min_bytes(plan: Plan) -> int:
     return total
 
 
-def graph_roofline(plan: Plan, target: str = "trn2") -> Roofline:
-    """Summed kernel FLOPs with the graph's own minimal bytes."""
-    parts = [kernel_roofline(k, target) for k in plan.kernels]
+def graph_roofline(plan: Plan, target: str = "trn2", cores: int = 1) -> Roofline:
+    """Summed kernel FLOPs (each at its own dtype's peak) with the graph's own minimal bytes."""
+    parts = [kernel_roofline(plan.kernels[c.kernel], target, cores) for c in plan.calls] or \
+        [kernel_roofline(k, target, cores) for k in plan.kernels]
     if not parts:
-        return Roofline(0, "bfloat16", 0, "float32", graph_min_bytes(plan), target)
+        return Roofline(0, "bfloat16", 0, "float32", graph_min_bytes(plan), target, cores=cores)
     acc = parts[0]
     for r in parts[1:]:
         acc = acc + r
-    return Roofline(acc.pe_flops, acc.pe_dtype, acc.elementwise_flops, acc.elementwise_dtype, graph_min_bytes(plan),
-                    target)
+    return replace(acc, min_bytes=graph_min_bytes(plan))

@@ -145,7 +145,8 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
         from neuron_compile import simulator
 
         glb = simulator.load_kernel_source(src, filename=f"<nki:{name}>")
-        return simulator.simulate(glb[name], strict_capacity=True, resident=True)
+        grid = int(glb.get("LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
+        return simulator.simulate(glb[name][grid] if grid > 1 else glb[name], strict_capacity=True, resident=True)
     nki = real_nki()
     assert nki is not None
     folder = Path(tempfile.mkdtemp(prefix="neuron_compile_kernels_"))
@@ -157,6 +158,9 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     kernel = getattr(module, name)
+    grid = int(getattr(module, "LAUNCH_GRID", 1))  # SPMD kernels: one program per physical core
+    if grid > 1:
+        kernel = kernel[grid]
     if executor == "nki-simulate":
         return nki.simulate(kernel)
     from neuron_compile.device import cached_jit_kernel

@@ -138,10 +138,9 @@ def _with_tiles(kernel: LoopKernel, tiles: Tiles) -> LoopKernel:
 
 
 def _score(kernel: LoopKernel, tiles: Tiles, target: str) -> float:
-    from neuron_compile.costmodel import estimate
-    from neuron_compile.instruction_stream import kernel_stream
+    from neuron_compile.instruction_stream import kernel_time_ns
 
-    ns = estimate(kernel_stream(_with_tiles(kernel, tiles)), target).time_ns
+    ns = kernel_time_ns(_with_tiles(kernel, tiles), target)
     log.debug("%s: tiles %s -> %.1f us", kernel.name, tiles, ns / 1e3)
     return ns
 
@@ -153,7 +152,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
     into the IR, so cached artifacts keep it.
     """
     target = config.target
-    sig = json.dumps({**kernel.to_json(), "name": "", "target": target}, sort_keys=True, default=str)
+    sig = json.dumps({**kernel.to_json(), "name": "", "target": target, "lnc": config.lnc}, sort_keys=True, default=str)
     cached = _TUNED.get(sig)
     if cached is not None:
         return _with_tiles(kernel, cached)

@@ -6,6 +6,8 @@ Numerics are bit-identical to one row per partition (same instructions per row),
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from neuron_compile.codegen import render
@@ -16,6 +18,13 @@ from neuron_compile.config import config
 from neuron_compile.costmodel import estimate
 from neuron_compile.instruction_stream import source_stream
 from neuron_compile.nki_api.checker import check_source_against_api
+
+
+@pytest.fixture(autouse=True)
+def single_core() -> Iterator[None]:
+    """These tests pin single-core row-group code (LNC=1); tests/backend/test_ops.py runs every op on both cores."""
+    with config.patch(lnc=1):
+        yield
 
 
 def _layernorm(width: int) -> torch.nn.Module:

@@ -36,14 +36,17 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 
 class CorpusCache:
-    def __init__(self) -> None:
+    def __init__(self, lnc: int = 0) -> None:
         self.results: dict[str, CorpusResult] = {}
+        self.lnc = lnc  # config.lnc the corpus is compiled with (0: the target's default, 2 on trn2)
 
     def get(self, name: str) -> CorpusResult:
         from corpus import BY_NAME
 
+        from neuron_compile.config import config
+
         if name not in self.results:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), config.patch(lnc=self.lnc):
                 warnings.filterwarnings("ignore", message=".*doesn't take boxed arguments.*")
                 self.results[name] = compile_entry(BY_NAME[name])
         return self.results[name]
@@ -52,3 +55,9 @@ class CorpusCache:
 @pytest.fixture(scope="session")
 def corpus_results() -> CorpusCache:
     return CorpusCache()
+
+
+@pytest.fixture(scope="session")
+def corpus_single_core() -> CorpusCache:
+    """The corpus on one core (LNC=1): tests that pin a single-core loop structure."""
+    return CorpusCache(lnc=1)

@@ -116,20 +116,23 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
         for s in todo:
             leaves, rebuild = _leaves(s)
 
-            def fn(*ts: Any, _rebuild: Any = rebuild) -> Any:
+            def call(*ts: Any, _rebuild: Any = rebuild) -> Any:
                 inp, args, kwargs = _rebuild(*ts)
                 return op.op(inp, *args, **kwargs)
 
             try:
                 torch.manual_seed(0)
-                expected = fn(*[t.clone() for t in leaves])
+                expected = call(*[t.clone() for t in leaves])
             except Exception:
                 continue  # eager itself rejects the sample
             torch._dynamo.reset()
-            compiled = torch.compile(fn, backend="neuron", dynamic=False)
+            # The sample's tensors reach the compiled function through its closure (Dynamo makes them graph
+            # inputs), so tracing does not walk the pytree rebuild of the sample's structure.
+            inp, args, kwargs = rebuild(*[t.clone() for t in leaves])
+            compiled = torch.compile(lambda: op.op(inp, *args, **kwargs), backend="neuron", dynamic=False)
             try:
                 torch.manual_seed(0)
-                actual = compiled(*[t.clone() for t in leaves])
+                actual = compiled()
             except (UnsupportedOpError, DynamicShapeError) as exc:
                 result.update(status="refused", detail=str(exc).splitlines()[1:2] or str(exc)[:200])
                 return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile import backend, costmodel
-from neuron_compile.instruction_stream import count_instructions, kernel_stream, source_stream
+from neuron_compile.instruction_stream import count_instructions, kernel_stream, kernel_streams, source_stream
 from neuron_compile.simulator import trace
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,18 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
                                                        torch.randn(3, 200, 100, dtype=bf16)]),
     "cat_cumsum": (lambda x, y: torch.cat([x, y], 0).cumsum(-1), lambda: [torch.randn(5, 40), torch.randn(3, 40)]),
     "embedding": (lambda w, i: F.embedding(i, w) * 2, lambda: [torch.randn(50, 32), torch.randint(0, 50, (2, 70))]),
+    # the template families of the sort and conv branches (the whole kernel is their template)
+    "topk": (lambda x: torch.topk(x, 5, dim=-1), lambda: [torch.randn(20, 100)]),
+    "searchsorted": (lambda s, x: torch.searchsorted(s, x), lambda: [torch.randn(8, 64).sort(-1).values,
+                                                                    torch.randn(8, 30)]),
+    "scatter_add": (lambda i, v: torch.zeros(16, 40).scatter_add(1, i, v),
+                    lambda: [torch.randint(0, 40, (16, 40)), torch.randn(16, 40)]),
+    "embedding_bag": (lambda w, i, o: F.embedding_bag(i, w, o, mode="sum"),
+                      lambda: [torch.randn(30, 16), torch.randint(0, 30, (20,)), torch.tensor([0, 5, 12])]),
+    "gather_lines": (lambda x, i: torch.gather(x, 0, i), lambda: [torch.randn(50), torch.randint(0, 50, (30,))]),
+    "conv_pool_resample": (lambda x, w: F.interpolate(F.max_pool2d(F.conv2d(x, w, padding=1).relu(), 2),
+                                                      scale_factor=2.0, mode="nearest"),
+                           lambda: [torch.randn(2, 3, 12, 12), torch.randn(8, 3, 3, 3)]),
 }
 
 
@@ -47,7 +60,46 @@ def test_stream_matches_trace(case: str) -> None:
     for call, (name, recs) in zip(plan.calls, runs, strict=True):
         analytic = kernel_stream(plan.kernels[call.kernel])
         assert analytic == Counter(recs), name  # same records (shapes, strides, dtypes, bytes), same counts
-        assert costmodel.estimate(analytic).time_ns == pytest.approx(costmodel.estimate(recs).time_ns)
+        assert costmodel.first_order(analytic).time_ns == pytest.approx(costmodel.estimate(recs).time_ns)
+        # loops skipped or fast-forwarded: the same counts, and the same schedule as scheduling every instruction
+        full = kernel_stream(plan.kernels[call.kernel], timeline=True)
+        assert full == analytic, name
+        assert costmodel.estimate(analytic).time_ns == pytest.approx(costmodel.estimate(full).time_ns, rel=0.03)
+
+
+def test_conv_weight_gradient_stream_matches_trace() -> None:
+    """The backward graph's conv_wgrad kernel (only a backward has one): stream == trace, skipped == scheduled."""
+    x, w = torch.randn(2, 3, 10, 10), torch.randn(4, 3, 3, 3, requires_grad=True)
+    out = torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron", dynamic=False)(x, w)
+    with trace() as tr:
+        out.square().sum().backward()
+    plan = backend.compiled_graphs()[-1]["plan"]
+    assert "conv_wgrad" in {k.family for k in plan.kernels}
+    runs = tr.by_kernel()
+    assert [name for name, _ in runs] == [plan.kernels[c.kernel].name for c in plan.calls]
+    for call, (name, recs) in zip(plan.calls, runs, strict=True):
+        analytic = kernel_stream(plan.kernels[call.kernel])
+        assert analytic == Counter(recs), name
+        full = kernel_stream(plan.kernels[call.kernel], timeline=True)
+        assert costmodel.estimate(analytic).time_ns == pytest.approx(costmodel.estimate(full).time_ns, rel=0.03)
+    assert w.grad is not None
+    torch.testing.assert_close(w.grad, torch.ops.aten.convolution_backward(
+        2 * F.conv2d(x, w.detach(), padding=1), x, w.detach(), None, (1, 1), (1, 1), (1, 1), False, (0, 0), 1,
+        (False, True, False))[1], rtol=1e-4, atol=1e-4)
+
+
+def test_identical_kernels_are_costed_once() -> None:
+    """One kernel per transformer layer: kernels that differ only by name share one stream (explain, benchmarks)."""
+    fn, make = CASES["softmax"]
+    plan, _ = traced_and_plan(fn, make())
+    k = plan.kernels[0]
+    twin = dataclasses.replace(k, name="k7_twin")
+    a, b = kernel_streams([k, twin])
+    assert a is b
+    alone = kernel_stream(twin)
+    assert a == alone and costmodel.estimate(a).time_ns == pytest.approx(costmodel.estimate(alone).time_ns)
+    other = dataclasses.replace(k, inputs=tuple(dataclasses.replace(x, numel=x.numel // 2) for x in k.inputs))
+    assert kernel_streams([k, other])[1] is not a  # different arguments: costed on their own
 
 
 def test_families_covered() -> None:
@@ -57,7 +109,8 @@ def test_families_covered() -> None:
         backend.reset()
         plan, _ = traced_and_plan(fn, make())
         families |= {k.family for k in plan.kernels}
-    assert {"pointwise", "reduction", "matmul", "copy", "scan", "gather"} <= families
+    assert {"pointwise", "reduction", "matmul", "copy", "scan", "gather", "sort", "search", "scatter", "line_gather",
+            "conv", "pool", "resample"} <= families, families
 
 
 def test_counts_scale_without_execution() -> None:

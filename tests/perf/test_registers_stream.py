@@ -54,13 +54,27 @@ def test_stream_skips_the_branch_body() -> None:
 def test_estimate_charges_register_load_as_dependency_only() -> None:
     stream = source_stream(BRANCH_SRC, "k", [(8, "float32")])
     without = Counter({r: c for r, c in stream.items() if r.engine != "sequencer"})
-    est, base = cm.estimate(stream), cm.estimate(without)
+    est, base = cm.first_order(stream), cm.first_order(without)
     assert cm.REGISTER_LOAD_NS == 2000.0
     assert est.dependency_ns == base.dependency_ns + cm.REGISTER_LOAD_NS
     assert est.engine_ns == base.engine_ns  # nothing on VectorE (or any engine)
     assert est.instructions["vector"] == base.instructions["vector"] == 2
     assert est.instructions["sequencer"] == 2 and "sequencer" not in base.instructions
     assert est.time_ns == pytest.approx(base.time_ns + 2000.0, rel=0, abs=1e-9)
+
+
+def test_scheduled_register_load_drains_every_queue() -> None:
+    """The scheduler: the flag's load waits for the reduce and compare that produce it, then REGISTER_LOAD_NS; the
+    store after the branch starts only then."""
+    stream = source_stream(BRANCH_SRC, "k", [(8, "float32")], timeline=True)
+    (tl,) = [s.timeline for s in stream.schedules]
+    by = {instr: (start, end) for _, start, end, instr, _ in tl}
+    load = by["register_load"]
+    assert load[1] - load[0] == cm.REGISTER_LOAD_NS
+    assert load[0] >= by["tensor_scalar"][1]
+    dmas = [start for q, start, _, instr, _ in tl if instr == "dma_copy"]
+    assert len(dmas) == 2 and dmas[-1] >= load[1]  # the store after the branch
+    assert cm.estimate(stream).time_ns >= cm.first_order(stream).time_ns
 
 
 def seq(instr: str, count: int = 1) -> dict[InstructionRecord, int]:
@@ -73,7 +87,7 @@ def seq(instr: str, count: int = 1) -> dict[InstructionRecord, int]:
 @pytest.mark.parametrize("instr,dependency", [
     ("register_load", 3 * 2000.0), ("register_alloc", 0.0), ("register_move", 0.0), ("register_store", 0.0)])
 def test_sequencer_records_cost(instr: str, dependency: float) -> None:
-    est = cm.estimate(seq(instr, 3))
+    est = cm.first_order(seq(instr, 3))
     assert est.engine_ns == dict.fromkeys(cm.ENGINES, 0.0)
     assert est.dependency_ns == dependency and est.time_ns == dependency
     assert est.instructions == {**dict.fromkeys(cm.ENGINES, 0), "sequencer": 3}
@@ -118,8 +132,8 @@ def test_ordered_stream_splits_at_the_branch() -> None:
     cut = next(i for i, r in enumerate(t.records) if r.instruction == "register_load") + 1
     before, after = t.records[:cut], t.records[cut:]
     assert [r.instruction for r in after] == ["tensor_scalar", "register_alloc", "dma_copy"]
-    est = cm.estimate(t.records)
-    parts = cm.estimate(Counter(before)) + cm.estimate(Counter(after))
+    est = cm.first_order(t.records)
+    parts = cm.first_order(Counter(before)) + cm.first_order(Counter(after))
     assert est.time_ns == pytest.approx(parts.time_ns, rel=1e-12)
     segments = _run_source(BRANCH_SRC, "k", [(8, "float32")], loaded_flag=1).segments
     assert segments == [Counter(before), Counter(after)]

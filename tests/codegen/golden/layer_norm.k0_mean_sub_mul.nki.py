@@ -2,12 +2,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+LAUNCH_GRID = 2  # SPMD programs (one per physical core): launch as k0_mean_sub_mul[LAUNCH_GRID](...)
+
 
 @nki.jit
 def k0_mean_sub_mul(in0, in1, in2):
     """reduction kernel: aten.mean.dim, aten.sub.Tensor, aten.mul.Tensor, aten.add.Tensor, aten.rsqrt.default"""
     out0 = nl.ndarray((78000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 260, 128):
+    for p0 in range(0 + nl.program_id(0) * 128, 260, 128 * nl.num_programs(0)):
         P = min(128, 260 - p0)
         r2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for f0 in range(0, 300, 300):
@@ -29,7 +31,7 @@ def k0_mean_sub_mul(in0, in1, in2):
         nisa.reciprocal(dst=r10, data=r9)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r10, engine=nisa.engine.scalar)
+            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r10, engine=nisa.engine.vector)
             v12 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=v12, src=in1.ap(pattern=[[0, P], [1, F]], offset=f0))
             nisa.tensor_tensor(dst=v1, data1=v1, data2=v12, op=nl.multiply, engine=nisa.engine.gpsimd)

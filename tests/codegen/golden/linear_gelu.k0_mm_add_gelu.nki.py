@@ -2,6 +2,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+LAUNCH_GRID = 2  # SPMD programs (one per physical core): launch as k0_mm_add_gelu[LAUNCH_GRID](...)
+
 
 @nki.jit
 def k0_mm_add_gelu(in0, in1, in2):
@@ -60,46 +62,44 @@ def k0_mm_add_gelu(in0, in1, in2):
     acc2 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc = [acc0, acc1, acc2, acc3]
-    a_blk = nl.ndarray((128, 3, 256), dtype=nl.float32, buffer=nl.sbuf)
-    b_blk = nl.ndarray((128, 3, 1024), dtype=nl.float32, buffer=nl.sbuf)
-    for m0 in range(0, 130, 256):
-        BM = min(256, 130 - m0)
-        for n0 in range(0, 700, 1024):
-            BN = min(1024, 700 - n0)
-            v2_blk = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
+    a_blk = nl.ndarray((128, 3, 128), dtype=nl.float32, buffer=nl.sbuf)
+    b_blk = nl.ndarray((128, 3, 512), dtype=nl.float32, buffer=nl.sbuf)
+    t = 0
+    for m0 in range(0 + nl.program_id(0) * 128, 130, 128 * nl.num_programs(0)):
+        BM = min(128, 130 - m0)
+        for k0 in range(0, 300, 384):
+            KW = min(384, 300 - k0)
+            KF = KW // 128
+            if KF > 0:
+                nisa.dma_copy(dst=a_blk[0:128, k0 // 128:k0 // 128 + KF, 0:BM], src=a_t.ap(pattern=[[130, 128], [16640, KF], [1, BM]], offset=0 + k0 * 130 + m0 * 1))
+            if KW % 128:
+                nisa.dma_copy(dst=a_blk[0:KW % 128, k0 // 128 + KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
+        for n0 in range(0, 700, 512):
+            BN = min(512, 700 - n0)
+            v2_blk = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
             f0 = n0
             nisa.dma_copy(dst=v2_blk[0:128, 0:BN], src=in2.ap(pattern=[[0, 128], [1, BN]], offset=f0))
             for k0 in range(0, 300, 384):
                 KW = min(384, 300 - k0)
                 KF = KW // 128
                 if KF > 0:
-                    nisa.dma_copy(dst=a_blk[0:128, 0:0 + KF, 0:BM], src=a_t.ap(pattern=[[130, 128], [16640, KF], [1, BM]], offset=0 + k0 * 130 + m0 * 1))
+                    nisa.dma_copy(dst=b_blk[0:128, k0 // 128:k0 // 128 + KF, 0:BN], src=b_t.ap(pattern=[[700, 128], [89600, KF], [1, BN]], offset=0 + k0 * 700 + n0 * 1))
                 if KW % 128:
-                    nisa.dma_copy(dst=a_blk[0:KW % 128, 0 + KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
-                KF = KW // 128
-                if KF > 0:
-                    nisa.dma_copy(dst=b_blk[0:128, 0:0 + KF, 0:BN], src=b_t.ap(pattern=[[700, 128], [89600, KF], [1, BN]], offset=0 + k0 * 700 + n0 * 1))
-                if KW % 128:
-                    nisa.dma_copy(dst=b_blk[0:KW % 128, 0 + KF, 0:BN], src=b_t.ap(pattern=[[700, KW % 128], [1, BN]], offset=0 + (k0 + KF * 128) * 700 + n0 * 1))
-                for kt in range(0, KW, 128):
-                    KK = min(128, KW - kt)
-                    for i in range(0, BM, 128):
-                        P = min(128, BM - i)
-                        for j in range(0, BN, 512):
-                            F = min(512, BN - j)
-                            t = (i // 128) * 2 + j // 512
-                            nisa.nc_matmul(dst=acc[t % 4][0:P, 0:F], stationary=a_blk[0:KK, kt // 128, i:i + P], moving=b_blk[0:KK, kt // 128, j:j + F], accumulate=(k0 + kt > 0))
+                    nisa.dma_copy(dst=b_blk[0:KW % 128, k0 // 128 + KF, 0:BN], src=b_t.ap(pattern=[[700, KW % 128], [1, BN]], offset=0 + (k0 + KF * 128) * 700 + n0 * 1))
             for i0 in range(0, BM, 128):
                 GR = min(128, BM - i0)
                 RF = GR // 128
-                v4_stage = nl.ndarray((128, 1, 1024), dtype=nl.float32, buffer=nl.sbuf)
+                v4_stage = nl.ndarray((128, 1, 512), dtype=nl.float32, buffer=nl.sbuf)
                 for i in range(i0, i0 + GR, 128):
                     P = min(128, BM - i)
                     p0 = m0 + i
                     for j in range(0, BN, 512):
                         F = min(512, BN - j)
                         f0 = n0 + j
-                        t = (i // 128) * 2 + j // 512
+                        t = t + 1
+                        for kt in range(0, 300, 128):
+                            KK = min(128, 300 - kt)
+                            nisa.nc_matmul(dst=acc[t % 4][0:P, 0:F], stationary=a_blk[0:KK, kt // 128, i:i + P], moving=b_blk[0:KK, kt // 128, j:j + F], accumulate=(kt > 0))
                         v1 = acc[t % len(acc)][0:P, 0:F]
                         v2 = v2_blk[0:P, j:j + F]
                         v3 = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)

@@ -2,12 +2,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+LAUNCH_GRID = 2  # SPMD programs (one per physical core): launch as k0_amax_sub_exp[LAUNCH_GRID](...)
+
 
 @nki.jit
 def k0_amax_sub_exp(in0):
     """reduction kernel: aten.amax.default, aten.sub.Tensor, aten.exp.default, aten.sum.dim_IntList, aten.div.Tensor"""
     out0 = nl.ndarray((156000,), dtype=nl.float32, buffer=nl.shared_hbm)
-    for p0 in range(0, 520, 128):
+    for p0 in range(0 + nl.program_id(0) * 128, 520, 128 * nl.num_programs(0)):
         P = min(128, 520 - p0)
         r2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for f0 in range(0, 300, 300):
@@ -25,6 +27,6 @@ def k0_amax_sub_exp(in0):
         nisa.reciprocal(dst=r6, data=r5)
         for f0 in range(0, 300, 300):
             F = min(300, 300 - f0)
-            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r6, engine=nisa.engine.scalar)
+            nisa.tensor_scalar(dst=v1, data=v1, op0=nl.multiply, operand0=r6, engine=nisa.engine.vector)
             nisa.dma_copy(dst=out0.ap(pattern=[[300, P], [1, F]], offset=p0 * 300 + f0), src=v1)
     return out0
