@@ -602,14 +602,12 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _index_only(name: str, body: list[ast.AST], own: ast.Assign) -> bool:
-    """Every read of ``name`` in ``body`` but its own update is inside a subscript index (``acc[t % 7]``): skipping
-    iterations then only changes which buffer of a list a later iteration uses."""
-    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in ast.walk(n.slice)}
-    own_reads = {id(m) for n in body if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == name for t in n.targets) for m in ast.walk(n.value)}
-    return all(id(n) in inside or id(n) in own_reads for n in body
-               if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
+def _index_only(name: str, loads: dict[str, list[ast.Name]], inside: set[int], own: ast.Assign) -> bool:
+    """Every read of ``name`` in the loop body (``loads``: its Name loads by id; ``inside``: ids of nodes within a
+    subscript index) but its own update is inside a subscript index (``acc[t % 7]``): skipping iterations then only
+    changes which buffer of a list a later iteration uses."""
+    own_reads = {id(m) for m in ast.walk(own.value)}
+    return all(id(n) in inside or id(n) in own_reads for n in loads.get(name, ()))
 
 
 def _skippable(loop: ast.For) -> bool:
@@ -623,6 +621,11 @@ def _skippable(loop: ast.For) -> bool:
         return False
     tainted, periodic = {loop.target.id}, set()
     body = [n for stmt in loop.body for n in ast.walk(stmt)]
+    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in ast.walk(n.slice)}
+    loads: dict[str, list[ast.Name]] = {}
+    for n in body:
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            loads.setdefault(n.id, []).append(n)
     assigns: list[tuple[list[str], set[str], bool, bool]] = []  # targets, names read, min() clamp, has %
     for n in body:
         if isinstance(n, _STOP):
@@ -635,7 +638,7 @@ def _skippable(loop: ast.For) -> bool:
             names = _names(n.value)
             targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
             for t in targets:
-                if t in names and not _index_only(t, body, n):
+                if t in names and not _index_only(t, loads, inside, n):
                     return False  # a loop-carried value computed from itself (a counter) used beyond list indices
             clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
             has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value))
