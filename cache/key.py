@@ -155,6 +155,8 @@ def reset_source_fingerprint() -> None:
 def _tensor_digest(t: torch.Tensor) -> str:
     import torch
 
+    from neuron_compile.host_memory import host_bytes
+
     t = t.detach()
     if t.is_meta or type(t).__name__ == "FakeTensor":
         return "unmaterialized"
@@ -162,7 +164,7 @@ def _tensor_digest(t: torch.Tensor) -> str:
     raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.element_size() else t  # 0-d tensors too
     h = hashlib.sha256()
     h.update(f"{t.dtype}|{list(t.shape)}|".encode())
-    h.update(raw.numpy().tobytes() if t.numel() else b"")
+    h.update(host_bytes(raw) if t.numel() else b"")  # not .numpy(): it pins the storage's size
     return h.hexdigest()
 
 
