@@ -13,11 +13,15 @@ Rule kinds:
 - ``alias``: the node's value is its first argument (detach, alias, clone in a view-free context).
 - ``attention``: the fused ``neuron_compile::attention`` node (``lowering/attention.py``), lowered like
   ``copy``/``gather`` anchors: ``fn(gl, node)`` emits its own kernel.
+- ``collective``: ``_c10d_functional`` collectives and ``wait_tensor`` (``lowering/ops/collectives.py``):
+  ``fn(node) -> CollectiveSpec``; the graph is cut there and the runner issues them through
+  ``torch.distributed`` (``neuron_compile.collective_runner``). ``getitem`` of a coalesced collective lowers.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +33,8 @@ from neuron_compile.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention")
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention",
+         "collective")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ``node`` lowers; otherwise a short reason (no rule, or the rule's own check)."""
     rule = lookup(node.target)
     if rule is None:
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            producer = lookup(node.args[0].target)
+            if producer is not None and producer.kind == "collective":
+                return None  # one tensor of a coalesced collective's outputs
         return "no lowering rule"
     if rule.check is not None:
         return rule.check(node)

@@ -188,11 +188,27 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
 
         return with_constants
 
+    from neuron_compile.collective_runner import compile_with_collectives, has_collectives, opaque_outputs
+
+    gm, passthrough = opaque_outputs(gm)
+    if passthrough:  # opaque inputs returned as they are (a process group DTensor threads through)
+        compiled = _compile_aten_graph(gm, example_inputs, kind)
+
+        def with_passthrough(*args: Any) -> Any:
+            outs = list(compiled(*args))
+            for o, i in passthrough:
+                outs[o] = args[i]
+            return outs
+
+        return with_passthrough
+
     with metrics.graph(gm, example_inputs, kind) as rec:
-        if config.fallback == "eager" and unsupported_nodes(gm):
+        if has_collectives(gm):  # cut at each collective; the segments come back here one by one
+            runner: Callable[..., Any] = compile_with_collectives(gm, example_inputs, kind)
+        elif config.fallback == "eager" and unsupported_nodes(gm):
             from neuron_compile.fallback import compile_with_fallback
 
-            runner: Callable[..., Any] = compile_with_fallback(gm, example_inputs, kind)
+            runner = compile_with_fallback(gm, example_inputs, kind)
         else:
             runner = _compile_lowerable(gm, example_inputs, kind)
             rec.add_unit(gm, example_inputs, _STATS[-1])
