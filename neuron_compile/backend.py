@@ -146,9 +146,11 @@ def refuse_dynamic(dims: list[str]) -> DynamicShapeError:
 class StaticShapeDispatcher:
     """Runs a graph Dynamo made symbolic on its own (automatic dynamic shapes) as one static compile per shape."""
 
-    def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]]) -> None:
+    def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]],
+                 distributed: bool = False) -> None:
         self.gm = gm
         self.make_backend = make_backend
+        self.distributed = distributed
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     @staticmethod
@@ -161,7 +163,10 @@ class StaticShapeDispatcher:
         fn = self.compiled.get(key)
         if fn is None:
             log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
-            fn = self.make_backend()(self.gm, list(args))
+            from neuron_compile.rank_agreement import maybe_agree
+
+            with maybe_agree(self.distributed, "a forward graph for new input shapes"):
+                fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
         return fn(*args)
 
@@ -400,9 +405,21 @@ def _warn_float64(example_inputs: Sequence[Any]) -> None:
 def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
                    mode: str | None = None) -> Callable[..., Any]:
     """The Dynamo backend registered as ``"neuron"``."""
+    from neuron_compile import rank_agreement
+
+    # In a distributed job every rank compiles, or every rank raises the same error (no rank left hanging
+    # on a collective the failed one never joins): neuron_compile.rank_agreement.
+    distributed = rank_agreement.is_distributed_graph(gm, example_inputs)
+    with rank_agreement.maybe_agree(distributed, "a forward graph"):
+        return _neuron_backend(gm, example_inputs, options, mode, distributed)
+
+
+def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None,
+                    mode: str | None, distributed: bool) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from neuron_compile import rank_agreement
     from neuron_compile.lowering.decompositions import decomposition_table
 
     overrides = _validate_options(options)
@@ -426,7 +443,8 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         return compile_aten_graph(fgm, inputs, "forward")
 
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_aten_graph(bgm, inputs, "backward")
+        with rank_agreement.maybe_agree(distributed, "a backward graph"):  # compiled at the first .backward()
+            return compile_aten_graph(bgm, inputs, "backward")
 
     with config.patch(**overrides):
         whole_graph_key = inference_whole_graph_key(gm, example_inputs)
@@ -464,6 +482,6 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         if dynamic_requested(gm):
             raise refuse_dynamic(dims)
         # Dynamo's automatic dynamic shapes: stay static, one compile per concrete shape.
-        return StaticShapeDispatcher(gm, make_backend)
+        return StaticShapeDispatcher(gm, make_backend, distributed)
     with config.patch(**overrides):
         return make_backend()(gm, example_inputs)
