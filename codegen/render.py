@@ -18,13 +18,13 @@ from typing import Any
 import jinja2
 from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.lowering.ir import (
+    FAMILY_KERNELS,
     AttentionKernel,
     CopyKernel,
     GatherKernel,
     IndexAddKernel,
     Kernel,
     LoopKernel,
-    ScanKernel,
     TileOp,
 )
 
@@ -57,6 +57,14 @@ def _macros() -> Any:
 
 
 def render_kernel(kernel: Kernel) -> str:
+    if isinstance(kernel, FAMILY_KERNELS):  # the family template is the whole kernel (codegen/render_family.py)
+        from neuron_compile.codegen.render_family import family_plan
+
+        return _wrap(kernel, "", k=kernel, plan=family_plan(kernel), pmax=PMAX)
+    from neuron_compile.codegen.render_conv import TEMPLATE_KERNELS, template_context
+
+    if isinstance(kernel, TEMPLATE_KERNELS):  # the template is the whole kernel; Python gives it the plan
+        return _wrap(kernel, "", **template_context(kernel))
     if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
         from neuron_compile.codegen.render_matmul import render_body  # imports this module
 
@@ -65,7 +73,7 @@ def render_kernel(kernel: Kernel) -> str:
         body = _loop_body(kernel)
     elif isinstance(kernel, CopyKernel):
         body = _copy_body(kernel)
-    elif isinstance(kernel, (GatherKernel, IndexAddKernel, ScanKernel)):
+    elif isinstance(kernel, (GatherKernel, IndexAddKernel)):
         body = _index_body(kernel)
     elif isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
@@ -76,8 +84,12 @@ def render_kernel(kernel: Kernel) -> str:
     return _wrap(kernel, body)
 
 
-def _wrap(kernel: Kernel, body: str) -> str:
-    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``."""
+def _wrap(kernel: Kernel, body: str, **context: Any) -> str:
+    """The full kernel source around a rendered ``body`` (frame template), checked with ``ast.parse``.
+
+    Family templates (``context`` given: the IR as ``k`` and the plan Python computed for it, plain data)
+    override the frame's body block and render the whole kernel.
+    """
     template_name = f"{kernel.family}.nki.j2"
     params = [f"in{i}" for i in range(len(kernel.inputs))]
     returns = ", ".join(f"out{i}" for i in range(len(kernel.outputs))) or "None"
@@ -86,7 +98,7 @@ def _wrap(kernel: Kernel, body: str) -> str:
     doc = f"{kernel.family} kernel: " + ", ".join(dict.fromkeys(kernel.source_ops)) if kernel.source_ops else kernel.family
     try:
         source = environment().get_template(template_name).render(
-            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc)
+            name=kernel.name, params=params, outputs=kernel.outputs, body=body, returns=returns, doc=doc, **context)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:
@@ -679,11 +691,9 @@ def _copy_body(k: CopyKernel) -> str:
     return out.text()
 
 
-def _index_body(k: GatherKernel | IndexAddKernel | ScanKernel) -> str:
+def _index_body(k: GatherKernel | IndexAddKernel) -> str:
     from neuron_compile.codegen import render_index  # imports Lines/_offset from this module
 
     if isinstance(k, GatherKernel):
         return render_index.gather_body(k, k.inputs[0].dtype)
-    if isinstance(k, IndexAddKernel):
-        return render_index.index_add_body(k)
-    return render_index.scan_body(k)
+    return render_index.index_add_body(k)

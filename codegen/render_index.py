@@ -1,8 +1,8 @@
-"""Kernel bodies for the index families: row gathers, one-hot index_put accumulation, and scans.
+"""Kernel bodies for the index families: row gathers and one-hot index_put accumulation.
 
-Inputs are :class:`~neuron_compile.lowering.ir.GatherKernel`, :class:`IndexAddKernel` and
-:class:`ScanKernel`; outputs are the NKI body text that ``gather.nki.j2`` / ``index_put.nki.j2`` /
-``scan.nki.j2`` place inside the shared kernel frame. Kernel arguments are flat 1-D HBM buffers, so
+Inputs are :class:`~neuron_compile.lowering.ir.GatherKernel` and :class:`IndexAddKernel`; outputs are the
+NKI body text that ``gather.nki.j2`` / ``index_put.nki.j2`` place inside the shared kernel frame (scans are
+a family template, ``scan.nki.j2``). Kernel arguments are flat 1-D HBM buffers, so
 every access is a raw ``.ap`` pattern; tile sizes respect the 128-partition, matmul-K/M <= 128 and
 PSUM-bank N <= 512 limits (``simulator_limits``).
 """
@@ -10,10 +10,9 @@ PSUM-bank N <= 512 limits (``simulator_limits``).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from neuron_compile.codegen.render import Lines, _offset
-from neuron_compile.lowering.ir import GatherKernel, IndexAddKernel, ScanKernel
+from neuron_compile.lowering.ir import GatherKernel, IndexAddKernel
 
 from neuron_compile.simulator_limits import PMAX
 
@@ -152,71 +151,4 @@ for m0 in range(0, {k.rows}, {PMAX}):
         res = nl.ndarray((M, F), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=res, data1=acc, data2=base, op=nl.add)
         nisa.dma_copy(dst=out0.ap(pattern=[[{dn}, M], [{dd}, F]], offset={_offset(k.out.offset, d_terms + [("m0", dn), ("f0", dd)])}), src=res)""")
-    return out.text()
-
-
-def scan_body(k: ScanKernel) -> str:
-    """Per 128-row tile: chunked ``tensor_tensor_scan`` (r = 1 * r + x) carrying a (P, 1) running value."""
-    if k.outputs[0].dtype == "int32" and k.op == "add":
-        return _int_scan_body(k)
-    out = Lines()
-    np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, ft = _scan_frame(out, k)
-    init = {"add": 0.0, "multiply": 1.0}[k.op]
-    op0 = {"add": "multiply", "multiply": "add"}[k.op]  # r_i = (1 * r) + x  or  (0 + r) * x
-    unit = {"add": 1.0, "multiply": 0.0}[k.op]
-    out.add(f"""\
-for p0 in range(0, {np_}, {PMAX}):
-    P = min({PMAX}, {np_} - p0)
-    carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=carry, value={init})
-    for f0 in range(0, {nf}, {ft}):
-        F = min({ft}, {nf} - f0)
-        x = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x, src=in{k.src.arg}.ap(pattern=[[{ssp}, P], [{ssf}, F]], offset={_offset(k.src.offset, s_terms + [("p0", ssp), ("f0", ssf)])}))
-        unit = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=unit, value={unit})
-        acc = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor_scan(dst=acc, data0=unit, data1=x, initial=carry, op0=nl.{op0}, op1=nl.{k.op})
-        nisa.tensor_copy(dst=carry, src=acc[:, F - 1:F])
-        nisa.dma_copy(dst=out0.ap(pattern=[[{dsp}, P], [{dsf}, F]], offset={_offset(k.dst.offset, d_terms + [("p0", dsp), ("f0", dsf)])}), src=acc)""")
-    return out.text()
-
-
-def _scan_frame(out: Lines, k: ScanKernel) -> tuple[Any, ...]:
-    """Open a scan kernel's outer loops; its sizes, outer offset terms and (part, free) strides."""
-    n_outer = k.n_outer
-    names = _outer_loops(out, list(k.space[:n_outer]))
-    np_, nf = k.space[n_outer], k.space[n_outer + 1]
-    s_terms = [(v, k.src.strides[i]) for i, v in enumerate(names)]
-    d_terms = [(v, k.dst.strides[i]) for i, v in enumerate(names)]
-    ssp, ssf = k.src.strides[n_outer], k.src.strides[n_outer + 1]
-    dsp, dsf = k.dst.strides[n_outer], k.dst.strides[n_outer + 1]
-    return np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, min(k.free_tile, nf)
-
-
-def _int_scan_body(k: ScanKernel) -> str:
-    """Exact int32 cumsum: a Hillis-Steele scan per chunk (``a[i] += a[i - s]`` for s = 1, 2, 4, ...) with
-    GpSimd int32 ``tensor_tensor`` adds on shifted slices (ping-pong tiles), then the int32 carry added."""
-    out = Lines()
-    np_, nf, s_terms, d_terms, ssp, ssf, dsp, dsf, ft = _scan_frame(out, k)
-    out.add(f"""\
-for p0 in range(0, {np_}, {PMAX}):
-    P = min({PMAX}, {np_} - p0)
-    carry = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.memset(dst=carry, value=0)
-    for f0 in range(0, {nf}, {ft}):
-        F = min({ft}, {nf} - f0)
-        acc = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=acc, src=in{k.src.arg}.ap(pattern=[[{ssp}, P], [{ssf}, F]], offset={_offset(k.src.offset, s_terms + [("p0", ssp), ("f0", ssf)])}))
-        s = 1
-        while s < F:
-            nxt = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=nxt[:, 0:s], src=acc[:, 0:s])
-            nisa.tensor_tensor(dst=nxt[:, s:F], data1=acc[:, s:F], data2=acc[:, 0:F - s], op=nl.add)
-            acc = nxt
-            s = s * 2
-        res = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=res, data1=acc, data2=carry.broadcast(1, F), op=nl.add)
-        nisa.tensor_copy(dst=carry, src=res[:, F - 1:F])
-        nisa.dma_copy(dst=out0.ap(pattern=[[{dsp}, P], [{dsf}, F]], offset={_offset(k.dst.offset, d_terms + [("p0", dsp), ("f0", dsf)])}), src=res)""")
     return out.text()

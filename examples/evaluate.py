@@ -1,7 +1,7 @@
 """Migration evaluation with the Python API: eager fallback, numeric checks, metrics, bucketing.
 
-A small MLP scorer whose middle step, ``torch.sort`` (top-k style re-ranking), has no NeuronCore
-lowering. With ``options={"fallback": "eager", "check": True}`` the sort runs in eager PyTorch
+A small MLP scorer whose middle step, ``torch.linalg.eigvalsh`` (the spectrum of a matrix of scores), has no
+NeuronCore lowering (linear algebra stays on the host). With ``options={"fallback": "eager", "check": True}`` it runs in eager PyTorch
 between kernels, every compiled graph is compared with eager, and the reports say what fell back
 (``neuron_compile.get_fallback_ops()``) and what compiling cost (``neuron_compile.get_compile_metrics()``).
 The same model is then wrapped with :mod:`neuron_compile.bucketing` so five batch sizes compile
@@ -22,19 +22,19 @@ from neuron_compile.bucketing import bucketed
 
 
 class Reranker(nn.Module):
-    """Scores items, sorts them (unsupported: runs eagerly), and mixes the top scores."""
+    """Scores items, takes the spectrum of their 6 x 6 score matrix (unsupported: runs eagerly), and mixes it."""
 
-    def __init__(self, d: int = 64, items: int = 32) -> None:
+    def __init__(self, d: int = 64, side: int = 6) -> None:
         super().__init__()
+        self.side = side
         self.proj = nn.Linear(d, d)
-        self.score = nn.Linear(d, items)
-        self.mix = nn.Linear(items, 8)
+        self.score = nn.Linear(d, side * side)
+        self.mix = nn.Linear(side, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.proj(x))
-        scores = torch.softmax(self.score(h), dim=-1)
-        ranked, _ = torch.sort(scores, dim=-1, descending=True)
-        return torch.tanh(self.mix(ranked))
+        scores = torch.softmax(self.score(torch.relu(self.proj(x))), dim=-1).view(-1, self.side, self.side)
+        spectrum = torch.linalg.eigvalsh(scores @ scores.mT)
+        return torch.tanh(self.mix(spectrum))
 
 
 def main(argv: list[str] | None = None) -> int:

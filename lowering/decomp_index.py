@@ -68,6 +68,27 @@ def index_tensor(x: torch.Tensor, indices: list[Any]) -> Any:
     return out if perm is None else out.permute(perm)
 
 
+def _masked_put(x: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    """``x[mask] = values`` with one value row per True position, in order: the k-th True position takes
+    ``values[k]`` (its index is the running count of Trues), checked on device to hold exactly that many."""
+    rest = list(x.shape[mask.dim():])
+    m = mask.reshape(*mask.shape, *([1] * len(rest)))
+    if values.dim() <= len(rest) or values.shape[0] == 1:  # one row broadcast to every True position
+        v = values.to(x.dtype)
+        v = v.reshape(v.shape[1:]) if v.dim() > len(rest) else v
+        return torch.where(m, x + v, x) if accumulate else torch.where(m, v, x)
+    n = values.shape[0]
+    aten._assert_async.msg(mask.sum() == n, f"shape mismatch in aten.index_put: the mask selects a different "
+                                             f"number of positions than the {n} value rows given")
+    if n == 0:
+        return x.clone()
+    flat = mask.reshape(-1)
+    pos = (torch.cumsum(flat.to(torch.int64), 0) - 1).clamp(min=0)
+    rows = torch.index_select(values.to(x.dtype).expand(n, *rest), 0, pos)
+    rows = rows.reshape(*mask.shape, *rest)
+    return torch.where(m, x + rows, x) if accumulate else torch.where(m, rows, x)
+
+
 def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False) -> Any:
     real = [t for t in indices if t is not None]
     if not real:
@@ -75,8 +96,12 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
     if len(real) == 1 and _bool(real[0]):
         d = next(i for i, t in enumerate(indices) if t is not None)
         mask = real[0].bool()
-        if values.numel() != 1 or d + mask.dim() > x.dim():
-            return NotImplemented  # values spread over the True positions: data-dependent
+        if d + mask.dim() > x.dim():
+            return NotImplemented
+        if values.numel() != 1 and values.dim() >= 1 and d == 0:
+            return _masked_put(x, mask, values, accumulate)
+        if values.numel() != 1:
+            return NotImplemented
         m = mask.reshape(*([1] * d), *mask.shape, *([1] * (x.dim() - d - mask.dim())))
         v = values.reshape(()).to(x.dtype)
         return torch.where(m, x + v, x) if accumulate else torch.where(m, v, x)

@@ -144,7 +144,31 @@ def _diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1:
     return torch.movedim(out, (-2, -1), (d1, d2))
 
 
+def _zeros(size: Any, dtype: Any, like: torch.Tensor | None = None) -> torch.Tensor:
+    dtype = dtype if dtype is not None else (like.dtype if like is not None else torch.get_default_dtype())
+    return aten.full.default(list(size), 0, dtype=dtype, device=torch.device("cpu"))
+
+
+def _empty(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    """empty / empty_strided / empty_permuted: uninitialized in torch, zeros here (never stale data)."""
+    return _zeros(size, dtype)
+
+
+def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _zeros(size, dtype, x)
+
+
+def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _zeros(x.shape, dtype, x)
+
+
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.empty.memory_format: _empty,
+    aten.empty_strided.default: _empty,
+    aten.empty_permuted.default: _empty,
+    aten.new_empty.default: _new_empty,
+    aten.new_empty_strided.default: _new_empty,
+    aten.empty_like.default: _empty_like,
     aten.diagonal_scatter.default: _diagonal_scatter,
     aten.addbmm.default: _addbmm,
     aten.copy.default: _copy,
@@ -170,8 +194,16 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_nn import NN
+    from neuron_compile.lowering.decomp_special import SPECIAL
 
     table.update(ATTENTION)
     table.update(NN)
     table.update(INDEX)
+    table.update(SPECIAL)
+    from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
+
+    table.update(SCATTER)
+    from neuron_compile.lowering.decomp_conv import conv_decompositions
+
+    table.update(conv_decompositions())
     return table

@@ -20,6 +20,7 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
+from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
 from neuron_compile.lowering.graph_checks import insert_index_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
@@ -40,7 +41,7 @@ from neuron_compile.lowering.ir import (
     TileOp,
 )
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
-from neuron_compile.lowering.registry import lookup, qualified_name
+from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
 
@@ -78,6 +79,7 @@ class GraphLowering:
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
             self.gm = mlp_hidden_feature_major(self.gm)  # MLP hidden stored K-major for the 2nd matmul
+            self.gm = fuse_conv_epilogue(self.gm)  # conv + bias / folded BatchNorm / activation / residual
         self._placeholders()
         part = Partitioner(self.gm, fuse=config.fuse).run()
         self.part = part
@@ -123,6 +125,9 @@ class GraphLowering:
     def view_of(self, node: fx.Node) -> View:
         if node in self.views:
             return self.views[node]
+        if is_tuple_item(node):
+            raise LoweringError(f"{node.name}: item {node.args[1]} of {node.args[0].name} ({node.args[0].target}) "
+                                f"was not defined by its producer's lowering")
         rule = lookup(node.target)
         if rule is None or rule.kind not in ("view", "alias"):
             raise LoweringError(f"value of {node.name} ({node.target}) was never stored")
@@ -377,6 +382,9 @@ class LoopGroupEmitter:
             strides = sp.to_space(view.strides, view.shape, cmap, g.space)
             self.accesses.append(strides)
             val = self.values[node]
+            if role == "full" and val.kind == "row" and any(strides[d] for d in g.red):
+                # a value constant along the reduced dims (computed from broadcast inputs) stored at full size
+                val = b.broadcast_to(val, "full")
             b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
                                                "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
         for node, mark in guards:
@@ -392,6 +400,8 @@ class LoopGroupEmitter:
         assert cmap is not None
         strides = sp.to_space(contiguous_strides(shape), shape, cmap, self.g.space)
         self.accesses.append(strides)
+        if self.member_role(node) == "full" and mark.kind == "row" and any(strides[d] for d in self.g.red):
+            mark = self.b.broadcast_to(mark, "full")
         self.b.emit("store", mark.kind, (mark,), {"access": (len(results) - 1, 0, strides), "dst_dtype": "uint8"},
                     phase=mark.phase)
         self.gl.checks.append(DeviceCheck(

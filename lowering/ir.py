@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from neuron_compile.lowering.ir_conv import ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel
+
 # Values attached to ops are JSON scalars, tuples of them, or value names.
 Attr = tuple[str, Any]
 
@@ -186,34 +188,6 @@ class IndexAddKernel:
 
 
 @dataclass(frozen=True)
-class ScanKernel:
-    """Inclusive scan (cumsum) along the free dim of a canonical space ``(outer..., part, free)``.
-
-    Each 128-partition tile walks the free dim in chunks with ``tensor_tensor_scan``, carrying the
-    running (P, 1) value from one chunk to the next; fp32 accumulation.
-    """
-
-    name: str
-    family: str  # 'scan'
-    inputs: tuple[ArgSpec, ...]
-    outputs: tuple[ArgSpec, ...]
-    space: tuple[int, ...]
-    n_outer: int
-    src: Access
-    dst: Access
-    op: str = "add"
-    free_tile: int = 512
-    source_ops: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-    def __str__(self) -> str:
-        return (f"kernel {self.name} [scan:{self.op}] space={self.space} outer={self.n_outer} "
-                f"src={self.src} dst={self.dst}")
-
-
-@dataclass(frozen=True)
 class AttentionKernel:
     """Fused scaled-dot-product attention forward: ``out = softmax(scale * q k^T + mask) v`` per (b, h).
 
@@ -257,7 +231,196 @@ class AttentionKernel:
                 f"dtype={self.compute_dtype} step={self.key_step}")
 
 
-Kernel = LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel
+@dataclass(frozen=True)
+class SortKernel:
+    """Sort every row of ``(outer..., rows, n)`` along its last dim: a bitonic network in SBUF.
+
+    Rows go 128 per tile onto partitions, the row along the free axis padded to a power of two with
+    sentinel keys. Keys are int32: the values themselves for integers, for floats the fp32 bit pattern
+    made monotone (-0.0 equal to +0.0, every NaN above +inf, as torch orders them). Comparisons are
+    lexicographic on (key, original index), so equal keys keep their original order (a stable sort)
+    in either direction. The sorted columns ``keep`` = [lo, hi) are stored: values through ``values``
+    and int32 indices through ``indices`` (accesses over ``(outer..., rows, hi - lo)``; None = not needed).
+    """
+
+    name: str
+    family: str  # 'sort'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]  # (outer..., rows, n)
+    n_outer: int
+    src: Access
+    values: Access | None
+    indices: Access | None
+    descending: bool = False
+    keep: tuple[int, int] = (0, 0)
+    key: str = "float"  # 'float' (fp32 bit-pattern keys) | 'int' (int32 values are the keys)
+    select: str = ""  # '' | 'median' | 'nanmedian' | 'mode': store one column per row, its position found on chip
+    chunks: int = 1  # > 1: a row longer than one partition holds spans several partitions (plain sort only)
+    source_ops: tuple[str, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [sort] space={self.space} outer={self.n_outer} desc={self.descending} "
+                f"keep={self.keep} key={self.key} select={self.select!r} values={self.values} indices={self.indices}")
+
+
+@dataclass(frozen=True)
+class SearchKernel:
+    """searchsorted/bucketize: torch's binary search, run for every value at once.
+
+    Values of ``(outer..., rows, m)`` sit 128 rows per tile on partitions, chunks of the row along the
+    free axis; each partition holds its row's sorted sequence (``n_seq`` elements; ``seq`` strides over
+    the space's leading dims, 0 for a shared 1-D sequence, and its last entry the sequence's own stride),
+    optionally permuted by ``sorter``. Every step gathers the middle element per value (``nc_n_gather``)
+    and moves the bounds exactly as ATen's CPU search does, so NaN cases match too. int32 output.
+    """
+
+    name: str
+    family: str  # 'search'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]  # (outer..., rows, m)
+    n_outer: int
+    values: Access
+    out: Access
+    seq: Access
+    n_seq: int
+    sorter: Access | None = None
+    right: bool = False
+    key: str = "float"  # 'float' (fp32 compares) | 'int' (exact int32 compares)
+    source_ops: tuple[str, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [search] space={self.space} outer={self.n_outer} n_seq={self.n_seq} "
+                f"right={self.right} sorter={self.sorter is not None} key={self.key}")
+
+
+@dataclass(frozen=True)
+class LineGatherKernel:
+    """``out = x.gather(dim, index)`` for any index shape: one line (all dims but ``dim``) per partition.
+
+    Space ``(outer..., lines, j)`` is the index's, ``dim`` last. Each partition holds its line of ``x``
+    (``size`` elements along ``dim``, in chunks) in SBUF and picks ``index``'s elements with
+    ``nc_n_gather``. ``x``/``out`` accesses: strides over the space, the last entry ``x``'s stride
+    along ``dim`` (for ``x``). Indices outside ``[lo, size)`` clear the check flag (output ``flag_slot``, a
+    ``DeviceCheck``); negative ones from ``lo = -size`` wrap.
+    """
+
+    name: str
+    family: str  # 'line_gather'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    x: Access
+    index: Access
+    out: Access
+    size: int
+    lo: int = 0
+    key: str = "float"  # tile dtype: 'float' (fp32) | 'int' (int32)
+    source_ops: tuple[str, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return f"kernel {self.name} [line_gather] space={self.space} size={self.size} lo={self.lo}"
+
+
+@dataclass(frozen=True)
+class ScatterKernel:
+    """``out = self`` with ``src`` scattered along ``dim`` at ``index`` (scatter/scatter_add/scatter_reduce,
+    index_add/index_copy/index_fill/index_reduce), any index shape, duplicates resolved like CPU torch.
+
+    Space ``(outer..., lines, j)`` is the index's, ``dim`` last; a line's targets (``size`` along ``dim``)
+    sit on its partition. Per chunk of targets, every index is compared with every target (iota) and the
+    matching sources are reduced (``reduce``: sum/prod/mean/amax/amin; 'assign' takes the last match, as
+    CPU torch's sequential loop does), then combined with the line of ``self`` (``include_self``).
+    ``base``/``out`` accesses: strides over the space with their stride along ``dim`` last; ``src`` None
+    means the scalar ``fill``. ``precopy``: copy all of ``self`` first (lines the index does not cover).
+    Indices outside ``[lo, size)`` clear the check flag (output ``flag_slot``, a ``DeviceCheck``); negative
+    ones from ``lo = -size`` wrap.
+    """
+
+    name: str
+    family: str  # 'scatter'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    base: Access
+    index: Access
+    src: Access | None
+    out: Access
+    size: int
+    reduce: str  # 'assign' | 'sum' | 'prod' | 'mean' | 'amax' | 'amin'
+    include_self: bool = True
+    fill: float = 0.0
+    lo: int = 0
+    precopy: int = 0  # elements of a dense self copied to out first (0: every line is covered)
+    key: str = "float"
+    source_ops: tuple[str, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+    overflow_slot: int = -1  # int64 sums: exact (hi, lo) words, this output flags a result outside int32
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [scatter:{self.reduce}] space={self.space} size={self.size} "
+                f"include_self={self.include_self} lo={self.lo} precopy={self.precopy} key={self.key}")
+
+
+@dataclass(frozen=True)
+class ScanKernel:
+    """Inclusive scans along the last dim of ``(outer..., rows, n)``: cumsum, cumprod, cummax, cummin,
+    logcumsumexp, 128 rows per tile on partitions.
+
+    fp32 sums/products: ``tensor_tensor_scan`` over chunks with a carried (P, 1) value; logcumsumexp: a
+    running max and the rescaled sum ``s_i = s_{i-1} exp(m_{i-1} - m_i) + exp(x_i - m_i)`` as one linear
+    scan. Integer sums: exact 64-bit (hi, lo) int32 words added with carries (Hillis-Steele on GpSimd);
+    with ``int64_out`` a result outside int32 (which NeuronCores store) clears the check flag, else int32
+    wraps as torch's int32 does. cummax/cummin: whole rows, a max/min scan of int32 order keys (NaN as
+    torch: it wins and stays) and of the updating positions (ties take the latest), values gathered by
+    index. ``values``/``indices`` accesses over the space (indices None unless cummax/cummin).
+    """
+
+    name: str
+    family: str  # 'scan'
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    space: tuple[int, ...]
+    n_outer: int
+    src: Access
+    values: Access
+    indices: Access | None
+    op: str  # 'sum' | 'prod' | 'max' | 'min' | 'logsumexp'
+    key: str = "float"  # 'float' | 'int'
+    int64_out: bool = False
+    source_ops: tuple[str, ...] = ()
+    flag_slot: int = -1  # output slot of the device-check flag (Plan.checks), -1: none
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def __str__(self) -> str:
+        return (f"kernel {self.name} [scan:{self.op}] space={self.space} outer={self.n_outer} key={self.key} "
+                f"int64_out={self.int64_out}")
+
+
+FAMILY_KERNELS: tuple[type, ...] = (SortKernel, SearchKernel, LineGatherKernel, ScatterKernel, ScanKernel)  # rendered by their family template (codegen/render_family.py)
+
+Kernel = (LoopKernel | CopyKernel | GatherKernel | IndexAddKernel | ScanKernel | AttentionKernel | SortKernel | SearchKernel
+          | LineGatherKernel | ScatterKernel | ConvKernel | ConvWgradKernel | PoolKernel | ResampleKernel)
 
 
 @dataclass(frozen=True)
@@ -410,7 +573,8 @@ def kernel_to_json(kernel: Any) -> dict[str, Any]:
 def kernel_from_json(data: dict[str, Any]) -> Any:
     if not KERNEL_TYPES:
         KERNEL_TYPES.update({cls.__name__: cls for cls in (LoopKernel, CopyKernel, GatherKernel, IndexAddKernel,
-                                                            ScanKernel, AttentionKernel)})
+                                                            ScanKernel, AttentionKernel, *FAMILY_KERNELS, ConvKernel,
+                                                            ConvWgradKernel, PoolKernel, ResampleKernel)})
     data = dict(data)
     cls = KERNEL_TYPES[data.pop("_type")]
     return _decode(cls, data)

@@ -527,3 +527,58 @@ def wrap_int(b: ProgramBuilder, x: TileVal, dtype: torch.dtype) -> TileVal:
     if dtype == torch.uint8:
         return low  # type: ignore[return-value]
     return b.binary("subtract", b.binary("bitwise_xor", low, sign), sign)  # type: ignore[return-value]
+
+
+# Bernoulli numbers B_2j / (2j)! for the Euler-Maclaurin tail of the Hurwitz zeta function
+_EM = (1.0 / 12, -1.0 / 720, 1.0 / 30240, -1.0 / 1209600, 1.0 / 47900160, -691.0 / 1307674368000)
+
+
+def _pow_neg(b: ProgramBuilder, base: TileVal, s: TileVal | int) -> TileVal:
+    """base^-s: repeated products for an integer s (any sign of base), exp(-s log base) otherwise."""
+    if isinstance(s, int):
+        p = base
+        for _ in range(s - 1):
+            p = b.binary("multiply", p, base)  # type: ignore[assignment]
+        return b.reciprocal(p)
+    return exp(b, b.binary("multiply", log(b, base), b.binary("multiply", s, -1.0)))  # type: ignore[arg-type]
+
+
+def hurwitz_zeta(b: ProgramBuilder, s: TileVal | int, q: TileVal) -> TileVal:
+    """zeta(s, q) = sum_k (q + k)^-s: 9 terms (20 for an integer s, whose powers of a negative q + k are
+    exact products, so q down to -11 still ends the sum at a >= 9), then the Euler-Maclaurin tail."""
+    n = 20 if isinstance(s, int) else 9
+    acc = b.fill(0.0, q.kind)
+    for k in range(n):
+        acc = b.binary("add", acc, _pow_neg(b, b.binary("add", q, float(k)), s))  # type: ignore[assignment]
+    a = b.binary("add", q, float(n))
+    a_s = _pow_neg(b, a, s)  # type: ignore[arg-type]
+    sf = s if isinstance(s, TileVal) else b.fill(float(s), q.kind)
+    acc = b.binary("add", acc, b.divide(b.binary("multiply", a, a_s), b.binary("subtract", sf, 1.0)))  # type: ignore[assignment]
+    acc = b.binary("add", acc, b.binary("multiply", a_s, 0.5))  # type: ignore[assignment]
+    inv_a = b.reciprocal(a)  # type: ignore[arg-type]
+    term = b.binary("multiply", b.binary("multiply", sf, a_s), inv_a)  # s a^(-s-1)
+    for j, coeff in enumerate(_EM, start=1):
+        acc = b.binary("add", acc, b.binary("multiply", term, coeff))  # type: ignore[assignment]
+        rise = b.binary("multiply", b.binary("add", sf, 2.0 * j - 1), b.binary("add", sf, 2.0 * j))
+        term = b.binary("multiply", b.binary("multiply", term, rise), b.binary("multiply", inv_a, inv_a))
+    return acc  # type: ignore[return-value]
+
+
+def zeta(b: ProgramBuilder, s: TileVal, q: TileVal) -> TileVal:
+    """Hurwitz zeta with Cephes' conventions: inf at s == 1 and at non-positive integer q, NaN for s < 1."""
+    r = hurwitz_zeta(b, s, b.binary("maximum", q, 1e-30))  # type: ignore[arg-type]
+    r = b.select(b.binary("equal", s, 1.0), INF, r)
+    r = b.select(b.binary("logical_and", b.binary("less_equal", q, 0.0), b.binary("equal", q, floor(b, q))), INF, r)
+    r = b.select(b.binary("logical_and", b.binary("less", q, 0.0), b.binary("not_equal", q, floor(b, q))), NAN, r)
+    r = b.select(b.binary("less", s, 1.0), NAN, r)
+    return keep_nan(b, s, keep_nan(b, q, r))
+
+
+def polygamma(b: ProgramBuilder, n: int, x: TileVal) -> TileVal:
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1 (integer powers: negative x works too)."""
+    if n == 0:
+        return digamma(b, x)
+    r = b.binary("multiply", hurwitz_zeta(b, n + 1, x), float((-1) ** (n + 1) * math.factorial(n)))
+    is_pole = b.binary("logical_and", b.binary("less_equal", x, 0.0), b.binary("equal", x, floor(b, x)))
+    r = b.select(is_pole, INF if n % 2 else NAN, r)
+    return keep_nan(b, x, r)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.registry import lookup
+from neuron_compile.lowering.registry import is_tuple_item, lookup
 from torch import fx
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class Partitioner:
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
                 continue
+            if is_tuple_item(node):
+                continue  # an item of a multi-output op: its producer's rule defines the value
             rule = lookup(node.target)
             assert rule is not None, f"unsupported node {node} reached the partitioner"
             kind = rule.kind

@@ -13,6 +13,8 @@ Rule kinds:
 - ``alias``: the node's value is its first argument (detach, alias, clone in a view-free context).
 - ``attention``: the fused ``neuron_compile::attention`` node (``lowering/attention.py``), lowered like
   ``copy``/``gather`` anchors: ``fn(gl, node)`` emits its own kernel.
+- ``conv``: convolution, pooling and resampling (``lowering/ops/conv.py``, ``lowering/ops/pool.py``):
+  template kernels, emitted like ``attention`` anchors.
 - ``collective``: ``_c10d_functional`` collectives and ``wait_tensor`` (``lowering/ops/collectives.py``):
   ``fn(node) -> CollectiveSpec``; the graph is cut there and the runner issues them through
   ``torch.distributed`` (``neuron_compile.collective_runner``). ``getitem`` of a coalesced collective lowers.
@@ -33,7 +35,7 @@ from neuron_compile.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention",
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention", "conv",
          "collective")
 
 
@@ -117,17 +119,25 @@ def rules() -> dict[OpOverload, LoweringRule]:
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """None when ``node`` lowers; otherwise a short reason (no rule, or the rule's own check)."""
+    """None when ``node`` lowers; otherwise a short reason (no rule, or the rule's own check).
+
+    ``operator.getitem`` of a multi-output op (sort, topk, ...) lowers with its producer: the producer's
+    rule defines the value of every ``getitem`` user (see :func:`is_tuple_item`).
+    """
+    if is_tuple_item(node):
+        producer = node.args[0]
+        return None if lookup(producer.target) is not None else "item of an unsupported op"
     rule = lookup(node.target)
     if rule is None:
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
-            producer = lookup(node.args[0].target)
-            if producer is not None and producer.kind == "collective":
-                return None  # one tensor of a coalesced collective's outputs
         return "no lowering rule"
     if rule.check is not None:
         return rule.check(node)
     return None
+
+
+def is_tuple_item(node: torch.fx.Node) -> bool:
+    """``operator.getitem(producer, i)`` selecting one result of a multi-output op."""
+    return node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
 
 
 _loaded = False

@@ -148,10 +148,13 @@ class StaticShapeDispatcher:
 
     def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]],
                  distributed: bool = False) -> None:
+        from neuron_compile import metrics
+
         self.gm = gm
         self.make_backend = make_backend
         self.distributed = distributed
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.compile_id = metrics._compile_id()  # later per-shape compiles run outside Dynamo's context
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -162,9 +165,12 @@ class StaticShapeDispatcher:
         key = self.signature(args)
         fn = self.compiled.get(key)
         if fn is None:
+            from neuron_compile import metrics
+
             log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
             from neuron_compile.rank_agreement import maybe_agree
 
+            metrics.dynamo_graph(self.gm, self.compile_id)
             with maybe_agree(self.distributed, "a forward graph for new input shapes"):
                 fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
@@ -426,6 +432,9 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     from neuron_compile import metrics
 
     metrics.dynamo_graph(gm)
+    from neuron_compile.lowering.decomp_conv import rewrite_interpolate
+
+    gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     parser.add_argument("--no-check", action="store_true", help="skip the numeric comparison with eager")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also list every op lowered and every checked output")
     parser.add_argument("script", help="the Python script to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(report, indent=1, sort_keys=True, default=str)
     if args.output:
         Path(args.output).write_text(text + "\n")
-    print(text if args.json else render_text(report))
+    print(text if args.json else render_text(report, verbose=args.verbose))
     return exit_status(report)
 
 
@@ -67,7 +69,7 @@ def exit_status(report: dict[str, Any]) -> int:
 
 def run_script(path: Path, script_args: list[str], *, check: bool = True) -> dict[str, Any]:
     """Run ``path`` in fallback (+ check) mode and return the readiness report."""
-    import torch  # noqa: F401  (registers the backend before the script's first torch.compile)
+    import torch  # (registers the backend before the script's first torch.compile)
 
     import neuron_compile  # noqa: F401
     from neuron_compile import backend, fallback, metrics
@@ -78,6 +80,20 @@ def run_script(path: Path, script_args: list[str], *, check: bool = True) -> dic
     metrics.reset()
     fallback.clear_fallback_ops()
     check_mod.clear_check_results()
+    explicit: list[dict[str, str]] = []
+    previous_default = torch.compiler.get_default_backend()
+    real_compile = torch.compile
+    torch.compiler.set_default_backend("neuron")  # plain torch.compile(model) in the script uses neuron
+
+    def recording_compile(*a: Any, **kw: Any) -> Any:
+        backend = kw.get("backend")
+        if backend is not None and backend not in ("neuron", "neuron_compile"):
+            caller = traceback.extract_stack(limit=2)[0]
+            explicit.append({"backend": getattr(backend, "__name__", str(backend)),
+                             "location": f"{caller.filename}:{caller.lineno}"})
+        return real_compile(*a, **kw)
+
+    torch.compile = recording_compile  # type: ignore[assignment]
     env = {"NEURON_COMPILE_FALLBACK": "eager", "NEURON_COMPILE_CHECK": "1" if check else "0"}
     saved_env = {k: os.environ.get(k) for k in env}
     saved_argv, saved_path = list(sys.argv), list(sys.path)
@@ -99,6 +115,8 @@ def run_script(path: Path, script_args: list[str], *, check: bool = True) -> dic
         error = _describe_exception(exc, path)
         exit_code = None
     finally:
+        torch.compile = real_compile  # type: ignore[assignment]
+        torch.compiler.set_default_backend(previous_default)
         sys.argv, sys.path[:] = saved_argv, saved_path
         for k, v in saved_env.items():
             if v is None:
@@ -108,24 +126,62 @@ def run_script(path: Path, script_args: list[str], *, check: bool = True) -> dic
     report = build_report(metrics.records(), fallback.get_fallback_ops(), check_mod.get_check_results(),
                           checked=check)
     report.update({"script": str(path), "argv": script_args, "error": error, "exit_code": exit_code,
-                   "wall_s": round(time.perf_counter() - start, 3)})
+                   "wall_s": round(time.perf_counter() - start, 3), "other_backends": explicit})
     if error is not None:
         report["ready"] = False
-        report["verdict"] = f"the script failed: {error['type']}: {error['message']}"
+        report["verdict"] = (f"neuron-compile failed (a backend error, not your code): {error['type']}: "
+                             f"{error['message']}; please report it with the stack below"
+                             if error.get("backend_error") else
+                             f"the script failed: {error['type']}: {error['message']}")
     elif not report["graphs"]:
-        report["verdict"] = ("no graph was compiled with backend='neuron': call torch.compile(model, "
-                             "backend='neuron') in the script")
+        report["verdict"] = ("no graph was compiled with backend='neuron'"
+                             + (f" (the script names backend={explicit[0]['backend']!r} explicitly at "
+                                f"{explicit[0]['location']}: remove backend= or pass backend='neuron')"
+                                if explicit else ": call torch.compile(model) or model.compile() in the script"))
     return report
 
 
+_PACKAGE = Path(__file__).resolve().parent.parent  # the checkout: neuron_compile/, lowering/, codegen/, cache/
+
+
+def _ours(filename: str) -> bool:
+    try:
+        rel = Path(filename).resolve().relative_to(_PACKAGE)
+    except ValueError:
+        return False
+    return rel.parts[0] in ("neuron_compile", "lowering", "codegen", "cache")
+
+
 def _describe_exception(exc: BaseException, path: Path) -> dict[str, Any]:
-    frames = traceback.extract_tb(exc.__traceback__)
+    """The script's failure: a refusal or error of the user's code at the user's line, or a failure inside
+    neuron-compile (a backend error: reported as ours, with our frames, never blamed on the user's line)."""
+    from neuron_compile.errors import DynamicShapeError, NeuronCompileError, UnsupportedOpError
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__  # explicit chains only
+    root = chain[-1]
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
+    runner = {Path(__file__).resolve(), Path(__file__).resolve().with_name("cli.py")}  # they run the script
+    backend_frames = [f for f in traceback.extract_tb(root.__traceback__)
+                      if _ours(f.filename) and Path(f.filename).resolve() not in runner]
+    user_facing = isinstance(root, (UnsupportedOpError, DynamicShapeError)) or (
+        isinstance(root, NeuronCompileError) and not backend_frames)
+    internal = bool(backend_frames) and not user_facing
     mine = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
-    where = mine[-1] if mine else (frames[-1] if frames else None)
-    message = str(exc).strip().splitlines()
-    return {"type": type(exc).__name__, "message": message[0] if message else "",
-            "detail": str(exc).strip()[:2000],
-            "location": f"{where.filename}:{where.lineno}: {where.line or ''}".rstrip(": ") if where else ""}
+    where = backend_frames[-1] if internal else (mine[-1] if mine else (frames[-1] if frames else None))
+    message = str(root if internal else exc).strip().splitlines()
+    out = {"type": type(root if internal else exc).__name__, "message": message[0] if message else "",
+           "detail": str(exc).strip()[:2000], "backend_error": internal,
+           "location": f"{where.filename}:{where.lineno}: {where.line or ''}".rstrip(": ") if where else ""}
+    if internal:
+        out["backend_stack"] = [f"{f.filename}:{f.lineno} in {f.name}" for f in backend_frames[-12:]]
+        calls = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+        out["script_line"] = (f"{calls[-1].filename}:{calls[-1].lineno}: {calls[-1].line or ''}".rstrip(": ")
+                              if calls else "")
+    return out
 
 
 def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks: list[dict[str, Any]], *,
@@ -143,23 +199,30 @@ def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks:
     warm = [r for r in records if r.cache == "hit"]
     estimates = [r.device_estimate() for r in records]
     mismatches = [c for c in checks if c["mismatched_calls"]]
-    frames: dict[str, dict[str, Any]] = defaultdict(lambda: {"compiles": 0, "shapes": [], "location": ""})
+    frames: dict[str, dict[str, Any]] = defaultdict(lambda: {"compiles": 0, "shapes": [], "dtypes": [],
+                                                             "location": ""})
     for r in records:
-        if r.kind == "backward":
+        if r.kind == "backward":  # compiled with its forward: one compile of the frame
             continue
-        frame = r.compile_id.split("/")[0] if "/" in r.compile_id else r.compile_id
-        f = frames[f"{frame}:{r.kind}"]
+        frame = r.compile_id.split("/")[0] if "/" in r.compile_id else r.location
+        f = frames[frame]
         f["location"] = f["location"] or r.location
         f["compiles"] += 1
         f["shapes"].append(r.input_shapes)
+        f["dtypes"].append(getattr(r, "input_dtypes", []) or [""] * len(r.input_shapes))
     recompiles = []
     for k, v in frames.items():
         if v["compiles"] < 2:
             continue
-        shapes = v["shapes"]
-        width = min(len(s) for s in shapes)
-        varying = [i for i in range(width) if len({tuple(s[i]) for s in shapes}) > 1]
-        recompiles.append({"frame": k, **v, "varying_inputs": {str(i): [s[i] for s in shapes] for i in varying}})
+        sigs = [list(zip(sh, dt, strict=False)) for sh, dt in zip(v["shapes"], v["dtypes"], strict=True)]
+        width = min(len(s) for s in sigs)
+        changes: dict[str, Any] = {}
+        for i in range(width):
+            if len({tuple(s[i][0]) for s in sigs}) > 1:
+                changes[f"input {i} shape"] = [s[i][0] for s in sigs]
+            if len({s[i][1] for s in sigs}) > 1:
+                changes[f"input {i} dtype"] = [s[i][1] for s in sigs]
+        recompiles.append({"frame": k, "compiles": v["compiles"], "location": v["location"], "changes": changes})
     n_fallback = sum(op["count"] for op in fallback_ops)
     ready = bool(records) and not n_fallback and not mismatches
     if ready:
@@ -189,15 +252,24 @@ def build_report(records: list[Any], fallback_ops: list[dict[str, Any]], checks:
     }
 
 
-def render_text(report: dict[str, Any]) -> str:
-    """The human-readable report."""
+def render_text(report: dict[str, Any], verbose: bool = False) -> str:
+    """The human-readable report: a summary, then what needs attention (``verbose``: everything)."""
     out = [f"neuron-compile check: {report.get('script', '')}", f"verdict: {report['verdict']}"]
     if report.get("error"):
         e = report["error"]
-        out.append(f"script error: {e['type']}: {e['message']}" + (f"\n  at {e['location']}" if e["location"] else ""))
+        if e.get("backend_error"):
+            out.append(f"backend error: {e['type']}: {e['message']}")
+            out += [f"  {line}" for line in e.get("backend_stack", [])]
+            if e.get("script_line"):
+                out.append(f"  (while running the script at {e['script_line']})")
+        else:
+            out.append(f"script error: {e['type']}: {e['message']}" + (f"\n  at {e['location']}" if e["location"] else ""))
+    for other in report.get("other_backends", []):
+        out.append(f"note: torch.compile(backend={other['backend']!r}) at {other['location']} keeps its explicit "
+                   f"backend (not evaluated)")
     graphs = report["graphs"]
     out.append(f"\ngraphs: {len(graphs)}")
-    for g in graphs:
+    for g in graphs if verbose or len(graphs) <= 8 else []:
         est = f", est. device {g['est_device_us']:.1f} us" if g.get("est_device_us") is not None else ""
         fb = f", {g['fallback_ops']} eager op(s)" if g["fallback_ops"] else ""
         shapes = g["input_shapes"]
@@ -206,7 +278,7 @@ def render_text(report: dict[str, Any]) -> str:
                    f"{g['kernels']} kernels{fb}, cache {g['cache']}, {g['total_ms']:.0f} ms{est}")
     lowered = report["ops_lowered"]
     out.append(f"\nops lowered: {len(lowered)} distinct, {sum(lowered.values())} nodes")
-    if lowered:
+    if lowered and verbose:
         out.append("  " + ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in lowered.items()))
     fb = report["ops_fallen_back"]
     out.append(f"ops fallen back to eager: {len(fb)} distinct, {sum(o['count'] for o in fb)} nodes")
@@ -217,9 +289,13 @@ def render_text(report: dict[str, Any]) -> str:
     out.append(f"\nnumeric check: {'off' if not report['checked'] else str(len(report['checks'])) + ' graph(s) checked'}"
                f", {len(report['mismatches'])} mismatching")
     for c in report["checks"]:
+        if not verbose and not c["mismatched_calls"]:
+            continue
         status = "MISMATCH" if c["mismatched_calls"] else "ok"
         out.append(f"  {c['graph']:<16} {status} ({c['mismatched_calls']}/{c['calls']} calls differ)")
         for o in c["outputs"]:
+            if not verbose and o["ok"]:
+                continue
             out.append(f"    output {o['index']} {o['dtype']}{o['shape']}: max abs {o['max_abs']:.3g}, "
                        f"max rel {o['max_rel']:.3g}{'' if o['ok'] else '  <-- beyond tolerance'}")
         div = c.get("first_divergence")
@@ -235,10 +311,10 @@ def render_text(report: dict[str, Any]) -> str:
     out.append("estimated device time (compiled kernels, eager ops excluded): " + (f"{est:.1f} us per run of every graph" if est is not None
                                             else "n/a (no cost model estimate)"))
     rc = report["recompiles"]
-    out.append(f"recompiles by shape: {'none' if not rc else ''}")
+    out.append(f"recompiles: {'none' if not rc else ''}")
     for r in rc:
-        vary = "; ".join(f"input {i}: " + " -> ".join(str(x) for x in seq) for i, seq in r["varying_inputs"].items())
-        out.append(f"  {r['location']} ({r['frame']}): {r['compiles']} compiles; {vary or 'same shapes'}")
+        vary = "; ".join(f"{what}: " + " -> ".join(str(x) for x in seq) for what, seq in r["changes"].items())
+        out.append(f"  {r['location']}: {r['compiles']} compiles; {vary or 'same shapes and dtypes'}")
     if "wall_s" in report:
         out.append(f"\nscript wall time: {report['wall_s']:.1f} s")
     return "\n".join(out)

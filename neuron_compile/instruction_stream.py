@@ -67,6 +67,16 @@ class ShapeTensor:
         shape[dim], strides[dim] = size, 0
         return ShapeTensor(shape, strides, self.dtype, self.buffer)
 
+    def expand_dim(self, dim: int) -> ShapeTensor:
+        return ShapeTensor(self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (0,) + self.strides[dim:],
+                           self.dtype, self.buffer)
+
+    def view(self, dtype: Any) -> ShapeTensor:
+        """Bit reinterpretation (same-size dtypes keep the shape; the last dim scales by the size ratio)."""
+        old, new = _itemsize(self.dtype), _itemsize(_dtype_name(dtype))
+        last = self.shape[-1] * old // new if self.shape else 1
+        return ShapeTensor(self.shape[:-1] + (last,), self.strides, _dtype_name(dtype), self.buffer)
+
     def __getitem__(self, key: Any) -> ShapeTensor:
         key = key if isinstance(key, tuple) else (key,)
         shape, strides = [], []
@@ -78,6 +88,11 @@ class ShapeTensor:
                 strides.append(s * step)
             # an integer index drops the dim
         return ShapeTensor(shape, strides, self.dtype, self.buffer)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "int16": 2, "uint16": 2}.get(dtype, 1) \
+        if dtype not in ("float64", "int64") else 8
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -238,6 +253,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
                       **kw: Any) -> None:
         rec.add("gpsimd", "affine_select", (dst, on_true_tile))
 
+    def nc_n_gather(dst: ShapeTensor, data: ShapeTensor, indices: ShapeTensor, **kw: Any) -> None:
+        rec.add("gpsimd", "nc_n_gather", (dst, data, indices), main=dst)  # per-partition gather: one pass over dst
+
     def register_alloc(x: int | None = None) -> ShapeRegister:
         rec.add("sequencer", "register_alloc", ())
         return ShapeRegister(0 if x is None else int(x))
@@ -255,7 +273,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
-               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, register_alloc, register_move, register_load, register_store):
+               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, fn)
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 

@@ -47,6 +47,7 @@ class GraphRecord:
     location: str
     nodes: int
     input_shapes: list[list[int]]
+    input_dtypes: list[str] = field(default_factory=list)
     dynamo_gm: fx.GraphModule | None = None
     times_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     total_ms: float = 0.0
@@ -82,6 +83,7 @@ class GraphRecord:
         return {
             "name": self.name, "index": self.index, "kind": self.kind, "compile_id": self.compile_id,
             "location": self.location, "nodes": self.nodes, "input_shapes": self.input_shapes,
+            "input_dtypes": self.input_dtypes,
             "kernels": self.kernels, "fallback_ops": self.fallback_ops, "fallback": self.fallback,
             "segments": self.segments, "cache": self.cache,
             "times_ms": {k: round(v, 3) for k, v in self.times_ms.items()}, "total_ms": round(self.total_ms, 3),
@@ -129,9 +131,10 @@ def _compile_id() -> str:
         return "-"
 
 
-def dynamo_graph(gm: fx.GraphModule) -> None:
-    """Called at the backend's entry with the Dynamo graph: starts the trace/AOT clock."""
-    _state().dynamo = (time.perf_counter(), gm, _compile_id())
+def dynamo_graph(gm: fx.GraphModule, compile_id: str | None = None) -> None:
+    """Called at the backend's entry with the Dynamo graph: starts the trace/AOT clock. A per-shape compile of a
+    graph Dynamo made symbolic passes the compile id of that graph (it runs outside Dynamo's compile context)."""
+    _state().dynamo = (time.perf_counter(), gm, compile_id or _compile_id())
 
 
 def _location(gm: fx.GraphModule) -> str:
@@ -165,6 +168,7 @@ def graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Itera
         location=_location(dyn[1] if dyn else gm),
         nodes=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
         input_shapes=[list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)],
+        input_dtypes=[str(x.dtype).replace("torch.", "") for x in example_inputs if isinstance(x, torch.Tensor)],
         dynamo_gm=dyn[1] if dyn else None, _start=now)
     if dyn is not None:
         rec.times_ms["trace_aot"] = (now - dyn[0]) * 1000

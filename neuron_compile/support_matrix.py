@@ -58,10 +58,13 @@ def _idx(shape: Sequence[int]) -> torch.Tensor:
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
+from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES  # noqa: E402
+
 # Ops whose schema alone does not give a valid (and lowerable) call: explicit sample arguments.
 # Index tensors are int64 and masks bool whatever the probed data dtype ``d``.
 _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.mm.default: lambda d: ((_t(d, (4, 8)), _t(d, (8, 5))), {}),
+    aten.polygamma.default: lambda d: ((1, _t(d)), {}),  # the order n first
     aten.bmm.default: lambda d: ((_t(d, (2, 4, 8)), _t(d, (2, 8, 5))), {}),
     aten.embedding.default: lambda d: ((_t(d), _idx((3,))), {}),
     aten.index_select.default: lambda d: ((_t(d), 0, _idx((3,))), {}),
@@ -99,14 +102,25 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.div.Tensor_mode: lambda d: ((_t(d), _t(d)), {"rounding_mode": "floor"}),
     aten.div.Scalar_mode: lambda d: ((_t(d), 3), {"rounding_mode": "trunc"}),
     aten.unfold.default: lambda d: ((_t(d), 1, 2, 2), {}),
-    aten.empty_permuted.default: lambda d: (([4, 8], [0, 1]), {"dtype": d}),
-    aten.empty.memory_format: lambda d: (([4, 8],), {"dtype": d}),
-    aten.empty_strided.default: lambda d: (([4, 8], [8, 1]), {"dtype": d}),
-    aten.new_empty_strided.default: lambda d: ((_t(d), [4, 8], [8, 1]), {}),
-    aten.new_empty.default: lambda d: ((_t(d), [4, 8]), {}),
     aten.arange.default: lambda d: ((8,), {"dtype": d}),
     aten.arange.start: lambda d: ((0, 8), {"dtype": d}),
     aten.arange.start_step: lambda d: ((0, 8, 1), {"dtype": d}),
+    aten.kthvalue.default: lambda d: ((_t(d), 2, 1), {}),
+    aten.topk.default: lambda d: ((_t(d), 2), {}),
+    aten.sort.stable: lambda d: ((_t(d),), {"stable": True, "dim": 1}),
+    aten.searchsorted.Tensor: lambda d: ((_t(d, (8,)), _t(d)), {}),
+    aten.bucketize.Tensor: lambda d: ((_t(d), _t(d, (5,))), {}),
+    GATHER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), 0), {}),
+    aten._assert_async.msg: lambda d: ((_t(torch.bool, ()), "message"), {}),
+    aten._embedding_bag_backward.default: lambda d: ((_t(d, (2, 8)), _idx((5,)), _idx((2,)), _idx((5,)), _idx((2,)),
+                                                      _idx((2, 8)), 10, False, 0, False, None), {}),
+    SCATTER_LINES: lambda d: ((_t(d), 1, _idx((4, 3)), _t(d, (4, 3)), 0.0, "sum", True, 0, "runtime"), {}),
+    aten.convolution.default: lambda d: ((_t(d, (2, 4, 8, 8)), _t(d, (6, 4, 3, 3)), _t(d, (6,)), [1, 1], [1, 1],
+                                          [1, 1], False, [0, 0], 1), {}),
+    aten.avg_pool2d.default: lambda d: ((_t(d, (2, 4, 8, 8)), [2, 2]), {}),
+    aten.avg_pool2d_backward.default: lambda d: ((_t(d, (2, 4, 4, 4)), _t(d, (2, 4, 8, 8)), [2, 2], [2, 2], [0, 0],
+                                                  False, True, None), {}),
+    aten.adaptive_max_pool2d.default: lambda d: ((_t(d, (2, 4, 8, 8)), [4, 4]), {}),
 }
 
 
@@ -237,7 +251,9 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "",
         f"{len(rows)} ATen overloads lower to NKI kernels, grouped by family; ✓ marks each dtype the backend "
         "accepts for the op (probed with int64 index tensors and bool masks). Everything else PyTorch uses is either "
-        "decomposed first by AOTAutograd into these ops (softmax, layer_norm, linear, cross_entropy, SDPA, ...) or "
+        "decomposed first by AOTAutograd into these ops (softmax, layer_norm, linear, cross_entropy, SDPA, ...; "
+        "convolution_backward, max_pool1d/2d with indices and backward, interpolate/upsample in every separable mode, "
+        "adaptive_avg_pool1d/2d/3d and group_norm go to the conv, pool and resample kernels) or "
         "refused at compile time with an `UnsupportedOpError` naming the op and your source line. float64 runs "
         "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
         "like int32; int64 values live as int32) or are refused; int8/int16/uint8 arithmetic is refused because "

@@ -44,11 +44,3 @@ def lower_arange(ctx, node, *args, **kwargs):
 def lower_full_like(ctx, node, x, fill_value, **kwargs):
     """aten.full_like: memset of a full tile (the input only gives the shape)."""
     return ctx.b.fill(float(fill_value), ctx.member_role(node))
-
-
-@register_lowering(aten.empty.memory_format, aten.empty_permuted.default, aten.empty_like.default,
-                   aten.new_empty.default, aten.empty_strided.default, aten.new_empty_strided.default,
-                   family="constant", kind="constant")
-def lower_empty(ctx, node, *args, **kwargs):
-    """aten.empty*/new_empty*: uninitialized memory in torch; zeros here (a memset, never stale data)."""
-    return ctx.b.fill(0.0, ctx.member_role(node))

@@ -100,6 +100,19 @@ def lower_bessel_i(ctx: Any, node: fx.Node, x: Any) -> Any:
     return m.bessel_i(ctx.b, _tile(ctx.b, x), order, scaled)
 
 
+@register_lowering(aten.polygamma.default, family="elementwise", check=_float_out)
+def lower_polygamma(ctx: Any, node: fx.Node, n: int, x: Any) -> Any:
+    """aten.polygamma(n, x): digamma for n = 0, else (-1)^(n+1) n! zeta(n + 1, x) (Euler-Maclaurin)."""
+    return m.polygamma(ctx.b, int(n), _tile(ctx.b, x))
+
+
+@register_lowering(aten.special_zeta.default, family="elementwise", check=_float_out)
+def lower_zeta(ctx: Any, node: fx.Node, x: Any, q: Any) -> Any:
+    """aten.special_zeta(x, q): Hurwitz zeta, nine terms and the Euler-Maclaurin tail."""
+    b = ctx.b
+    return m.zeta(b, _tile(b, x, q), _tile(b, q, x))
+
+
 # -- rounding --------------------------------------------------------------------------------------
 
 

@@ -144,8 +144,8 @@ def _index_put_check(node: fx.Node) -> str | None:
     indices = list(node.args[1])
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     if not accumulate:
-        return ("index_put without accumulate=True is not supported (its result with duplicate indices is "
-                "unspecified); use index_add / accumulate=True")
+        return ("index_put with a boolean mask and a value per True position has a data-dependent shape; "
+                "broadcast the values and use torch.where(mask, values, x)")
     real = [i for i, t in enumerate(indices) if t is not None]
     if len(real) != 1:
         return "index_put with more than one index tensor is not supported (index one dim at a time)"

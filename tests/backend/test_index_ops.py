@@ -246,6 +246,12 @@ def test_gather_with_several_indices_per_row():
                                rtol=0, atol=0)
 
 
+def test_gather_of_a_1d_self_lowers():
+    x, i = torch.randn(4, 10), torch.tensor([[0, 9, 9], [1, 2, 3], [5, 5, 0], [7, 8, 9]])
+    got = _compile(lambda x, i: torch.gather(x[0], 0, i[1]))(x, i)
+    assert torch.equal(got, torch.gather(x[0], 0, i[1]))
+
+
 def test_rendered_index_kernels_use_only_current_nki_api():
     weight = _leaf(130, 20)
     idx = torch.tensor([1, 129, 1])

@@ -225,14 +225,14 @@ def _line_of(fn: Callable[..., Any], offset: int = 1) -> str:
     return f"{Path(__file__).resolve()}:{fn.__code__.co_firstlineno + offset}"
 
 
-def test_reject_sort_names_op_shapes_and_line() -> None:
+def test_reject_eigh_names_op_shapes_and_line() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.sort(x, -1).values * 2
+        return torch.linalg.eigvalsh(x @ x.mT) * 2
 
     err, msg = _reject(fn, torch.randn(3, 130))
-    assert "aten.sort.default(float32[3, 130]): no lowering rule" in msg, msg
-    assert f"{_line_of(fn)}: return torch.sort(x, -1).values * 2" in msg, msg
-    assert len(err.unsupported) == 1 and "aten.sort.default" in err.unsupported[0]
+    assert "aten._linalg_eigh.default(float32[3, 3]" in msg and "no lowering rule" in msg, msg
+    assert f"{_line_of(fn)}: return torch.linalg.eigvalsh(x @ x.mT) * 2" in msg, msg
+    assert len(err.unsupported) == 1 and "aten._linalg_eigh.default" in err.unsupported[0]
     assert "neuron-compile ops" in msg  # how to find out what is supported
 
 
@@ -246,30 +246,30 @@ def test_reject_fft() -> None:
 
 
 def test_reject_lists_every_unsupported_op_in_one_message() -> None:
-    w = torch.randn(4, 3, 3, 3)
+    w = torch.randn(4, 3, 3, 3, 3)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        y = F.conv2d(x, w).relu()
-        return torch.sort(y.flatten(1), -1).values
+        y = F.conv3d(x, w).relu().flatten(1)
+        return torch.linalg.eigvalsh(y @ y.mT)
 
-    err, msg = _reject(fn, torch.randn(2, 3, 9, 10))
+    err, msg = _reject(fn, torch.randn(2, 3, 9, 10, 5))
     assert "2 unsupported op(s)" in msg, msg
-    assert "aten.convolution.default(float32[2, 3, 9, 10], float32[4, 3, 3, 3]" in msg, msg
-    assert f"{_line_of(fn)}: y = F.conv2d(x, w).relu()" in msg, msg
-    assert "aten.sort.default(float32[2, 224])" in msg, msg
-    assert f"{_line_of(fn, 2)}: return torch.sort(y.flatten(1), -1).values" in msg, msg
+    assert "aten.convolution.default(float32[2, 3, 9, 10, 5], float32[4, 3, 3, 3, 3]" in msg, msg
+    assert f"{_line_of(fn)}: y = F.conv3d(x, w).relu().flatten(1)" in msg, msg
+    assert "aten._linalg_eigh.default(float32[2, 2]" in msg, msg
+    assert f"{_line_of(fn, 2)}: return torch.linalg.eigvalsh(y @ y.mT)" in msg, msg
     assert len(err.unsupported) == 2
 
 
 def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, w).sum()
+        return F.conv3d(x, w).sum()
 
-    x = torch.randn(2, 3, 9, 10, requires_grad=True)
-    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    x = torch.randn(2, 3, 9, 10, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, 3, requires_grad=True)
     err, msg = _reject(fn, x, w)  # refused at the forward call, before any .backward()
     assert "training graph (forward + backward)" in msg, msg
-    assert "aten.convolution.default(float32[2, 3, 9, 10], float32[4, 3, 3, 3]" in msg, msg
+    assert "aten.convolution.default(float32[2, 3, 9, 10, 5], float32[4, 3, 3, 3, 3]" in msg, msg
     assert "aten.convolution_backward.default(" in msg, msg
-    assert f"{_line_of(fn)}: return F.conv2d(x, w).sum()" in msg, msg
+    assert f"{_line_of(fn)}: return F.conv3d(x, w).sum()" in msg, msg
     assert len(err.unsupported) == 2, err.unsupported

@@ -103,6 +103,16 @@ def test_nan_propagates_like_torch(fn):
     _same(fn, x)
 
 
+def test_value_constant_along_a_reduction_is_stored_at_full_size():
+    # eq is computed from a broadcast 0-d input (a row in the reduction kernel of any()), yet has 5 elements
+    def fn(x, n):
+        eq = n.expand(5) == 1
+        return torch.where(eq, x, -x), eq.any()
+
+    _same(fn, torch.randn(5), torch.tensor(1.0))
+    _same(fn, torch.randn(5), torch.tensor(2.0))
+
+
 # -- advanced indexing and device-side bounds checks ---------------------------------------------------------
 
 

@@ -155,6 +155,19 @@ CORPUS: tuple[CorpusEntry, ...] = (
                 lambda g: (_randn(g, 130, 300, dtype=torch.bfloat16),), tol=BF16_TOL),
     CorpusEntry("mlp_backward", lambda x, w: F.gelu(x @ w).sum(-1).mean(),
                 lambda g: (_randn(g, 130, 300), _randn(g, 300, 70) * 0.1), backward=True),
+    CorpusEntry("sort_topk_median", lambda x: (*torch.sort(x, dim=-1, stable=True), *torch.topk(x, 5, 0),
+                                               *torch.median(x, 1)),
+                lambda g: (torch.randperm(130 * 300, generator=g).reshape(130, 300).float(),)),
+    CorpusEntry("searchsorted_bucketize", lambda s, v: (torch.searchsorted(s, v), torch.bucketize(v, s[0], right=True)),
+                lambda g: (torch.sort(_randn(g, 130, 40), -1).values, _randn(g, 130, 300))),
+    CorpusEntry("gather_scatter_lines", lambda x, i, s: (torch.gather(x, 1, i), x.scatter_reduce(1, i, s, "amax"),
+                                                         x.scatter_add(1, i, s)),
+                lambda g: (_randn(g, 130, 300), torch.randint(0, 300, (130, 20), generator=g), _randn(g, 130, 20))),
+    CorpusEntry("cumulative", lambda x, i: (*torch.cummax(x, -1), torch.logcumsumexp(x, -1), torch.cumsum(i, -1),
+                                            torch.cumprod(x * 0.01 + 1, 0)),
+                lambda g: (_randn(g, 130, 700), torch.randint(-1000, 1000, (130, 700), generator=g))),
+    CorpusEntry("one_hot_assert", lambda i: F.one_hot(i, 300).float() * 2,
+                lambda g: (torch.randint(0, 300, (130,), generator=g),)),
 )
 
 BY_NAME = {e.name: e for e in CORPUS}

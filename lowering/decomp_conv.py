@@ -1,0 +1,402 @@
+"""Decompositions of the CNN / diffusion ops onto the conv, pool and resample kernel families.
+
+- ``convolution_backward`` -> a transposed convolution (grad_input: the same implicit GEMM as the forward),
+  ``neuron_compile::conv_weight_grad`` (grad_weight, :class:`~neuron_compile.lowering.ir.ConvWgradKernel`)
+  and a sum over (N, spatial) (grad_bias, an ordinary reduction kernel).
+- ``max_pool2d_with_indices`` -> ``neuron_compile::max_pool`` + ``max_pool_index`` (indices only where used),
+  its backward -> ``neuron_compile::max_pool_backward``, which recomputes the argmax from the input instead of
+  reading stored indices (training keeps no index tensor; eager's tie and NaN rules are reproduced).
+- ``native_group_norm`` -> mean/var/rsqrt on the [N, G, C/G, HxW] view with the affine broadcast in that view
+  (one reduction kernel); its backward is PyTorch's own decomposition onto reductions and elementwise ops.
+- upsample (nearest, nearest-exact, bilinear/linear, bicubic; ``.default`` and ``.vec``), adaptive average
+  pooling, and their backwards -> ``neuron_compile::resample`` (a separable linear map, transposed for the
+  backward; :mod:`lowering.ops.resample`).
+
+The ``neuron_compile::*`` ops are defined here with an eager implementation (their semantics; also what
+FakeTensor tracing runs) and are only ever seen by our own lowering rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+_LIB = torch.library.Library("neuron_compile", "FRAGMENT")
+_LIB.define("conv_weight_grad(Tensor input, Tensor grad_output, int[] weight_size, int[] stride, int[] padding, "
+            "int[] dilation, int groups) -> Tensor")
+
+
+def _conv_weight_grad_eager(x: torch.Tensor, go: torch.Tensor, weight_size: list[int], stride: list[int],
+                            padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+    """grad_weight of ``go = conv(x, w)`` (not transposed) for a weight of ``weight_size``."""
+    w = torch.empty(weight_size, dtype=x.dtype, device=x.device)
+    return aten.convolution_backward.default(go, x, w, None, stride, padding, dilation, False,
+                                             [0] * len(stride), groups, [False, True, False])[1]
+
+
+_LIB.impl("conv_weight_grad", _conv_weight_grad_eager, "CompositeExplicitAutograd")
+CONV_WEIGHT_GRAD = torch.ops.neuron_compile.conv_weight_grad.default
+
+
+_LIB.define("max_pool(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode) "
+            "-> Tensor")
+_LIB.define("max_pool_index(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
+            "bool ceil_mode) -> Tensor")
+_LIB.define("max_pool_backward(Tensor grad_output, Tensor x, int[] kernel_size, int[] stride, int[] padding, "
+            "int[] dilation, bool ceil_mode) -> Tensor")
+
+
+def _max_pool_eager(x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                    dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    return aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+def _max_pool_index_eager(x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                          dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    return aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+
+
+def _max_pool_backward_eager(go: torch.Tensor, x: torch.Tensor, kernel_size: list[int], stride: list[int],
+                             padding: list[int], dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    """The gradient routed to each window's argmax (recomputed from ``x``: first maximum, NaN wins)."""
+    idx = aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+    return aten.max_pool2d_with_indices_backward.default(go, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                                         idx)
+
+
+_LIB.impl("max_pool", _max_pool_eager, "CompositeExplicitAutograd")
+_LIB.impl("max_pool_index", _max_pool_index_eager, "CompositeExplicitAutograd")
+_LIB.impl("max_pool_backward", _max_pool_backward_eager, "CompositeExplicitAutograd")
+MAX_POOL = torch.ops.neuron_compile.max_pool.default
+MAX_POOL_INDEX = torch.ops.neuron_compile.max_pool_index.default
+MAX_POOL_BACKWARD = torch.ops.neuron_compile.max_pool_backward.default
+
+
+def _pool_args(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[list[int], ...]:
+    def two(v: Any, default: list[int]) -> list[int]:
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        v = v or default
+        return v * 2 if len(v) == 1 else v
+
+    ks = two(kernel_size, [1])
+    return ks, two(stride, ks), two(padding, [0]), two(dilation, [1])
+
+
+def _max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
+                             dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and indices as two ops: training needs only the values (the backward recomputes the argmax)."""
+    ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    if x.dim() == 3:  # unbatched [C, H, W]
+        v, i = _max_pool2d_with_indices(x.unsqueeze(0), ks, st, pad, dil, ceil_mode)
+        return v.squeeze(0), i.squeeze(0)
+    return MAX_POOL(x, ks, st, pad, dil, ceil_mode), MAX_POOL_INDEX(x, ks, st, pad, dil, ceil_mode)
+
+
+def _max_pool2d_with_indices_backward(go: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any,
+                                      dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    ks, st, pad, dil = _pool_args(x, kernel_size, stride, padding, dilation)
+    if x.dim() == 3:  # unbatched [C, H, W]
+        return MAX_POOL_BACKWARD(go.unsqueeze(0), x.unsqueeze(0), ks, st, pad, dil, ceil_mode).squeeze(0)
+    return MAX_POOL_BACKWARD(go, x, ks, st, pad, dil, ceil_mode)
+
+
+_LIB.define("resample(Tensor x, int[] in_size, int[] out_size, str mode, bool align_corners, float?[] scales, "
+            "bool transpose) -> Tensor")
+
+
+def _resample_eager(x: torch.Tensor, in_size: list[int], out_size: list[int], mode: str, align_corners: bool,
+                    scales: list[float | None], transpose: bool) -> torch.Tensor:
+    """``A_h x A_w^T`` per plane (``A_h^T x A_w`` when ``transpose``: the backward), A from ``resample_matrix``."""
+    from neuron_compile.lowering.ops.resample import resample_matrix
+
+    modes = mode.split(",") if "," in mode else [mode] * len(in_size)
+    a = [torch.from_numpy(resample_matrix(m, int(i), int(o), bool(align_corners), s).copy())
+         for m, i, o, s in zip(modes, in_size, out_size, scales, strict=True)]
+    if transpose:
+        a = [m.t() for m in a]
+    return torch.einsum("nchw,oh,pw->ncop", x.float(), a[0], a[1]).to(x.dtype)
+
+
+def _resample_fake(x: torch.Tensor, in_size: list[int], out_size: list[int], mode: str, align_corners: bool,
+                   scales: list[float | None], transpose: bool) -> torch.Tensor:
+    hw = in_size if transpose else out_size
+    return x.new_empty((x.shape[0], x.shape[1], int(hw[0]), int(hw[1])))
+
+
+_LIB.impl("resample", _resample_eager, "CompositeExplicitAutograd")
+torch.library.register_fake("neuron_compile::resample", _resample_fake, lib=_LIB)
+RESAMPLE = torch.ops.neuron_compile.resample.default
+
+
+def _resample_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.args = inputs[1:]
+
+
+def _resample_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    in_size, out_size, mode, align_corners, scales, transpose = ctx.args
+    return (RESAMPLE(grad, in_size, out_size, mode, align_corners, scales, not transpose),
+            None, None, None, None, None, None)
+
+
+torch.library.register_autograd("neuron_compile::resample", _resample_backward, setup_context=_resample_setup,
+                                lib=_LIB)
+_INTERP_MODES = {"nearest": "nearest", "nearest-exact": "nearest-exact", "linear": "bilinear",
+                 "bilinear": "bilinear", "bicubic": "bicubic", "trilinear": "bilinear"}
+
+
+def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
+                antialias: bool = False) -> torch.Tensor:
+    """``F.interpolate`` for 1-D/2-D nearest, nearest-exact, (bi)linear and bicubic as ``neuron_compile::resample``
+    (sizes and scales as F.interpolate passes them to the ATen op); any other case is F.interpolate itself."""
+    nsp = input.dim() - 2
+    if antialias or nsp not in (1, 2, 3) or mode not in _INTERP_MODES or (size is None) == (scale_factor is None):
+        return torch.nn.functional.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                                               antialias)
+    in_hw = [int(s) for s in input.shape[2:]]
+    if size is not None:
+        osize = [int(s) for s in (size if isinstance(size, (list, tuple)) else [size] * nsp)]
+        scales: list[float | None] = [None] * nsp
+    else:
+        sf = [float(s) for s in (scale_factor if isinstance(scale_factor, (list, tuple)) else [scale_factor] * nsp)]
+        osize = [int(math.floor(i * s)) for i, s in zip(in_hw, sf, strict=True)]
+        scales = [None] * nsp if recompute_scale_factor else list(sf)
+    return _resample(input, in_hw, osize, _INTERP_MODES[mode], bool(align_corners), scales, False)
+
+
+def _upsample(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+              align_corners: bool | None = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def _upsample_nearest(input: torch.Tensor, size: Any = None, scale_factor: Any = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+def _upsample_bilinear(input: torch.Tensor, size: Any = None, scale_factor: Any = None) -> torch.Tensor:
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
+
+
+_INTERP_CALLS = {torch.nn.functional.interpolate: interpolate, torch.nn.functional.upsample: _upsample,
+                 torch.nn.functional.upsample_nearest: _upsample_nearest,
+                 torch.nn.functional.upsample_bilinear: _upsample_bilinear}
+
+
+def rewrite_interpolate(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Point the Dynamo graph's ``F.interpolate`` (and ``F.upsample*``) calls at :func:`interpolate`: PyTorch
+    decomposes the upsample ops
+    above autograd into index/index_put graphs (multi-index gathers, float-to-int casts), so they must be
+    replaced before AOTAutograd traces them. Returns ``gm`` (changed in place)."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _INTERP_CALLS:
+            node.target = _INTERP_CALLS[node.target]
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
+
+
+def _adaptive_windows(x: torch.Tensor, output_size: Any) -> list[int] | None:
+    """The window of an adaptive pooling whose output size divides the input (then it is a plain pooling)."""
+    sizes = [int(s) for s in x.shape[-2:]]
+    out = [int(o) for o in output_size]
+    if any(o <= 0 or s % o for s, o in zip(sizes, out, strict=True)):
+        return None
+    return [s // o for s, o in zip(sizes, out, strict=True)]
+
+
+def _adaptive_max_pool2d(x: torch.Tensor, output_size: Any) -> Any:
+    """adaptive_max_pool2d with an output size that divides the input: max pooling with kernel = stride."""
+    k = _adaptive_windows(x, output_size)
+    if k is None:
+        return NotImplemented
+    return _max_pool2d_with_indices(x, k, k, [0, 0], [1, 1], False)
+
+
+def _adaptive_max_pool2d_backward(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> Any:
+    k = _adaptive_windows(x, go.shape[-2:])
+    if k is None:
+        return NotImplemented
+    return _max_pool2d_with_indices_backward(go, x, k, k, [0, 0], [1, 1], False, indices)
+
+
+def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, align_corners: bool,
+              scales: list[float | None], transpose: bool) -> torch.Tensor:
+    """``neuron_compile::resample`` over the 1, 2 or 3 trailing spatial dims of a batched input ([N, C, *sp]).
+
+    1-D runs as H = 1; 3-D as two separable passes: (H, W) on the [N, C x D, H, W] view, then D on
+    [N, C, D, H x W] (its W map the identity); ``transpose`` (a backward) applies them in reverse order."""
+    nsp = len(in_sp)
+    scales = (list(scales) + [None] * nsp)[:nsp]
+    if nsp == 1:
+        y = RESAMPLE(x.unsqueeze(2), [1, *in_sp], [1, *out_sp], mode, align_corners, [None, *scales], transpose)
+        return y.squeeze(2)
+    if nsp == 2:
+        return RESAMPLE(x, list(in_sp), list(out_sp), mode, align_corners, scales, transpose)
+    n, c = x.shape[0], x.shape[1]
+    (d, h, w), (od, oh, ow) = in_sp, out_sp
+    depth_mode = f"{mode},identity"
+    if not transpose:
+        y = RESAMPLE(x.reshape(n, c * d, h, w), [h, w], [oh, ow], mode, align_corners, scales[1:], False)
+        y = RESAMPLE(y.reshape(n, c, d, oh * ow), [d, oh * ow], [od, oh * ow], depth_mode, align_corners,
+                     [scales[0], None], False)
+        return y.reshape(n, c, od, oh, ow)
+    y = RESAMPLE(x.reshape(n, c, od, oh * ow), [d, oh * ow], [od, oh * ow], depth_mode, align_corners,
+                 [scales[0], None], True)
+    y = RESAMPLE(y.reshape(n, c * d, oh, ow), [h, w], [oh, ow], mode, align_corners, scales[1:], True)
+    return y.reshape(n, c, d, h, w)
+
+
+def _vec_sizes(x: torch.Tensor, output_size: Any, scale_factors: Any) -> tuple[list[int], list[float | None]]:
+    nsp = x.dim() - 2
+    if output_size is not None:
+        return [int(s) for s in output_size], [None] * nsp
+    return ([int(x.shape[2 + i] * float(scale_factors[i])) for i in range(nsp)],
+            [float(s) for s in scale_factors])
+
+
+def _upsample(mode: str, ac: bool | None) -> dict[str, Callable[..., Any]]:
+    """Forward (.default / .vec) and backward decompositions of one upsample mode (ac None: no align_corners arg)."""
+
+    def default(x: torch.Tensor, output_size: Any, *rest: Any) -> torch.Tensor:
+        align, scales = (False, list(rest)) if ac is None else (bool(rest[0]), list(rest[1:]))
+        nsp = x.dim() - 2
+        scales = (scales + [None] * nsp)[:nsp]
+        return _resample(x, list(x.shape[2:]), list(output_size), mode, align, scales, False)
+
+    def vec(x: torch.Tensor, output_size: Any, *rest: Any) -> torch.Tensor:
+        align, scale_factors = (False, rest[0]) if ac is None else (bool(rest[0]), rest[1])
+        osize, scales = _vec_sizes(x, output_size, scale_factors)
+        return _resample(x, list(x.shape[2:]), osize, mode, align, scales, False)
+
+    def backward(go: torch.Tensor, output_size: Any, input_size: Any, *rest: Any) -> torch.Tensor:
+        align, scales = (False, list(rest)) if ac is None else (bool(rest[0]), list(rest[1:]))
+        nsp = go.dim() - 2
+        scales = (scales + [None] * nsp)[:nsp]
+        return _resample(go, list(input_size[2:]), list(output_size), mode, align, scales, True)
+
+    return {"default": default, "vec": vec, "backward": backward}
+
+
+def _batched(nsp: int, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` for an op that also takes an unbatched input ([C, *sp]): run it on [1, C, *sp]."""
+
+    def wrapped(*args: Any) -> torch.Tensor:
+        if args[0].dim() == nsp + 2:
+            return fn(*args)
+        return fn(*(a.unsqueeze(0) if isinstance(a, torch.Tensor) else a for a in args)).squeeze(0)
+
+    return wrapped
+
+
+def _adaptive_avg_pool(x: torch.Tensor, output_size: Any) -> torch.Tensor:
+    return _resample(x, list(x.shape[2:]), [int(s) for s in output_size], "adaptive_avg", False, [], False)
+
+
+def _adaptive_avg_pool_backward(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _resample(go, list(x.shape[2:]), list(go.shape[2:]), "adaptive_avg", False, [], True)
+
+
+def _unbatched_only(op: Any, nsp: int) -> Callable[..., Any]:
+    """A decomposition that turns an unbatched call of ``op`` into a batched one (NotImplemented otherwise)."""
+
+    def fn(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if x.dim() != nsp + 1:
+            return NotImplemented
+        rest = [a.unsqueeze(0) if isinstance(a, torch.Tensor) and a.dim() == nsp + 1 else a for a in args]
+        return op(x.unsqueeze(0), *rest, **kwargs).squeeze(0)
+
+    return fn
+
+
+def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = {
+        aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
+        aten._adaptive_avg_pool2d_backward.default: _batched(2, _adaptive_avg_pool_backward),
+        aten._adaptive_avg_pool3d.default: _batched(3, _adaptive_avg_pool),
+        aten._adaptive_avg_pool3d_backward.default: _batched(3, _adaptive_avg_pool_backward),
+        aten.avg_pool2d.default: _unbatched_only(aten.avg_pool2d.default, 2),
+        aten.avg_pool2d_backward.default: _unbatched_only(aten.avg_pool2d_backward.default, 2),
+    }
+    for mode, ac, fwd, bwd in (
+            ("nearest", None, aten.upsample_nearest2d, aten.upsample_nearest2d_backward),
+            ("nearest", None, aten.upsample_nearest1d, aten.upsample_nearest1d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact2d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact1d, aten._upsample_nearest_exact1d_backward),
+            ("bilinear", True, aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward),
+            ("bilinear", True, aten.upsample_linear1d, aten.upsample_linear1d_backward),
+            ("bicubic", True, aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward),
+            ("nearest", None, aten.upsample_nearest3d, aten.upsample_nearest3d_backward),
+            ("nearest-exact", None, aten._upsample_nearest_exact3d, aten._upsample_nearest_exact3d_backward),
+            ("bilinear", True, aten.upsample_trilinear3d, aten.upsample_trilinear3d_backward)):
+        fns = _upsample(mode, ac)
+        table[fwd.default] = fns["default"]
+        table[fwd.vec] = fns["vec"]
+        table[bwd.default] = fns["backward"]
+    return table
+
+
+def _native_group_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int,
+                       hxw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GroupNorm on the [N, G, C/G, HxW] view: mean/var reductions over the last two dims, the per-channel affine
+    as a [G, C/G, 1] broadcast, so statistics, normalization and affine are one reduction kernel."""
+    acc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    xg = aten.view.default(acc, [n, group, c // group, hxw])
+    mean = aten.mean.dim(xg, [2, 3], True)
+    centered = aten.sub.Tensor(xg, mean)
+    var = aten.mean.dim(aten.mul.Tensor(centered, centered), [2, 3], True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.mul.Tensor(centered, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, aten.view.default(weight, [group, c // group, 1]))
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(bias, [group, c // group, 1]))
+    out = aten.view.default(out.to(x.dtype), list(x.shape))
+    # eager returns the statistics in the input dtype (and its backward reads them rounded)
+    return out, aten.view.default(mean, [n, group]).to(x.dtype), aten.view.default(rstd, [n, group]).to(x.dtype)
+
+
+def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
+                          padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
+                          groups: int, output_mask: list[bool]) -> Any:
+    """convolution_backward as two convolutions' worth of kernels: the grad_input is a convolution running
+    the other way (transposed <-> not), the grad_weight a correlation of the input with grad_output."""
+    nsp = x.dim() - 2
+    if nsp not in (1, 2):  # 3-D convolutions are refused: keep the op for the refusal message
+        return NotImplemented
+    stride, padding, dilation = (list(v) * nsp if len(v) == 1 else list(v) for v in (stride, padding, dilation))
+    gi = gw = gb = None
+    if output_mask[0]:
+        if transposed:
+            gi = aten.convolution.default(go, w, None, stride, padding, dilation, False, [0] * nsp, groups)
+        else:
+            # the output_padding that makes the transposed convolution come back to the input's size
+            op = [x.shape[2 + i] - ((go.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+                                    + dilation[i] * (w.shape[2 + i] - 1) + 1) for i in range(nsp)]
+            gi = aten.convolution.default(go, w, None, stride, padding, dilation, True, op, groups)
+    if output_mask[1]:
+        if transposed:  # y = conv_transpose(x, w) is the grad_input of x = conv(y, w): swap the roles
+            gw = CONV_WEIGHT_GRAD(go, x, list(w.shape), stride, padding, dilation, groups)
+        else:
+            gw = CONV_WEIGHT_GRAD(x, go, list(w.shape), stride, padding, dilation, groups)
+    if output_mask[2]:
+        gb = aten.sum.dim_IntList(go, [0, *range(2, go.dim())])
+    return gi, gw, gb
+
+
+def conv_decompositions() -> dict[Any, Callable[..., Any]]:
+    return {aten.convolution_backward.default: _convolution_backward,
+            aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
+            aten.max_pool2d_with_indices_backward.default: _max_pool2d_with_indices_backward,
+            aten.native_group_norm.default: _native_group_norm,
+            aten.adaptive_max_pool2d.default: _adaptive_max_pool2d,
+            aten.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
+            **_resample_decompositions()}

@@ -1,0 +1,220 @@
+"""Decompositions that route gather/scatter-family ops to the line kernels of ``lowering/ops/scatter.py``.
+
+``scatter``/``scatter_add`` with one index per row along ``dim`` (cross-entropy's backward) stay ATen ops and
+fuse into loop kernels (``lowering/ops/index.py``); ``gather`` is ``lowering/decomp_index.py``'s (a linear
+row gather) except for a 0-d self. Every other form becomes one of two ops of this package, whose eager
+implementations define their semantics:
+
+- ``neuron_compile::gather_lines(self, dim, index, lo)``: gather from lines held in SBUF (``masked_scatter``'s
+  source lookup, 0-d gathers), negative indices wrapping when ``lo < 0``.
+- ``neuron_compile::scatter_lines(self, dim, index, src, fill, reduce, include_self, lo, error)``: scatter,
+  scatter_add, scatter_reduce, index_add, index_copy, index_fill, index_reduce, put; ``src`` None scatters
+  the scalar ``fill``; ``reduce`` 'assign' takes the last write (CPU torch's order for duplicates).
+
+Both raise like eager for indices outside ``[lo, size)`` (device-side guard flag; ``error`` 'index' gives
+an IndexError, 'runtime' a RuntimeError).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from neuron_compile.lowering.decomp_bag import BAG
+from neuron_compile.lowering.decomp_sort import SORT
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+_LIB = torch.library.Library("neuron_compile", "FRAGMENT")
+_LIB.define("gather_lines(Tensor self, int dim, Tensor index, int lo) -> Tensor")
+_LIB.define("scatter_lines(Tensor self, int dim, Tensor index, Tensor? src, float fill, str reduce, "
+            "bool include_self, int lo, str error) -> Tensor")
+
+
+def _wrapped(index: torch.Tensor, size: int, lo: int) -> torch.Tensor:
+    return torch.where(index < 0, index + size, index) if lo < 0 else index
+
+
+def _gather_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, lo: int) -> torch.Tensor:
+    if x.dim() == 0:  # a 0-d self is a line of one element; the result has the index's shape
+        return torch.gather(x.reshape(1), 0, _wrapped(index.reshape(-1), 1, lo)).reshape(index.shape)
+    return torch.gather(x, dim, _wrapped(index, x.shape[dim], lo))
+
+
+def _scatter_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float,
+                         reduce: str, include_self: bool, lo: int, error: str) -> torch.Tensor:
+    shape = x.shape
+    if x.dim() <= 1:  # 0-d / 1-D self: one line; index and src of any shape with the line's elements
+        x, dim, index = x.reshape(-1), 0, index.reshape(-1)
+        src = None if src is None else src.reshape(-1).expand(index.shape)
+    index = _wrapped(index, x.shape[dim], lo)
+    if src is None:
+        src = torch.full(index.shape, fill, dtype=x.dtype)
+    if reduce == "assign":
+        return x.scatter(dim, index, src).reshape(shape)
+    return x.scatter_reduce(dim, index, src, reduce, include_self=include_self).reshape(shape)
+
+
+_LIB.impl("gather_lines", _gather_lines_eager, "CompositeExplicitAutograd")
+_LIB.impl("scatter_lines", _scatter_lines_eager, "CompositeExplicitAutograd")
+GATHER_LINES = torch.ops.neuron_compile.gather_lines.default
+SCATTER_LINES = torch.ops.neuron_compile.scatter_lines.default
+
+
+def one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
+    """One index per row along ``dim``, other dims equal (the fused loop-kernel form of index.py)."""
+    if x.dim() == 0 or index.dim() != x.dim():
+        return False
+    dim %= x.dim()
+    return index.shape[dim] == 1 and all(a == b for d, (a, b) in enumerate(zip(index.shape, x.shape, strict=True))
+                                          if d != dim)
+
+
+def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> Any:
+    """gather: lowering/decomp_index.py's linear row gather; a 0-d self and forms it leaves out: a line gather."""
+    if x.dim() == 0:
+        return GATHER_LINES(x, 0, index, 0)
+    from neuron_compile.lowering.decomp_index import gather
+
+    out = gather(x, dim, index, sparse_grad=sparse_grad)
+    if out is NotImplemented and not one_per_row(x, dim, index):  # forms the linear row gather leaves out (1-D)
+        return GATHER_LINES(x, dim % x.dim(), index, 0)
+    return out
+
+
+def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float, reduce: str,
+             include_self: bool = True, lo: int = 0, error: str = "runtime") -> torch.Tensor:
+    if index.numel() == 0 or x.numel() == 0:
+        return x.clone()
+    if src is not None and src.dim() == 0 and index.dim():
+        src = src.expand(index.shape)
+    return SCATTER_LINES(x, dim % max(x.dim(), 1), index, src, fill, reduce, include_self, lo, error)
+
+
+def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
+    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape):
+        return NotImplemented
+    return _scatter(x, dim, index, src, 0.0, "assign")
+
+
+def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
+    if one_per_row(x, dim, index):
+        return NotImplemented
+    return _scatter(x, dim, index, None, float(value), "assign")
+
+
+def _scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
+    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape):
+        return NotImplemented
+    return _scatter(x, dim, index, src, 0.0, "sum")
+
+
+_OLD_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+def _scatter_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, *, reduce: str) -> Any:
+    return _scatter(x, dim, index, src, 0.0, _OLD_REDUCE[reduce])
+
+
+def _scatter_value_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any, *, reduce: str) -> Any:
+    return _scatter(x, dim, index, None, float(value), _OLD_REDUCE[reduce])
+
+
+def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
+                    include_self: bool = True) -> Any:
+    return _scatter(x, dim, index, src, 0.0, reduce, include_self)
+
+
+def _line_index(index: torch.Tensor, dim: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    """A 1-D index along ``dim`` broadcast over the other dims of ``shape`` (a stride-0 view)."""
+    index = index.reshape(-1)
+    view = [1] * len(shape)
+    view[dim] = index.numel()
+    full = list(shape)
+    full[dim] = index.numel()
+    return index.view(view).expand(full)
+
+
+def _index_op(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor | None, fill: float, reduce: str,
+              include_self: bool = True, lo: int = 0, error: str = "runtime") -> torch.Tensor:
+    if x.dim() == 0:  # 0-d self: a line of one element (the custom op takes index/source of any shape)
+        return _scatter(x, 0, index, source, fill, reduce, include_self, lo, error)
+    if index.dim() == 0:
+        index = index.unsqueeze(0)
+    dim %= x.dim()
+    shape = list(x.shape)
+    shape[dim] = index.numel()
+    full = _line_index(index, dim, shape)
+    if source is not None:
+        source = source.expand(shape) if source.dim() == 0 else source
+    return _scatter(x, dim, full, source, fill, reduce, include_self, lo, error)
+
+
+def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1) -> Any:
+    return _index_op(x, dim, index, source if alpha == 1 else source * alpha, 0.0, "sum")
+
+
+def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> Any:
+    return _index_op(x, dim, index, source, 0.0, "assign", error="index")
+
+
+def _index_fill_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
+    size = x.shape[dim % x.dim()] if x.dim() else 1
+    return _index_op(x, dim, index, None, float(value), "assign", lo=-size, error="index")
+
+
+def _index_fill_tensor(x: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor) -> Any:
+    size = x.shape[dim % x.dim()] if x.dim() else 1
+    return _index_op(x, dim, index, value.to(x.dtype), 0.0, "assign", lo=-size, error="index")
+
+
+def _index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str, *,
+                  include_self: bool = True) -> Any:
+    return _index_op(x, dim, index, source, 0.0, reduce, include_self, error="index")
+
+
+def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> Any:
+    """x.put: a scatter into the flattened self (0-d and 1-D operands are taken as one line)."""
+    flat = x.reshape(-1) if x.dim() > 1 else x
+    idx = index.reshape(-1) if index.dim() > 1 else index
+    src = source.reshape(-1) if source.dim() > 1 else source
+    out = _scatter(flat, 0, idx, src, 0.0, "sum" if accumulate else "assign", True, lo=-max(x.numel(), 1),
+                   error="index")
+    return out.reshape(x.shape) if x.dim() > 1 else out
+
+
+def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> Any:
+    """out[mask] = source's first mask.sum() elements in order: position = running count of the mask."""
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    mask_b = mask.expand(shape)
+    if x.numel() == 0:
+        return x.clone()
+    pos = torch.cumsum(mask_b.reshape(-1).to(torch.int64), 0) - 1
+    src = source.reshape(-1)
+    if src.numel() == 0:
+        src = torch.zeros(1, dtype=x.dtype)
+    vals = GATHER_LINES(src, 0, torch.clamp_min(pos, 0), 0).view(shape)
+    return torch.where(mask_b, vals, x.expand(shape))
+
+
+SCATTER: dict[Any, Callable[..., Any]] = {
+    aten.gather.default: _gather,
+    aten.scatter.src: _scatter_src,
+    aten.scatter.value: _scatter_value,
+    aten.scatter.reduce: _scatter_reduce_old,
+    aten.scatter.value_reduce: _scatter_value_reduce_old,
+    aten.scatter_add.default: _scatter_add,
+    aten.scatter_reduce.two: _scatter_reduce,
+    aten.index_add.default: _index_add,
+    aten.index_copy.default: _index_copy,
+    aten.index_fill.int_Scalar: _index_fill_scalar,
+    aten.index_fill.int_Tensor: _index_fill_tensor,
+    aten.index_reduce.default: _index_reduce,
+    aten.put.default: _put,
+    aten.masked_scatter.default: _masked_scatter,
+    **BAG,  # EmbeddingBag (lowering/decomp_bag.py)
+    **SORT,  # topk of long rows (lowering/decomp_sort.py)
+}

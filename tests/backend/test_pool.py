@@ -1,0 +1,209 @@
+"""Pooling, resampling (interpolate / upsample / adaptive average pooling) and group_norm against eager PyTorch.
+
+Forward and backward through ``torch.compile(backend="neuron")`` on the simulator: max pooling (padding,
+stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), average pooling
+(count_include_pad, divisor_override, ceil_mode, 1-D), adaptive average pooling (1-D/2-D, non-divisible
+sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
+bicubic; size or scale_factor), group_norm, bf16 autocast, and the refusal of 3-D pooling by name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import cnn_helpers as H
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile import backend as B
+
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def kernels() -> list[Any]:
+    return [k for g in B.compiled_graphs() for k in g["plan"].kernels]
+
+
+MAX_POOL = [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=2, stride=2, ceil_mode=True),
+    dict(kernel_size=3, stride=1, padding=1, dilation=2),
+    dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0)),
+    dict(kernel_size=3, stride=3, ceil_mode=True, padding=1),
+]
+
+
+@pytest.mark.parametrize("kw", MAX_POOL, ids=[f"max_{i}" for i in range(len(MAX_POOL))])
+def test_max_pool2d(kw: dict[str, Any]) -> None:
+    ks = H.check_grads(lambda x: F.max_pool2d(x, **kw), torch.randn(2, 3, 11, 10))
+    assert sorted(k.mode for k in ks if k.family == "pool") == ["max", "max_backward"]  # no index kernel
+
+
+def test_max_pool_ties_pick_the_first_maximum() -> None:
+    x = torch.randint(0, 3, (2, 3, 9, 9)).float()
+    H.check_grads(lambda x: F.max_pool2d(x, 3, 1, 1), x)
+
+
+def test_max_pool_indices_nan_and_neg_inf_match_eager() -> None:
+    x = torch.randn(2, 2, 7, 8)
+    x[0, 0, 1, 1] = float("nan")
+    x[0, 0, 4, 4] = float("nan")
+    x[1, 1] = float("-inf")
+    x[1, 1, 3, 3] = 2.0
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True)  # noqa: E731
+    got_v, got_i = torch.compile(fn, backend="neuron")(x)
+    want_v, want_i = fn(x)
+    assert torch.equal(got_i, want_i)
+    torch.testing.assert_close(got_v, want_v, equal_nan=True)
+    xg, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(lambda x: F.max_pool2d(x, 3, 2, 1), backend="neuron")(xg).sum().backward()
+    F.max_pool2d(xr, 3, 2, 1).sum().backward()
+    assert torch.equal(xg.grad, xr.grad)
+
+
+def test_max_pool1d_and_indices() -> None:
+    H.check_grads(lambda x: F.max_pool1d(x, 3, 2, 1), torch.randn(2, 5, 17))
+    x = torch.randn(2, 5, 17)
+    torch._dynamo.reset()
+    got = torch.compile(lambda x: F.max_pool1d(x, 4, 3, return_indices=True)[1], backend="neuron")(x)
+    assert torch.equal(got, F.max_pool1d(x, 4, 3, return_indices=True)[1])
+
+
+AVG_POOL = [
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=2, divisor_override=3),
+    dict(kernel_size=(2, 3), stride=(1, 2)),
+]
+
+
+@pytest.mark.parametrize("kw", AVG_POOL, ids=[f"avg_{i}" for i in range(len(AVG_POOL))])
+def test_avg_pool2d(kw: dict[str, Any]) -> None:
+    H.check_grads(lambda x: F.avg_pool2d(x, **kw), torch.randn(2, 3, 11, 10))
+
+
+def test_avg_pool1d() -> None:
+    H.check_grads(lambda x: F.avg_pool1d(x, 4, 3, 2, ceil_mode=True), torch.randn(2, 5, 17))
+
+
+@pytest.mark.parametrize("size", [(4, 3), (1, 1), (5, 10), (11, 7)])
+def test_adaptive_avg_pool2d(size: tuple[int, int]) -> None:
+    H.check_grads(lambda x: F.adaptive_avg_pool2d(x, size), torch.randn(2, 3, 11, 10))
+
+
+def test_adaptive_avg_pool1d() -> None:
+    H.check_grads(lambda x: F.adaptive_avg_pool1d(x, 5), torch.randn(2, 3, 17))
+
+
+INTERP = [
+    dict(scale_factor=2, mode="nearest"),
+    dict(size=(13, 7), mode="nearest"),
+    dict(scale_factor=0.5, mode="nearest"),
+    dict(size=(13, 7), mode="nearest-exact"),
+    dict(size=(13, 7), mode="bilinear"),
+    dict(scale_factor=2, mode="bilinear", align_corners=True),
+    dict(scale_factor=1.5, mode="bilinear"),
+    dict(size=(5, 4), mode="bilinear", align_corners=False),
+    dict(size=(13, 7), mode="bicubic"),
+    dict(scale_factor=(2, 3), mode="nearest", recompute_scale_factor=True),
+]
+
+
+@pytest.mark.parametrize("kw", INTERP, ids=[f"interp_{i}" for i in range(len(INTERP))])
+def test_interpolate(kw: dict[str, Any]) -> None:
+    ks = H.check_grads(lambda x: F.interpolate(x, **kw), torch.randn(2, 3, 9, 11))
+    assert [k.family for k in ks] == ["resample", "resample"]  # forward and backward, one kernel each
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_interpolate_1d(mode: str) -> None:
+    H.check_grads(lambda x: F.interpolate(x, scale_factor=3, mode=mode), torch.randn(2, 3, 17))
+
+
+def test_upsample_module_and_large_plane() -> None:
+    up = torch.nn.Upsample(scale_factor=2, mode="bilinear")
+    ks = H.check_grads(up, torch.randn(1, 4, 64, 64))
+    fwd = next(k for k in ks if k.family == "resample")
+    assert len(fwd.runs_w) == 6 and len(fwd.stages) > 1  # a 2x bilinear map is 6 strided runs; rows staged
+
+
+def test_bf16_autocast_pool_and_resample() -> None:
+    w = torch.randn(4, 4, 1, 1)
+    H.check_grads(lambda x, w: F.interpolate(F.max_pool2d(F.conv2d(x, w), 3, 2, 1), scale_factor=2), torch.randn(
+        2, 4, 9, 9), w, dtype=torch.bfloat16, autocast=True)
+
+
+@pytest.mark.parametrize("groups,shape", [(4, (2, 8, 5, 7)), (1, (3, 6, 4, 4)), (8, (2, 8, 3, 3)), (2, (2, 6, 11))])
+def test_group_norm(groups: int, shape: tuple[int, ...]) -> None:
+    c = shape[1]
+    H.check_grads(lambda x, w, b: F.group_norm(x, groups, w, b), torch.randn(*shape), torch.randn(c), torch.randn(c))
+    fwd = B.compiled_graphs()[0]["plan"].kernels
+    assert len(fwd) == 1  # statistics, normalization and affine in one reduction kernel
+
+
+def test_group_norm_bf16_autocast() -> None:
+    x, w, b = torch.randn(2, 8, 5, 7), torch.randn(8), torch.randn(8)
+    H.check_grads(lambda x, w, b: F.group_norm(x, 4, w, b), x, w, b, dtype=torch.bfloat16, autocast=True)
+
+
+def test_pool3d_is_refused_by_name() -> None:
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: F.max_pool3d(x, 2), backend="neuron")(torch.randn(1, 2, 4, 4, 4))
+    assert "max_pool3d" in str(H.unsupported(info.value))
+
+
+def test_rendered_pool_kernels_use_only_current_nki_api() -> None:
+    checker = H.api_checker()
+    checker.require_api()
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    f = lambda x: (F.max_pool2d(x, 3, 2, 1).sum() + F.avg_pool2d(x, 2).sum()  # noqa: E731
+                   + F.interpolate(x, scale_factor=2, mode="bilinear").sum()
+                   + F.max_pool2d(x, 2, return_indices=True)[1].float().sum())
+    torch.compile(f, backend="neuron")(x).backward()
+    seen = set()
+    for g in B.compiled_graphs():
+        for (name, src), k in zip(g["sources"], g["plan"].kernels, strict=True):
+            seen.add(getattr(k, "mode", k.family))
+            assert checker.check_source_against_api(src) == [], name
+    assert {"max", "max_index", "avg", "max_backward", "avg_backward", "resample"} <= seen
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 3, 2, 1),
+                                lambda x: F.interpolate(x, scale_factor=2), lambda x: F.adaptive_avg_pool2d(x, 3),
+                                lambda x: F.group_norm(x, 3)],
+                         ids=["max", "avg", "interpolate", "adaptive", "group_norm"])
+def test_empty_batch(fn: Any) -> None:
+    x = torch.randn(0, 3, 9, 9)
+    got = torch.compile(fn, backend="neuron")(x)
+    assert got.shape == fn(x).shape
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 2),
+                                lambda x: F.adaptive_avg_pool2d(x, 4)], ids=["max", "avg", "adaptive"])
+def test_unbatched_and_channels_last(fn: Any) -> None:
+    H.check_grads(fn, torch.randn(3, 9, 10))
+    torch._dynamo.reset()
+    H.check_grads(fn, torch.randn(2, 3, 9, 10).to(memory_format=torch.channels_last))
+
+
+def test_adaptive_max_pool_divisible_and_refused_otherwise() -> None:
+    ks = H.check_grads(lambda x: F.adaptive_max_pool2d(x, (4, 5)), torch.randn(2, 3, 8, 10))
+    assert sorted(k.mode for k in ks if k.family == "pool") == ["max", "max_backward"]
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 8, 10)
+    got = torch.compile(lambda x: F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1], backend="neuron")(x)
+    assert torch.equal(got, F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1])
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: F.adaptive_max_pool2d(x, (3, 4)), backend="neuron")(x)
+    assert "only output sizes that divide the input are supported" in str(H.unsupported(info.value))
