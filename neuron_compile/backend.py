@@ -171,7 +171,7 @@ class StaticShapeDispatcher:
             from neuron_compile.rank_agreement import maybe_agree
 
             metrics.dynamo_graph(self.gm, self.compile_id)
-            with maybe_agree(self.distributed, "a forward graph for new input shapes"):
+            with maybe_agree(self.distributed, "a graph for new input shapes"):
                 fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
         return fn(*args)
@@ -416,7 +416,7 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
     # In a distributed job every rank compiles, or every rank raises the same error (no rank left hanging
     # on a collective the failed one never joins): neuron_compile.rank_agreement.
     distributed = rank_agreement.is_distributed_graph(gm, example_inputs)
-    with rank_agreement.maybe_agree(distributed, "a forward graph"):
+    with rank_agreement.maybe_agree(distributed, "a graph Dynamo captured"):
         return _neuron_backend(gm, example_inputs, options, mode, distributed)
 
 
