@@ -80,9 +80,11 @@ class GraphReport:
 class Report:
     target: str
     graphs: list[GraphReport] = field(default_factory=list)
+    # per compiled graph with collectives: their costs and the estimated overlap (neuron_compile.comm_cost)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "graphs": [g.to_json() for g in self.graphs]}
+        return {"target": self.target, "graphs": [g.to_json() for g in self.graphs], "collectives": self.collectives}
 
     def __str__(self) -> str:
         lines = [f"neuron-compile explain (target {self.target}; times from the cost model, docs/cost_model.md)"]
@@ -99,6 +101,14 @@ class Report:
                              f"{k.roofline.time_ns / 1e3:>9.2f} {k.efficiency:>6.1%} {k.estimate.bottleneck:<8}")
                 lines.append(f"      ops: {', '.join(dict.fromkeys(k.source_ops)) or '-'}")
                 lines.append(f"      new kernel because: {k.reason or '-'}")
+        for c in self.collectives:
+            if "error" in c:
+                lines.append(f"{c['kind']} graph with collectives: {c['error']}")
+                continue
+            lines.append(f"{c['kind']} graph with {len(c['collectives'])} collective(s) (segments run on the "
+                         f"NeuronCore, collectives on the collective engines): {c['describe']}")
+            for est in c["collectives"]:
+                lines.append(f"  {est['node']}: {est['describe']}")
         return "\n".join(lines)
 
 
@@ -194,11 +204,20 @@ def _split_trace(tr: Any, graphs: list[dict[str, Any]]) -> list[dict[int, list[C
     return out
 
 
-def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str) -> Report:
+def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str,
+                  collective_graphs: Sequence[Any] = ()) -> Report:
     split = _split_trace(tr, graphs) if tr is not None else [None] * len(graphs)
     rep = Report(target)
     for i, (g, s) in enumerate(zip(graphs, split, strict=True)):
         rep.graphs.append(graph_report(i, g, s, target))
+    if collective_graphs:
+        from neuron_compile.comm_cost import graph_overlap
+
+        for cg in collective_graphs:
+            try:
+                rep.collectives.append(graph_overlap(cg, target))
+            except ValueError as exc:  # a target without documented interconnect figures
+                rep.collectives.append({"kind": cg.kind, "error": str(exc)})
     return rep
 
 
@@ -207,12 +226,14 @@ def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, *
     import torch
 
     from neuron_compile import backend
+    from neuron_compile.collective_runner import collective_graphs
     from neuron_compile.config import config
     from neuron_compile.simulator import trace
 
     tgt = target or config.target
     compile_kwargs.setdefault("dynamic", False)
     first = len(backend.compiled_graphs())
+    first_collective = len(collective_graphs())
     with config.patch(cache=False, target=tgt):
         compiled = torch.compile(model_or_fn, backend="neuron", **compile_kwargs)
         with trace() as tr, torch.no_grad():
@@ -221,7 +242,7 @@ def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, *
     if not graphs:
         raise RuntimeError("explain: no graph was compiled by the neuron backend (was this function already "
                            "compiled in this process? call torch._dynamo.reset() first)")
-    return report_graphs(graphs, tr, tgt)
+    return report_graphs(graphs, tr, tgt, collective_graphs()[first_collective:])
 
 
 # -- CLI ---------------------------------------------------------------------------------------------
@@ -236,6 +257,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from neuron_compile import backend
+    from neuron_compile.collective_runner import collective_graphs
     from neuron_compile.config import config
     from neuron_compile.simulator import trace
 
@@ -246,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         as_json = True
     tgt = args.target or config.target
     first = len(backend.compiled_graphs())
+    first_collective = len(collective_graphs())
     argv = sys.argv
     sys.argv = [args.script, *script_args]
     try:
@@ -266,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     if not graphs:
         print(f"neuron-compile explain: {args.script} compiled no graph with backend='neuron'", file=sys.stderr)
         return 1
-    report = report_graphs(graphs, tr, tgt)
+    report = report_graphs(graphs, tr, tgt, collective_graphs()[first_collective:])
     print(json.dumps(report.to_json(), indent=1) if as_json else str(report))
     return 0
 
