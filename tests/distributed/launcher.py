@@ -48,11 +48,12 @@ def free_port() -> int:
 
 
 def torchrun(script: Path, args: list[str], out_dir: Path, *, nproc: int = 2, timeout: float = 120.0,
-             stall: float | None = None, env: dict[str, str] | None = None) -> Job:
+             stall: float | None = None, env: dict[str, str] | None = None, out_arg: bool = True) -> Job:
     """Run ``script args`` on ``nproc`` ranks; return the job once every process exited.
 
     The job is killed (:class:`RankHangError`) after ``timeout`` seconds, or once every rank has started
-    its first case and no rank's progress file changed for ``stall`` seconds."""
+    its first case and no rank's progress file changed for ``stall`` seconds. ``out_arg=False`` runs a script
+    that takes no ``--out`` (an example): it still gets a free port, the time limit and the reaping."""
     out_dir.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -61,7 +62,8 @@ def torchrun(script: Path, args: list[str], out_dir: Path, *, nproc: int = 2, ti
     for attempt in range(3):  # another process may take the port between our probe and torchrun's bind
         port = free_port()
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={port}", str(script), "--out", str(out_dir), *args]
+               "--master_addr=127.0.0.1", f"--master_port={port}", str(script),
+               *(["--out", str(out_dir)] if out_arg else []), *args]
         # Output goes to files, not pipes: a rank that outlived torchrun would keep a pipe open forever.
         out_path, err_path = out_dir / "torchrun.out", out_dir / "torchrun.err"
         with out_path.open("w") as out_f, err_path.open("w") as err_f:
