@@ -59,7 +59,7 @@ class Step:
 
     def describe(self) -> str:
         if self.kind == "issue":
-            return f"issue {self.nodes[0].name}: {self.spec.describe()}"
+            return f"issue {self.nodes[0].name}" + (f": {self.spec.describe()}" if self.spec is not None else "")
         if self.kind == "wait":
             return f"wait {self.nodes[0].name}"
         kernels = sum(int(s.get("kernels", 0)) for s in self.stats)
@@ -242,6 +242,9 @@ def _extract(step: Step) -> fx.GraphModule:
 # ------------------------------------------------------------------------------------------ issue
 
 _REDUCE_OPS = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+# torch 2.13 renamed the flat-tensor forms (*_single) and deprecated the old names; older builds only have those.
+_ALL_GATHER = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(torch.distributed, "reduce_scatter_single", None) or torch.distributed.reduce_scatter_tensor
 
 
 @dataclass
@@ -282,10 +285,10 @@ def issue(spec: Any, node: fx.Node, inputs: list[torch.Tensor]) -> Pending:
             op = getattr(dist.ReduceOp, _REDUCE_OPS[spec.reduce_op.lower()])
             works.append(dist.all_reduce(out, op=op, group=pg, async_op=True))
         elif spec.op == "all_gather":
-            works.append(dist.all_gather_into_tensor(out, x, group=pg, async_op=True))
+            works.append(_ALL_GATHER(out, x, group=pg, async_op=True))
         elif spec.op == "reduce_scatter":
             op = getattr(dist.ReduceOp, _REDUCE_OPS[spec.reduce_op.lower()])
-            works.append(dist.reduce_scatter_tensor(out, x, op=op, group=pg, async_op=True))
+            works.append(_REDUCE_SCATTER(out, x, op=op, group=pg, async_op=True))
         elif spec.op == "all_to_all":
             works.append(dist.all_to_all_single(out, x, list(spec.output_splits) or None,
                                                 list(spec.input_splits) or None, group=pg, async_op=True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -66,25 +65,12 @@ def test_overlap_replay() -> None:
     assert [c["start_us"] for c in o2.collectives] == [0.0, 10.0] and o2.exposed_comm_us == 0.0
 
 
-@pytest.fixture
-def single_rank_group(tmp_path: pytest.TempPathFactory) -> Iterator[None]:
-    if dist.is_initialized():  # pragma: no cover - another test left a group behind
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-
-
 def test_explain_reports_collectives_and_overlap(single_rank_group: None) -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x @ w
         red = fc.all_reduce(h, "sum", dist.group.WORLD)
         return red + torch.tanh(x).sum()
 
-    torch._dynamo.reset()
     x, w = torch.randn(8, 16), torch.randn(16, 16)
     report = neuron_compile.explain(f, x, w)
     assert len(report.collectives) == 1

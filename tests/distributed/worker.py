@@ -261,8 +261,8 @@ def _functional(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h = x @ w
     red = fc.all_reduce(h, "sum", group)
     other = torch.tanh(x).sum(dim=0)  # does not need the all_reduce: runs while it is in flight
-    gathered = fc.all_gather_tensor(h.relu(), 0, group)
-    scattered = fc.reduce_scatter_tensor(h * 2, "sum", 0, group)
+    gathered = fc.all_gather_single(h.relu(), 0, group)
+    scattered = fc.reduce_scatter_single(h * 2, "sum", 0, group)
     swapped = fc.all_to_all_single(h + 1, None, None, group)
     src = fc.broadcast(h - 1, 1, group)
     avg = fc.all_reduce(h, "avg", group)
