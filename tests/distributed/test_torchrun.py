@@ -104,6 +104,12 @@ def test_collectives_in_one_compiled_region_match_eager(job: Job) -> None:
         assert all(not s.startswith("issue") for s in steps[first_wait:])
         assert res["collective_graphs"][0]["collectives"] == 6
         assert res["segments"] == [res["collective_graphs"][0]["segments"]]
+        # the cost model prices each (two ranks share a chip: on-chip transfers) and replays the overlap
+        cost = res["comm_cost"]
+        assert [c["op"] for c in cost["collectives"]] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                          "broadcast", "all_reduce"]
+        assert all(c["fabric"] == "on-chip" and c["group_size"] == 2 for c in cost["collectives"])
+        assert cost["overlap"]["compute_us"] > 0 and cost["segments_without_estimate"] == 0
 
 
 def test_one_rank_failing_to_compile_fails_every_rank_with_its_error(job: Job) -> None:
