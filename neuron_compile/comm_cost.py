@@ -13,8 +13,8 @@ The interconnect numbers (:data:`neuron_compile.costmodel.INTERCONNECT`) and the
 from AWS's Neuron documents, listed in ``docs/cost_model.md`` ("Collectives"):
 
 - time = hops x per-hop latency + bytes each rank sends / the rank's share of link bandwidth;
-- algorithm by message size, as the Neuron runtime picks it within a node: Mesh below 1 MB (2 steps,
-  O(1)), Recursive Doubling-Halving from 1 MB to 56 MB (log2 N steps per phase), ring-class above
+- algorithm by message size, as the Neuron runtime picks it within a node: Mesh below 1 MB (2 steps
+  per phase, 1 within a chip), Recursive Doubling-Halving from 1 MB to 56 MB (log2 N steps per phase), ring-class above
   (N - 1 steps per phase); all-reduce is a reduce-scatter followed by an all-gather (two phases);
 - every algorithm is bandwidth-optimal: a rank sends (N - 1) chunks per phase. Mesh's link
   over-subscription has no published factor and is not modelled (an optimistic departure for
@@ -73,16 +73,20 @@ class CommEstimate:
                 "time_us": round(self.time_us, 3), "link_gbps": self.link_gbps, "fabric": self.fabric}
 
     def describe(self) -> str:
-        return (f"{self.op} over {self.group_size} ranks: {self.wire_bytes / 1e6:.3f} MB sent per rank, "
+        return (f"{self.op} over {self.group_size} ranks: {_bytes(self.wire_bytes)} sent per rank, "
                 f"{self.algorithm} ({self.hops} hops), {self.fabric} at {self.link_gbps:g} GB/s per rank: "
                 f"{self.time_us:.1f} us ({self.latency_us:.1f} latency + {self.transfer_us:.1f} transfer)")
 
 
-def _steps_per_phase(algorithm: str, n: int) -> int:
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.3f} MB" if n >= 100_000 else f"{n} B"
+
+
+def _steps_per_phase(algorithm: str, n: int, chips: int) -> int:
     if n <= 1:
         return 0
     if algorithm == "mesh":
-        return 2  # a step between chips, then a step within the chip
+        return 2 if chips > 1 else 1  # a step between chips, then one within the chip
     if algorithm == "rdh":
         return max(1, math.ceil(math.log2(n)))
     return n - 1
@@ -120,7 +124,7 @@ def estimate_collective(op: str, group_size: int, in_bytes: int, out_bytes: int,
         fabric, link, hop_us = "neuronlink", ic.link_gbps_per_chip / per_chip, ic.hop_latency_us
     else:
         fabric, link, hop_us = "efa", ic.efa_gbps_per_chip / per_chip, ic.efa_hop_latency_us
-    hops = phases * _steps_per_phase(algorithm, n)
+    hops = phases * _steps_per_phase(algorithm, n, chips)
     transfer_us = wire / (link * 1e3)  # GB/s = 1e3 bytes/us
     return CommEstimate(op, n, buffer, wire, algorithm, hops, hops * hop_us, transfer_us, round(link, 3), fabric)
 

@@ -80,3 +80,9 @@ def test_explain_reports_collectives_and_overlap(single_rank_group: None) -> Non
     text = str(report)
     assert "graph with 1 collective(s)" in text and "all_reduce over 1 ranks" in text
     assert report.to_json()["collectives"][0]["target"] == "trn2"
+
+
+def test_small_collective_on_one_chip_is_one_mesh_step_per_phase() -> None:
+    est = estimate_collective("all_reduce", 2, 256, 256, "trn2")  # two ranks of one chip, 256 B
+    assert (est.fabric, est.algorithm, est.hops) == ("on-chip", "mesh", 2)
+    assert est.wire_bytes == 256 and "256 B sent per rank" in est.describe()
