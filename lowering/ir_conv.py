@@ -7,10 +7,9 @@ Each renders through its own template (``codegen/templates/conv*.nki.j2``, ``poo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from neuron_compile.lowering.ir import Access, ArgSpec
+from neuron_compile.lowering.ir_base import Access, ArgSpec, _jsonable
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,6 @@ class ConvKernel:
         return 2 * self.batch * cout * self.cin_g * pairs, self.compute_dtype, out * (1 + len(self.post))
 
     def to_json(self) -> dict[str, Any]:
-        from neuron_compile.lowering.ir import _jsonable  # ir imports this module
-
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:
@@ -125,8 +122,6 @@ class ConvWgradKernel:
         return 2 * pos * self.groups * self.cout_g * self.cin_g * taps, self.compute_dtype, 0
 
     def to_json(self) -> dict[str, Any]:
-        from neuron_compile.lowering.ir import _jsonable  # ir imports this module
-
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:
@@ -177,8 +172,6 @@ class PoolKernel:
         return 0, "float32", self.outer * self.rows * taps
 
     def to_json(self) -> dict[str, Any]:
-        from neuron_compile.lowering.ir import _jsonable  # ir imports this module
-
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:
@@ -223,8 +216,6 @@ class ResampleKernel:
         return 0, "float32", 2 * self.outer * self.rows * (w_pass + h_pass)
 
     def to_json(self) -> dict[str, Any]:
-        from neuron_compile.lowering.ir import _jsonable  # ir imports this module
-
         return _jsonable(asdict(self))
 
     def __str__(self) -> str:

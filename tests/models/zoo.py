@@ -7,8 +7,10 @@ one) and says how to get a scalar loss for a training step. Shared by the zoo te
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -165,6 +167,55 @@ def _decoder() -> tuple[nn.Module, dict[str, Any]]:
         "tgt_mask": nn.Transformer.generate_square_subsequent_mask(6), "tgt_is_causal": True}
 
 
+def _examples() -> Any:
+    """examples/cnn_models.py (the ResNet-18-style network and the UNet block of the CNN examples)."""
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import cnn_models
+
+    return cnn_models
+
+
+def _resnet() -> tuple[nn.Module, dict[str, Any]]:
+    model = _examples().ResNetSmall()
+    for m in model.modules():  # non-trivial running statistics, so eval-mode folding is exercised
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    return model.eval(), {"x": torch.randn(2, 3, 32, 32)}
+
+
+class _DiffusionStep(nn.Module):
+    """A DDPM training step's forward: noise the clean image with ``randn_like`` at each sample's noise level,
+    predict with a UNet block (GroupNorm, SiLU, strided and transposed convs, nearest upsampling) followed by a
+    spatial self-attention block, and return the noise-prediction residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unet = _examples().UNetSmall()
+        self.norm = nn.GroupNorm(1, 3)
+        self.proj_in = nn.Conv2d(3, 16, 1)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.proj_out = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x0: torch.Tensor, t_emb: torch.Tensor, alpha_bar: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn_like(x0)
+        a = alpha_bar[:, None, None, None]
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        h = self.unet(xt, t_emb)
+        b, _, height, width = h.shape
+        s = self.proj_in(self.norm(h)).flatten(2).transpose(1, 2)
+        s = self.attn(s, s, s, need_weights=False)[0]
+        h = h + self.proj_out(s.transpose(1, 2).reshape(b, 16, height, width))
+        return h - noise
+
+
+def _diffusion() -> tuple[nn.Module, dict[str, Any]]:
+    return _DiffusionStep().eval(), {"x0": torch.randn(2, 3, 8, 8), "t_emb": torch.randn(2, 16),
+                                     "alpha_bar": torch.tensor([0.9, 0.3])}
+
+
 def _mixer() -> tuple[nn.Module, dict[str, Any]]:
     return _MLPMixer().eval(), {"x": torch.randn(2, 3, 8, 8)}
 
@@ -191,6 +242,8 @@ ZOO: list[Entry] = [
     Entry("transformer_encoder", _nn(_encoder), family="nn"),
     Entry("transformer_decoder", _nn(_decoder), family="nn"),
     Entry("mlp_mixer", _nn(_mixer), family="nn"),
+    Entry("resnet", _nn(_resnet), family="cnn"),
+    Entry("diffusion_unet", _nn(_diffusion), family="cnn"),
 ]
 
 
