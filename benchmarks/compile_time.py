@@ -9,6 +9,12 @@ with eager. The parent prints each run, the best of N per backend, the neuron/in
 the target (<= 0.25x Inductor's cold time) and the steady-state run time of the simulator vs eager.
 It only reports: exit status 0 unless a worker crashed (then the worker's error is printed, status 1).
 The model is ``examples/models.py`` GPT with the config of ``examples/quickstart.py``.
+
+``--zoo [NAME,...]`` times the model zoo of the test suite (``tests/models/zoo.py``: Hugging Face models with
+attention masks, torch.nn modules, CNN and diffusion blocks) instead: per model and mode (inference, one
+training step) a fresh process per backend, the cold compile + first call, graphs and kernels, and the max
+error vs eager (relative to the largest output / gradient magnitude); then the zoo table and the
+neuron/inductor ratios.
 """
 
 from __future__ import annotations
@@ -80,6 +86,100 @@ def worker(backend: str, layers: int, batch: int, seq: int, steady_runs: int) ->
     return result
 
 
+def zoo_worker(backend: str, name: str, mode: str) -> dict[str, Any]:
+    """One cold compile of zoo model ``name`` (``mode``: inference | training) in this fresh process."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from zoo import ZOO, first_tensor, loss_of
+
+    entry = next(e for e in ZOO if e.name == name)
+    torch.backends.mha.set_fastpath_enabled(False)  # the Python path, the one Dynamo traces (as the zoo tests)
+    model, inputs = entry.build()
+    if mode == "training":
+        model.train()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+    torch.manual_seed(0)
+    if mode == "inference":
+        with torch.no_grad():
+            expected = [first_tensor(model(**inputs))]
+    else:
+        loss_of(model(**inputs)).backward()
+        expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    torch.manual_seed(0)
+    if mode == "inference":
+        with torch.no_grad():
+            got = [first_tensor(compiled(**inputs))]
+    else:
+        loss_of(compiled(**inputs)).backward()
+        got = [p.grad for p in model.parameters() if p.grad is not None]
+    cold = time.perf_counter() - t0
+    scale = max(float(e.abs().max()) for e in expected) + 1e-12
+    err = max(float((g.float() - e.float()).abs().max()) for g, e in zip(got, expected, strict=True)) / scale
+    result: dict[str, Any] = {"backend": backend, "model": name, "mode": mode, "cold_s": cold, "rel_err": err}
+    if backend == "neuron":
+        from neuron_compile.backend import compiled_graphs
+
+        graphs = compiled_graphs()
+        result["graphs"] = len(graphs)
+        result["kernels"] = sum(g["kernels"] for g in graphs)
+    return result
+
+
+def run_zoo_worker(backend: str, name: str, mode: str, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
+        env = dict(os.environ)
+        env["NEURON_COMPILE_CACHE_DIR"] = str(Path(tmp) / "neuron-cache")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
+        env.pop("NEURON_COMPILE_CACHE", None)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--zoo-worker", backend, name, mode]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout:.0f} s"
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK) and proc.returncode == 0:
+            return json.loads(line[len(MARK):]), ""
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    refusal = next((ln.strip() for ln in lines if "UnsupportedOpError" in ln), "")
+    return None, refusal or f"exit status {proc.returncode}: {lines[-1] if lines else ''}"
+
+
+def zoo_main(names: list[str], timeout: float) -> int:
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from zoo import ZOO
+
+    entries = [e for e in ZOO if not names or e.name in names]
+    print(f"model zoo (tests/models/zoo.py): {len(entries)} models x (inference, training), fp32; "
+          "each cell a fresh process with empty caches")
+    print(f"{'model':22s} {'mode':10s} {'neuron':>8s} {'inductor':>9s} {'ratio':>6s} {'graphs':>6s} "
+          f"{'kernels':>7s} {'rel err':>9s}")
+    ratios, failed = [], 0
+    for e in entries:
+        for mode in ("inference", "training"):
+            res = {b: run_zoo_worker(b, e.name, mode, timeout) for b in BACKENDS}
+            n, ind = res["neuron"][0], res["inductor"][0]
+            if n is None:
+                failed += 1
+                print(f"{e.name:22s} {mode:10s} neuron FAILED: {res['neuron'][1][:160]}")
+                continue
+            ratio = n["cold_s"] / ind["cold_s"] if ind else float("nan")
+            if ind:
+                ratios.append(ratio)
+            print(f"{e.name:22s} {mode:10s} {n['cold_s']:7.2f}s {ind['cold_s'] if ind else float('nan'):8.2f}s "
+                  f"{ratio:6.3f} {n['graphs']:6d} {n['kernels']:7d} {n['rel_err']:9.2e}")
+    if ratios:
+        ratios.sort()
+        print(f"\nneuron / inductor cold compile: median {ratios[len(ratios) // 2]:.3f}x, worst {ratios[-1]:.3f}x "
+              f"(target <= {TARGET_RATIO}x: {'met' if ratios[-1] <= TARGET_RATIO else 'NOT met'} on every model)")
+    return 1 if failed else 0
+
+
 def run_worker(backend: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, float]:
     """A fresh process with empty caches; returns (result or None, error text, process wall time)."""
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
@@ -110,7 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--worker", choices=BACKENDS, help=argparse.SUPPRESS)
+    parser.add_argument("--zoo", nargs="?", const="", default=None, metavar="NAME,...",
+                        help="time the test suite's model zoo (all models, or the listed ones) instead")
+    parser.add_argument("--zoo-worker", nargs=3, metavar=("BACKEND", "MODEL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+
+    if args.zoo_worker:
+        print(MARK + json.dumps(zoo_worker(*args.zoo_worker)), flush=True)
+        return 0
+    if args.zoo is not None:
+        return zoo_main([n for n in args.zoo.split(",") if n], args.timeout)
 
     if args.worker:
         result = worker(args.worker, args.layers, args.batch, args.seq, args.steady_runs)

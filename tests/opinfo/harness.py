@@ -1,6 +1,7 @@
 """Run PyTorch's OpInfo database through ``torch.compile(backend="neuron")`` and classify every op.
 
-Usage: ``python tools/opinfo_sweep.py [--workers N] [--samples K] [--dtype float32] [--ops a,b] [--json out.json]``
+Used by ``tests/opinfo/test_opinfo.py`` (one op per test) and as the full sweep:
+``python tests/opinfo/harness.py [--workers N] [--samples K] [--dtype float32] [--ops a,b] [--json out.json]``
 
 Each op's first K sample inputs are compiled as a one-op function and compared with eager:
 ``pass`` (every sample matches), ``refused`` (an UnsupportedOpError/DynamicShapeError names the op),

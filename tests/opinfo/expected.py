@@ -1,0 +1,103 @@
+"""Ops of PyTorch's OpInfo database that the neuron backend refuses, and why (``test_opinfo.py``).
+
+Linear-algebra decompositions, FFTs and complex numbers are refused as families (``OUT_OF_SCOPE``): they
+have no place on a NeuronCore's engines and stay on the host or in dedicated libraries. Each other entry
+names one op (``name`` or ``name.variant``) and the reason it is refused.
+"""
+
+from __future__ import annotations
+
+OUT_OF_SCOPE = (
+    "linear-algebra decompositions, FFT and complex numbers are refused by name (not NeuronCore work)"
+)
+
+_BITWISE = "bitwise and/or/xor/not/shifts of integer tensors: refused (integers are stored as int32 with an int64 overflow guard; bitwise results are not checked by it)"
+_BNUPD = (
+    "_batch_norm_with_update called directly (F.batch_norm in training lowers through its functional form)"
+)
+_SEGMENT = "segment_reduce (ragged segments given by data): no lowering rule"
+_AA = "antialiased bilinear resampling: no lowering rule"
+_ASSCATTER = "as_strided_scatter (arbitrary strided writes): no lowering rule"
+_COMPLEX = "a cast to a complex dtype (complex numbers are out of scope)"
+_DIST = "aten.dist: no lowering rule (torch.linalg.vector_norm(a - b) lowers)"
+_BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
+_GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
+_3D = "3-D convolution / pooling / grid sampling: only 1-D and 2-D spatial kernels exist"
+_HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
+_HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
+_IGAMMA = "incomplete gamma functions: no lowering rule"
+_ADAPTIVE_MAX = "adaptive max pooling whose output size does not divide the input (windows of varying size)"
+_BILINEAR = "aten._trilinear (nn.functional.bilinear): no lowering rule"
+_LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
+_PDIST = "pdist (the upper triangle of a pairwise distance matrix): no lowering rule"
+_NONZERO = "nonzero_static: no lowering rule"
+_SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
+_BESSEL = "Bessel J/Y/K and Airy functions: no accurate fp32 evaluation written yet (I0/I1 and spherical j0 are lowered)"
+_INDICES = "tril_indices / triu_indices (index lists computed from scalar sizes): no lowering rule"
+
+EXPECTED_REFUSED: dict[str, str] = {
+    "__rand__": _BITWISE,
+    "__ror__": _BITWISE,
+    "__rxor__": _BITWISE,
+    "bitwise_and": _BITWISE,
+    "bitwise_left_shift": _BITWISE,
+    "bitwise_not": _BITWISE,
+    "bitwise_or": _BITWISE,
+    "bitwise_right_shift": _BITWISE,
+    "bitwise_xor": _BITWISE,
+    "_batch_norm_with_update": _BNUPD,
+    "_segment_reduce.lengths": _SEGMENT,
+    "_segment_reduce.offsets": _SEGMENT,
+    "_upsample_bilinear2d_aa": _AA,
+    "as_strided_scatter": _ASSCATTER,
+    "cdouble": _COMPLEX,
+    "cfloat": _COMPLEX,
+    "chalf": _COMPLEX,
+    "dist": _DIST,
+    "frexp": _BITS,
+    "nextafter": _BITS,
+    "gcd": _GCD,
+    "lcm": _GCD,
+    "grid_sampler_3d": _3D,
+    "nn.functional.adaptive_max_pool3d": _3D,
+    "nn.functional.avg_pool3d": _3D,
+    "nn.functional.conv3d": _3D,
+    "nn.functional.conv_transpose3d": _3D,
+    "nn.functional.max_pool3d": _3D,
+    "hash_tensor": _HASH,
+    "histc": _HIST,
+    "histogram": _HIST,
+    "histogramdd": _HIST,
+    "igamma": _IGAMMA,
+    "igammac": _IGAMMA,
+    "nn.functional.adaptive_max_pool1d": _ADAPTIVE_MAX,
+    "nn.functional.adaptive_max_pool2d": _ADAPTIVE_MAX,
+    "nn.functional.bilinear": _BILINEAR,
+    "nn.functional.linear_cross_entropy.chunked": _LCE,
+    "nn.functional.linear_cross_entropy.chunked_none": _LCE,
+    "nn.functional.pdist": _PDIST,
+    "nonzero_static": _NONZERO,
+    "norm.nuc": _SVD,
+    "special.airy_ai": _BESSEL,
+    "special.bessel_j0": _BESSEL,
+    "special.bessel_j1": _BESSEL,
+    "special.bessel_y0": _BESSEL,
+    "special.bessel_y1": _BESSEL,
+    "special.modified_bessel_k0": _BESSEL,
+    "special.modified_bessel_k1": _BESSEL,
+    "special.scaled_modified_bessel_k0": _BESSEL,
+    "special.scaled_modified_bessel_k1": _BESSEL,
+    "tril_indices": _INDICES,
+    "triu_indices": _INDICES,
+}
+
+
+def out_of_scope(name: str) -> bool:
+    from harness import excluded
+
+    return excluded(name) is not None
+
+
+def expected_refusal(name: str, full: str) -> str | None:
+    """Why ``full`` (``name`` or ``name.variant``) is refused, or None when it must match eager."""
+    return EXPECTED_REFUSED.get(full) or EXPECTED_REFUSED.get(name)
