@@ -163,6 +163,8 @@ def _tensor_digest(t: torch.Tensor) -> str:
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    from neuron_compile.host_memory import host_bytes
+
     # Backend compilers run inside AOTAutograd's FakeTensorMode, where touching a real tensor (a
     # graph constant such as `x * torch.tensor(2.0)`) raises; hashing its bytes needs the mode off.
     with unset_fake_temporarily(), torch.no_grad():
@@ -170,10 +172,10 @@ def _tensor_digest(t: torch.Tensor) -> str:
         if t.is_meta or type(t).__name__ == "FakeTensor":
             return "unmaterialized"
         t = t.to("cpu").contiguous()
-        raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.element_size() else t
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.element_size() else t  # 0-d tensors too
         h = hashlib.sha256()
         h.update(f"{t.dtype}|{list(t.shape)}|".encode())
-        h.update(raw.numpy().tobytes() if t.numel() else b"")
+        h.update(host_bytes(raw) if t.numel() else b"")  # not .numpy(): it pins the storage's size
         return h.hexdigest()
 
 

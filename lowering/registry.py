@@ -15,6 +15,9 @@ Rule kinds:
   ``copy``/``gather`` anchors: ``fn(gl, node)`` emits its own kernel.
 - ``conv``: convolution, pooling and resampling (``lowering/ops/conv.py``, ``lowering/ops/pool.py``):
   template kernels, emitted like ``attention`` anchors.
+- ``collective``: ``_c10d_functional`` collectives and ``wait_tensor`` (``lowering/ops/collectives.py``):
+  ``fn(node) -> CollectiveSpec``; the graph is cut there and the runner issues them through
+  ``torch.distributed`` (``neuron_compile.collective_runner``). ``getitem`` of a coalesced collective lowers.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from neuron_compile.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention", "conv")
+KINDS = ("pointwise", "reduction", "view", "matmul", "copy", "gather", "alias", "constant", "attention", "conv",
+         "collective")
 
 
 @dataclass(frozen=True)

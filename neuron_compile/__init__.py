@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from neuron_compile.config import config, patch  # noqa: E402
 from neuron_compile.errors import (  # noqa: E402
+    DistributedCompileError,
     NeuronCompileError,
     SimulatorConstraintError,
     UnsupportedOpError,
@@ -121,6 +122,7 @@ def explain(model_or_fn: object, *example_inputs: object, **kwargs: object) -> o
 __all__ = [
     "ALT_BACKEND_NAME",
     "BACKEND_NAME",
+    "DistributedCompileError",
     "NeuronCompileError",
     "SimulatorConstraintError",
     "UnsupportedOpError",

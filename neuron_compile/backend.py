@@ -146,11 +146,13 @@ def refuse_dynamic(dims: list[str]) -> DynamicShapeError:
 class StaticShapeDispatcher:
     """Runs a graph Dynamo made symbolic on its own (automatic dynamic shapes) as one static compile per shape."""
 
-    def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]]) -> None:
+    def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]],
+                 distributed: bool = False) -> None:
         from neuron_compile import metrics
 
         self.gm = gm
         self.make_backend = make_backend
+        self.distributed = distributed
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.compile_id = metrics._compile_id()  # later per-shape compiles run outside Dynamo's context
 
@@ -166,8 +168,11 @@ class StaticShapeDispatcher:
             from neuron_compile import metrics
 
             log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
+            from neuron_compile.rank_agreement import maybe_agree
+
             metrics.dynamo_graph(self.gm, self.compile_id)
-            fn = self.make_backend()(self.gm, list(args))
+            with maybe_agree(self.distributed, "a graph for new input shapes"):
+                fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
         return fn(*args)
 
@@ -195,13 +200,29 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
         with_constants.neuron_constants = constants  # type: ignore[attr-defined]  (a warm start needs them)
         return with_constants
 
+    from neuron_compile.collective_runner import compile_with_collectives, has_collectives, opaque_outputs
+
+    gm, passthrough = opaque_outputs(gm)
+    if passthrough:  # opaque inputs returned as they are (a process group DTensor threads through)
+        compiled = _compile_aten_graph(gm, example_inputs, kind)
+
+        def with_passthrough(*args: Any) -> Any:
+            outs = list(compiled(*args))
+            for o, i in passthrough:
+                outs[o] = args[i]
+            return outs
+
+        return with_passthrough
+
     if precompile.capture_dir() is not None:  # `neuron-compile precompile`: record the graph, run nothing
         return precompile.capture(gm, list(example_inputs), kind)
     with metrics.graph(gm, example_inputs, kind) as rec:
-        if config.fallback == "eager" and unsupported_nodes(gm):
+        if has_collectives(gm):  # cut at each collective; the segments come back here one by one
+            runner: Callable[..., Any] = compile_with_collectives(gm, example_inputs, kind)
+        elif config.fallback == "eager" and unsupported_nodes(gm):
             from neuron_compile.fallback import compile_with_fallback
 
-            runner: Callable[..., Any] = compile_with_fallback(gm, example_inputs, kind)
+            runner = compile_with_fallback(gm, example_inputs, kind)
         else:
             runner = _compile_lowerable(gm, example_inputs, kind)
             rec.add_unit(gm, example_inputs, _STATS[-1])
@@ -363,9 +384,21 @@ def _warn_float64(example_inputs: Sequence[Any]) -> None:
 def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
                    mode: str | None = None) -> Callable[..., Any]:
     """The Dynamo backend registered as ``"neuron"``."""
+    from neuron_compile import rank_agreement
+
+    # In a distributed job every rank compiles, or every rank raises the same error (no rank left hanging
+    # on a collective the failed one never joins): neuron_compile.rank_agreement.
+    distributed = rank_agreement.is_distributed_graph(gm, example_inputs)
+    with rank_agreement.maybe_agree(distributed, "a graph Dynamo captured"):
+        return _neuron_backend(gm, example_inputs, options, mode, distributed)
+
+
+def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None,
+                    mode: str | None, distributed: bool) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from neuron_compile import rank_agreement
     from neuron_compile.lowering.decompositions import decomposition_table
 
     overrides = _validate_options(options)
@@ -393,7 +426,8 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         return compile_aten_graph(fgm, inputs, "forward")
 
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_aten_graph(bgm, inputs, "backward")
+        with rank_agreement.maybe_agree(distributed, "a backward graph"):  # compiled at the first .backward()
+            return compile_aten_graph(bgm, inputs, "backward")
 
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         return compile_aten_graph(igm, inputs, "inference")
@@ -428,7 +462,7 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options
         if dynamic_requested(gm):
             raise refuse_dynamic(dims)
         # Dynamo's automatic dynamic shapes: stay static, one compile per concrete shape.
-        return StaticShapeDispatcher(gm, make_backend)
+        return StaticShapeDispatcher(gm, make_backend, distributed)
     from neuron_compile import warm_start
 
     with config.patch(**overrides):

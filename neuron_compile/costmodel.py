@@ -111,6 +111,30 @@ CHIP_TFLOPS = {"trn1": {"bfloat16": 190.0, "float32": 47.5, "fp8": 190.0},
                "trn2": {"bfloat16": 667.0, "float32": 181.0, "fp8": 1299.0},
                "trn3": {"bfloat16": 671.0, "float32": 183.0, "fp8": 2517.0}}
 MX_DTYPES = frozenset(("mxfp8", "mxfp4", "float8_mx", "float4_mx"))
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Collective-communication figures of one Trainium instance type (docs/cost_model.md, "Collectives")."""
+
+    name: str
+    link_gbps_per_chip: float  # chip-to-chip NeuronLink within an instance, GB/s per chip
+    hop_latency_us: float  # per algorithm step within a node
+    efa_gbps_per_chip: float  # the instance's EFA bandwidth shared by its chips, GB/s per chip
+    efa_hop_latency_us: float  # per step across nodes
+    chips_per_instance: int
+    ranks_per_chip: int  # data-parallel ranks per chip at the default LNC=2
+    chip_hbm_gbps: float  # an on-chip collective moves data through HBM
+
+
+# trn2: Trn2 architecture page (intra-instance NeuronLink-v3 1,024 GB/s per chip; 16 chips; EFAv3 3,200 Gbps per
+# instance = 400 GB/s / 16 chips), intra-node collectives guide (per-hop latency "about 1-2 us": 2 us taken),
+# inter-node collectives guide ("~15 us" per hop), Trainium2 page (8 cores per chip, LNC=2: 4 ranks).
+# trn1 (no published NeuronLink-v2 bandwidth) and trn3 (switched fabric, different topology) are not modelled.
+INTERCONNECT: dict[str, Interconnect] = {
+    "trn2": Interconnect("trn2", 1024.0, 2.0, 3200 / 8 / 16, 15.0, 16, 4, 2900.0),
+}
+
 # TensorE ("Trainium/Inferentia2 Architecture Guide", TensorE "Performance Consideration"; "NKI Performance
 # Optimizations", Opt #7 fast LoadStationary; "Trainium2 Architecture Guide": fp32 transpose mode)
 MM_INIT_LATENCY = 64  # minimum matmul initiation interval, PE cycles

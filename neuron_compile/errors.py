@@ -74,6 +74,17 @@ class RuntimeExecutionError(NeuronCompileError):
     """A compiled graph failed while running its kernels."""
 
 
+class DistributedCompileError(NeuronCompileError):
+    """A graph of a distributed job failed to compile on some rank; every rank raises this same error.
+
+    ``failures`` lists one "rank N: error" line per failing rank.
+    """
+
+    def __init__(self, message: str, failures: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = list(failures or [])
+
+
 class BucketingError(NeuronCompileError, ValueError):
     """A shape-bucketing wrapper refused an input or output it cannot pad or slice safely."""
 

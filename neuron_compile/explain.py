@@ -85,9 +85,11 @@ class GraphReport:
 class Report:
     target: str
     graphs: list[GraphReport] = field(default_factory=list)
+    # per compiled graph with collectives: their costs and the estimated overlap (neuron_compile.comm_cost)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "graphs": [g.to_json() for g in self.graphs]}
+        return {"target": self.target, "graphs": [g.to_json() for g in self.graphs], "collectives": self.collectives}
 
     def __str__(self) -> str:
         lines = [f"neuron-compile explain (target {self.target}; est = the scheduling cost model, 1st = the old "
@@ -113,6 +115,14 @@ class Report:
                     lines.append(f"      guarded: {_us(k.tripped.time_ns)} if every runtime guard trips "
                                  f"(efficiency {k.roofline.time_ns / k.tripped.time_ns:.1%})")
                 lines.append(f"      new kernel because: {k.reason or '-'}")
+        for c in self.collectives:
+            if "error" in c:
+                lines.append(f"{c['kind']} graph with collectives: {c['error']}")
+                continue
+            lines.append(f"{c['kind']} graph with {len(c['collectives'])} collective(s) (segments run on the "
+                         f"NeuronCore, collectives on the collective engines): {c['describe']}")
+            for est in c["collectives"]:
+                lines.append(f"  {est['node']}: {est['describe']}")
         return "\n".join(lines)
 
     def trace_events(self) -> dict[str, Any]:
@@ -247,11 +257,20 @@ def _split_trace(tr: Any, graphs: list[dict[str, Any]]) -> list[dict[int, list[C
     return out
 
 
-def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str, timeline: bool = False) -> Report:
+def report_graphs(graphs: list[dict[str, Any]], tr: Any | None, target: str, timeline: bool = False,
+                  collective_graphs: Sequence[Any] = ()) -> Report:
     split = _split_trace(tr, graphs) if tr is not None else [None] * len(graphs)
     rep = Report(target)
     for i, (g, s) in enumerate(zip(graphs, split, strict=True)):
         rep.graphs.append(graph_report(i, g, s, target, timeline))
+    if collective_graphs:
+        from neuron_compile.comm_cost import graph_overlap
+
+        for cg in collective_graphs:
+            try:
+                rep.collectives.append(graph_overlap(cg, target))
+            except ValueError as exc:  # a target without documented interconnect figures
+                rep.collectives.append({"kind": cg.kind, "error": str(exc)})
     return rep
 
 
@@ -262,12 +281,14 @@ def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, t
     import torch
 
     from neuron_compile import backend
+    from neuron_compile.collective_runner import collective_graphs
     from neuron_compile.config import config
     from neuron_compile.simulator import trace
 
     tgt = target or config.target
     compile_kwargs.setdefault("dynamic", False)
     first = len(backend.compiled_graphs())
+    first_collective = len(collective_graphs())
     with config.patch(cache=False, target=tgt):
         compiled = torch.compile(model_or_fn, backend="neuron", **compile_kwargs)
         with trace() as tr, torch.no_grad():
@@ -276,7 +297,7 @@ def explain(model_or_fn: Any, *example_inputs: Any, target: str | None = None, t
     if not graphs:
         raise RuntimeError("explain: no graph was compiled by the neuron backend (was this function already "
                            "compiled in this process? call torch._dynamo.reset() first)")
-    return report_graphs(graphs, tr, tgt, timeline)
+    return report_graphs(graphs, tr, tgt, timeline, collective_graphs()[first_collective:])
 
 
 # -- CLI ---------------------------------------------------------------------------------------------
@@ -293,6 +314,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from neuron_compile import backend
+    from neuron_compile.collective_runner import collective_graphs
     from neuron_compile.config import config
     from neuron_compile.simulator import trace
 
@@ -311,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
         del script_args[at:at + 2]
     tgt = args.target or config.target
     first = len(backend.compiled_graphs())
+    first_collective = len(collective_graphs())
     argv = sys.argv
     sys.argv = [args.script, *script_args]
     try:
@@ -331,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
     if not graphs:
         print(f"neuron-compile explain: {args.script} compiled no graph with backend='neuron'", file=sys.stderr)
         return 1
-    report = report_graphs(graphs, tr, tgt, timeline=trace_path is not None)
+    report = report_graphs(graphs, tr, tgt, timeline=trace_path is not None,
+                           collective_graphs=collective_graphs()[first_collective:])
     if trace_path is not None:
         try:
             with open(trace_path, "w") as f:

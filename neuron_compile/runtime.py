@@ -40,6 +40,7 @@ from neuron_compile.errors import (
     NeuronCompileError,
     RuntimeExecutionError,
 )
+from neuron_compile.host_memory import numpy_view, torch_copy
 from neuron_compile.lowering.ir import Plan
 from neuron_compile.lowering.ops.random import draw
 
@@ -171,24 +172,22 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
 
 
 def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_bf16())
+    """The host array a graph input is uploaded from. Reads the tensor's memory without
+    ``Tensor.numpy()``, which would make its storage non-resizable for good (FSDP2 resizes the storage
+    of unsharded parameters; see :mod:`neuron_compile.host_memory`)."""
     if t.dtype == torch.int64:
         if t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
             raise RuntimeExecutionError("an int64 input holds values outside int32, which NeuronCores cannot "
                                         "represent; keep indices below 2**31")
-        return t.to(torch.int32).numpy()
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8).numpy()
+        return numpy_view(t.to(torch.int32))
     if t.dtype == torch.float64:
-        return t.to(torch.float32).numpy()
-    return t.numpy()
+        return numpy_view(t.to(torch.float32))
+    return numpy_view(t)
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype.name == "bfloat16":  # ml_dtypes' bf16 (comparing by name imports nothing)
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    """A graph output: a torch-owned tensor (resizable storage, as eager's) holding a copy of ``a``."""
+    return torch_copy(a)
 
 
 class CompiledGraph:
@@ -292,23 +291,30 @@ class CompiledGraph:
                 bufs[buf] = device.flat(outs[slot])
 
     def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
-        """The graph outputs: strided torch views of the result buffers."""
+        """The graph outputs: torch tensors over the result buffers (one torch-owned storage per buffer, so
+        outputs of one buffer share memory as they do in eager). Each is a plain tensor placed on the storage
+        with ``set_``, not an ``as_strided`` view: eager ops return non-views, and FSDP2 and autograd treat
+        views differently (in-place ops on views rebase their grad_fn)."""
         plan = self.plan
         results: list[Any] = []
+        storages: dict[int, torch.Tensor] = {}
         for spec in plan.outputs:
             if spec.buffer is None:
                 results.append(spec.literal)
                 continue
             data = bufs[spec.buffer]
             assert data is not None
-            flat = to_torch(data)
-            if flat.numel() == 0 or math.prod(spec.shape) == 0:
-                out = torch.empty(spec.shape, dtype=flat.dtype)
-            else:
-                out = torch.as_strided(flat, spec.shape, spec.strides, spec.offset)
+            if spec.buffer not in storages:
+                storages[spec.buffer] = to_torch(data)
+            flat = storages[spec.buffer]
             want = _TORCH_DTYPES[spec.torch_dtype]
-            if want == torch.bool:
-                out = out.view(torch.bool) if out.dtype == torch.uint8 else out != 0
+            if flat.numel() == 0 or math.prod(spec.shape) == 0:
+                results.append(torch.empty(spec.shape, dtype=want))
+                continue
+            placed = torch.bool if want == torch.bool and flat.dtype == torch.uint8 else flat.dtype
+            out = torch.empty(0, dtype=placed).set_(flat.untyped_storage(), spec.offset, spec.shape, spec.strides)
+            if want == torch.bool and out.dtype != torch.bool:
+                out = out != 0
             elif out.dtype != want:
                 out = out.to(want)
             results.append(out)

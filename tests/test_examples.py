@@ -85,3 +85,22 @@ def test_train_exits_1_on_mismatch(runs, cache_dirs):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == "MISMATCH (rtol=-1.0)"
+
+
+def test_distributed_fsdp2_example_under_torchrun(tmp_path):
+    """examples/distributed.py as the README runs it: torchrun --nproc_per_node=2 (gloo), FSDP2 + compile."""
+    sys.path.insert(0, str(REPO / "tests" / "distributed"))
+    from launcher import torchrun
+
+    job = torchrun(REPO / "examples" / "distributed.py", [], tmp_path, timeout=240.0, out_arg=False,
+                   env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache")})
+    assert job.returncode == 0, job.tail()
+    lines = [ln for ln in job.stdout.splitlines() if not ln.startswith("[")]
+    assert lines[-1] == "MATCH", job.tail()
+    rows = [ln.split() for ln in lines if re.fullmatch(r"\s*\d+\s+\d+\.\d+\s+\d+\.\d+", ln)]
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    for _, e, n in rows:
+        assert abs(float(n) - float(e)) <= 2e-3 * abs(float(e))  # bf16 parameters: rounding, not drift
+    assert float(rows[-1][1]) < float(rows[0][1])
+    assert any(re.match(r"graphs compiled on rank 0: 1 forward, 1 backward \(forward at models\.py:\d+\)", ln)
+               for ln in lines), lines

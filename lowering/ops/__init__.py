@@ -3,6 +3,7 @@
 from neuron_compile.lowering.ops import (  # noqa: F401
     attention,
     checks,
+    collectives,
     constant,
     conv,
     conv_grad,
