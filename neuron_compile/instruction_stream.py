@@ -598,15 +598,30 @@ _STOP = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Glob
          ast.AugAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.While, ast.Try)
 
 
+_WALKS: dict[int, list[ast.AST]] = {}  # id(node) -> the node and its descendants, for one loop transform
+
+
+def _walk(node: ast.AST) -> list[ast.AST]:
+    """``list(ast.walk(node))`` (another order), memoised for one :class:`_Loops` pass: nested loops re-read the
+    statements of their inner loops, so walking each subtree once keeps the loop check linear per level."""
+    out = _WALKS.get(id(node))
+    if out is None:
+        out = [node]
+        for child in ast.iter_child_nodes(node):
+            out.extend(_walk(child))
+        _WALKS[id(node)] = out
+    return out
+
+
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in _walk(node) if isinstance(n, ast.Name)}
 
 
 def _index_only(name: str, loads: dict[str, list[ast.Name]], inside: set[int], own: ast.Assign) -> bool:
     """Every read of ``name`` in the loop body (``loads``: its Name loads by id; ``inside``: ids of nodes within a
     subscript index) but its own update is inside a subscript index (``acc[t % 7]``): skipping iterations then only
     changes which buffer of a list a later iteration uses."""
-    own_reads = {id(m) for m in ast.walk(own.value)}
+    own_reads = {id(m) for m in _walk(own.value)}
     return all(id(n) in inside or id(n) in own_reads for n in loads.get(name, ()))
 
 
@@ -620,8 +635,8 @@ def _skippable(loop: ast.For) -> bool:
     if not isinstance(loop.target, ast.Name):
         return False
     tainted, periodic = {loop.target.id}, set()
-    body = [n for stmt in loop.body for n in ast.walk(stmt)]
-    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in ast.walk(n.slice)}
+    body = [n for stmt in loop.body for n in _walk(stmt)]
+    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in _walk(n.slice)}
     loads: dict[str, list[ast.Name]] = {}
     for n in body:
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
@@ -641,7 +656,7 @@ def _skippable(loop: ast.For) -> bool:
                 if t in names and not _index_only(t, loads, inside, n):
                     return False  # a loop-carried value computed from itself (a counter) used beyond list indices
             clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
-            has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(n.value))
+            has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in _walk(n.value))
             assigns.append((targets, names, clamp, has_mod))
     extents: set[str] = set()  # min(C, X - v) clamps: constant but for the last iterations
     changed = True
@@ -671,7 +686,7 @@ def _skippable(loop: ast.For) -> bool:
             used = _names(t)
             if not used & tainted or used & tainted <= extents:
                 continue  # a test on clamped extents changes at most for the last iterations
-            if used & periodic or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(t)):
+            if used & periodic or any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in _walk(t)):
                 continue  # periodic: iterations repeat in blocks (the loop driver finds the block length)
             zero = isinstance(t, ast.Compare) and len(t.comparators) == 1 and \
                 isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == 0
@@ -700,7 +715,12 @@ def code_tree(source: str) -> list[ast.stmt]:
 
 @functools.lru_cache(maxsize=64)
 def _compiled(source: str, name: str) -> Any:
-    tree = ast.fix_missing_locations(_Loops().visit(ast.parse(source)))
+    tree = ast.parse(source)
+    _WALKS.clear()
+    try:
+        tree = ast.fix_missing_locations(_Loops().visit(tree))
+    finally:
+        _WALKS.clear()
     return compile(tree, f"<stream:{name}>", "exec")
 
 
