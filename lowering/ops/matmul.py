@@ -14,7 +14,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from neuron_compile.codegen.render_matmul import ITEMSIZE, Tiles, geometry, moving_tile, operands, transpose_rows
+from neuron_compile.codegen.render_matmul import (
+    ITEMSIZE,
+    Tiles,
+    geometry,
+    moving_tile,
+    operands,
+    transpose_rows,
+)
 from neuron_compile.lowering.ir import LoopKernel
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -145,20 +152,31 @@ def _score(kernel: LoopKernel, tiles: Tiles, target: str) -> float:
     return ns
 
 
+def _signature(kernel: LoopKernel, target: str) -> str:
+    """What the tile choice depends on: the GEMM's geometry and outer dims, its operands' layouts and dtypes, the
+    result dtypes and the epilogue's op sequence (opcodes, kinds, dtypes; not the addresses of its operands). Layers
+    and graphs repeating a GEMM shape (q/k/v projections, forward and backward) share one search."""
+    a, b = operands(kernel)
+    epilogue = [(op.opcode, op.kind, op.dtype) for op in kernel.ops if op.opcode != "matmul"]
+    return json.dumps([target, config.lnc, kernel.space, kernel.n_outer, geometry(kernel),
+                       [(o.rs, o.ks, o.rows, o.dtype) for o in (a, b)], [o.dtype for o in kernel.outputs],
+                       len(kernel.inputs), epilogue], default=str)
+
+
 def tune(kernel: LoopKernel) -> LoopKernel:
     """The kernel with the candidate tile configuration the cost model estimates fastest.
 
-    Cached in-process per kernel signature (the kernel IR without its name); the choice is written
-    into the IR, so cached artifacts keep it.
+    Cached in-process per GEMM signature (:func:`_signature`; a cached choice is reused only where it is one of
+    this kernel's legal candidates); the choice is written into the IR, so cached artifacts keep it.
     """
     target = config.target
-    sig = json.dumps({**kernel.to_json(), "name": "", "target": target, "lnc": config.lnc}, sort_keys=True, default=str)
-    cached = _TUNED.get(sig)
-    if cached is not None:
-        return _with_tiles(kernel, cached)
+    sig = _signature(kernel, target)
     cands = candidates(kernel, target)
     if not cands:
         raise LoweringError(f"{kernel.name}: no matmul tile configuration fits SBUF on {target}")
+    cached = _TUNED.get(sig)
+    if cached is not None and cached in cands:
+        return _with_tiles(kernel, cached)
     best, best_ns = cands[0], math.inf
     if len(cands) > 1:
         scored = []
