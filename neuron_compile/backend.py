@@ -30,7 +30,6 @@ OPTIONS = {
     "executor": "executor",
     "fuse": "fuse",
     "free_tile": "free_tile",
-    "matmul_tile_n": "matmul_tile_n",
     "cache": "cache",
     "debug_dir": "debug_dir",
     "fallback": "fallback",

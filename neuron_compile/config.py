@@ -54,8 +54,6 @@ _knob("target", str, "trn2", "Trainium generation kernels are generated and simu
 _knob("lnc", int, 0, "Physical NeuronCores per logical core that a kernel is launched on (the NKI SPMD grid "
       "kernel[n](...), work split by nl.program_id): 0 = the target's default (LNC=2 on trn2 and trn3, 1 on trn1), "
       "1 = one core, 2 = both cores of a trn2/trn3 logical core.", codegen=True, choices=(0, 1, 2), bounds=(0, 2))
-_knob("matmul_tile_n", int, 512, "Free size of a matmul moving tile (<= gemm_moving_fmax).", codegen=True,
-      bounds=(1, 1 << 16))
 _knob("free_tile", int, 2048, "Free-dim elements per tile in elementwise/row kernels.", codegen=True,
       bounds=(1, 1 << 20))
 _knob("row_resident_bytes", int, 96 * 1024,

@@ -94,7 +94,7 @@ def test_key_changes_with(change: str) -> None:
         assert changed == {"graph.sha256"}  # same ops, same shapes: only the constant's value hash moved
 
 
-@pytest.mark.parametrize("knob,value", [("fuse", False), ("matmul_tile_n", 256), ("free_tile", 1024),
+@pytest.mark.parametrize("knob,value", [("fuse", False), ("free_tile", 1024), ("lnc", 1),
                                         ("target", "trn1"), ("target", "trn3")])
 def test_key_changes_with_codegen_knobs_and_target(knob: str, value: object) -> None:
     base = _key()

@@ -330,7 +330,7 @@ def test_lock_timeout_is_range_checked(raw: str, message: str, monkeypatch: pyte
     ("cache_lock_timeout", -5.0, "config.cache_lock_timeout=-5.0: expected a finite number in [0, 86400] (seconds)"),
     ("remote_cache_timeout", 0.0, "config.remote_cache_timeout=0.0: expected a finite number in [0.01, 600] (seconds)"),
     ("free_tile", 0, "config.free_tile=0: expected an integer in [1, 1048576]"),
-    ("matmul_tile_n", -512, "config.matmul_tile_n=-512: expected an integer in [1, 65536]"),
+    ("free_tile", -512, "config.free_tile=-512: expected an integer in [1, 1048576]"),
     ("row_resident_bytes", 1 << 40, "config.row_resident_bytes=1099511627776: expected an integer in [1, 16777216] (bytes)"),
 ])
 def test_numeric_knobs_are_range_checked(knob: str, value: object, message: str) -> None:
