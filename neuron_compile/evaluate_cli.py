@@ -29,6 +29,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from neuron_compile.script_args import script_arguments
+
 log = logging.getLogger(__name__)
 
 
@@ -43,12 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    script_args = list(args.script_args)
-    if script_args and script_args[0] == "--":
-        script_args = script_args[1:]
-    elif script_args and script_args[-1] == "--json":
-        script_args.pop()
-        args.json = True
+    script_args = script_arguments(args)
     path = Path(args.script)
     if not path.is_file():
         print(f"neuron-compile check: {args.script}: no such file", file=sys.stderr)

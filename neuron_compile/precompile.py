@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from neuron_compile.script_args import script_arguments
+
 log = logging.getLogger(__name__)
 
 CAPTURE_ENV = "NEURON_COMPILE_CAPTURE_DIR"
@@ -261,12 +263,7 @@ def _rank() -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    script_args = list(args.script_args)
-    if script_args and script_args[0] == "--":
-        script_args = script_args[1:]
-    elif script_args and script_args[-1] == "--json":
-        script_args.pop()
-        args.json = True
+    script_args = script_arguments(args)
     if args.workers < 1 or args.workers > 1024:
         print(f"neuron-compile precompile: --workers {args.workers}: expected 1..1024", file=sys.stderr)
         return 2
