@@ -71,7 +71,8 @@ _knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with 
       choices=("warn", "error"))
 # Distributed jobs (neuron_compile.rank_agreement).
 _knob("rank_agreement_timeout", float, 1800.0, "Seconds a rank waits for the other ranks to finish compiling the "
-      "same distributed graph (if one fails, all raise its error instead of hanging on a collective).")
+      "same distributed graph (if one fails, all raise its error instead of hanging on a collective).",
+      bounds=(0.1, 86400.0), unit="seconds")
 # Cache.
 _knob("cache", bool, True, "Use the persistent artifact cache.")
 _knob("cache_dir", str, "", "Cache root (default $XDG_CACHE_HOME/neuron-compile or ~/.cache/neuron-compile).")

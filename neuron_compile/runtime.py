@@ -24,6 +24,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -119,8 +120,9 @@ def select_executor() -> str:
 
 
 def kernel_identity(name: str, source: str) -> str:
-    """A kernel's source with its own name taken out: equal for identical kernels of different layers."""
-    return source.replace(f"def {name}(", "def _kernel_(", 1)
+    """A kernel's source with its own name taken out (its ``def`` and any mention, e.g. the launch-grid comment):
+    equal for identical kernels of different layers."""
+    return re.sub(rf"\b{re.escape(name)}\b", "_kernel_", source)
 
 
 def load_kernels(sources: Sequence[tuple[str, str]], executor: str) -> list[Callable[..., Any]]:
