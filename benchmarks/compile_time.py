@@ -86,6 +86,16 @@ def worker(backend: str, layers: int, batch: int, seq: int, steady_runs: int) ->
     return result
 
 
+def _empty_caches_env(tmp: str) -> dict[str, str]:
+    """This process's environment with every compile cache (ours, Inductor's, Triton's) in the empty ``tmp``."""
+    env = dict(os.environ)
+    env["NEURON_COMPILE_CACHE_DIR"] = str(Path(tmp) / "neuron-cache")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
+    env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton-cache")
+    env.pop("NEURON_COMPILE_CACHE", None)
+    return env
+
+
 def zoo_worker(backend: str, name: str, mode: str) -> dict[str, Any]:
     """One cold compile of zoo model ``name`` (``mode``: inference | training) in this fresh process."""
     import torch
@@ -134,10 +144,7 @@ def zoo_worker(backend: str, name: str, mode: str) -> dict[str, Any]:
 
 def run_zoo_worker(backend: str, name: str, mode: str, timeout: float) -> tuple[dict[str, Any] | None, str]:
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
-        env = dict(os.environ)
-        env["NEURON_COMPILE_CACHE_DIR"] = str(Path(tmp) / "neuron-cache")
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
-        env.pop("NEURON_COMPILE_CACHE", None)
+        env = _empty_caches_env(tmp)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--zoo-worker", backend, name, mode]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
@@ -184,11 +191,7 @@ def zoo_main(names: list[str], timeout: float) -> int:
 def run_worker(backend: str, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, float]:
     """A fresh process with empty caches; returns (result or None, error text, process wall time)."""
     with tempfile.TemporaryDirectory(prefix="nc-bench-") as tmp:
-        env = dict(os.environ)
-        env["NEURON_COMPILE_CACHE_DIR"] = str(Path(tmp) / "neuron-cache")
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
-        env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton-cache")
-        env.pop("NEURON_COMPILE_CACHE", None)
+        env = _empty_caches_env(tmp)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--layers", str(args.layers),
                "--batch", str(args.batch), "--seq", str(args.seq), "--steady-runs", str(args.steady_runs)]
         t0 = time.perf_counter()
