@@ -108,6 +108,40 @@ def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _sdpa_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+_CONV = _module(lambda: torch.nn.Conv2d(6, 12, 3, stride=2, padding=1, groups=2))
+_DWCONV = _module(lambda: torch.nn.Conv1d(8, 8, 5, padding=4, dilation=2, groups=8))
+_GN = _module(lambda: torch.nn.GroupNorm(4, 12))
+
+
+def _conv_block(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(_CONV(x)).sum()
+
+
+def _pool_resample(x: torch.Tensor) -> torch.Tensor:
+    a = F.max_pool2d(x, 3, stride=2, padding=1) + F.avg_pool2d(x, 2)[..., :5, :5]
+    b = F.adaptive_avg_pool2d(x, 3).mean() + F.interpolate(x, scale_factor=2, mode="nearest").sum()
+    return a.sum() + b + F.interpolate(x, size=(13, 7), mode="bilinear", align_corners=False).sum()
+
+
+def _index_put(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x.clone()
+    y[i, j] = v
+    z = x.index_put((i,), v[:, None].expand(-1, x.shape[1]), accumulate=True)
+    return y, z, x[x > 1.0].sum()
+
+
+def _matmul_norm(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x @ w + r, (300,))
+
+
 def _cat_split(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
     c = torch.cat([x, y * 2], dim=1)
     a, b = torch.split(c, [100, 230], dim=1)
@@ -166,6 +200,20 @@ CORPUS: tuple[CorpusEntry, ...] = (
     CorpusEntry("cumulative", lambda x, i: (*torch.cummax(x, -1), torch.logcumsumexp(x, -1), torch.cumsum(i, -1),
                                             torch.cumprod(x * 0.01 + 1, 0)),
                 lambda g: (_randn(g, 130, 700), torch.randint(-1000, 1000, (130, 700), generator=g))),
+    CorpusEntry("sdpa_masked", _sdpa_masked,
+                lambda g: (_randn(g, 2, 3, 130, 48), _randn(g, 2, 3, 70, 48), _randn(g, 2, 3, 70, 48),
+                           _randn(g, 2, 1, 130, 70))),
+    CorpusEntry("sdpa_plain", _sdpa_plain,
+                lambda g: (_randn(g, 2, 4, 130, 64), _randn(g, 2, 4, 130, 64), _randn(g, 2, 4, 130, 64))),
+    CorpusEntry("conv2d_relu_backward", _conv_block, lambda g: (_randn(g, 2, 6, 11, 9),), backward=True),
+    CorpusEntry("depthwise_conv1d_group_norm", lambda x: F.silu(_GN(torch.cat([_DWCONV(x)] * 2, 1)[:, :12])),
+                lambda g: (_randn(g, 2, 8, 40),)),
+    CorpusEntry("pool_resample_backward", _pool_resample, lambda g: (_randn(g, 2, 3, 10, 10),), backward=True),
+    CorpusEntry("index_put_mask", _index_put,
+                lambda g: (_randn(g, 130, 40), torch.randint(0, 130, (50,), generator=g),
+                           torch.randint(0, 40, (50,), generator=g), _randn(g, 50))),
+    CorpusEntry("matmul_layer_norm", _matmul_norm, lambda g: (_randn(g, 130, 200), _randn(g, 200, 300) * 0.1,
+                                                              _randn(g, 130, 300))),
     CorpusEntry("one_hot_assert", lambda i: F.one_hot(i, 300).float() * 2,
                 lambda g: (torch.randint(0, 300, (130,), generator=g),)),
 )

@@ -4,8 +4,11 @@
 clean): kernel outputs not allocated in ``nl.shared_hbm``; ``nisa.*`` calls that don't pass ``dst=``
 when the API's first parameter is ``dst``; on-chip tiles whose partition dim may exceed 128 or
 whose PSUM tile exceeds one 2 KiB bank per partition; ``nc_matmul`` operands whose K/M may exceed 128
-or whose moving free size N may exceed 512. Tile extents are bounded statically: an int literal, or
-a name assigned ``min(<int>, ...)`` / an int literal; anything else is reported as unbounded.
+or whose moving free size N (the product of its free dims) may exceed 512. Tile extents are bounded
+statically: int literals, names assigned a bounded expression (``min``/``max``, ``+``, ``*``, ``//``, minus a
+constant; sizes are non-negative), tuple assignments, views of tiles kept in a list (``ts.append(t)``;
+``ts[i][...]``) and stepped slices ``x:x + (n - 1) * s + 1:s`` (n elements); anything else is reported as
+unbounded.
 """
 
 from __future__ import annotations
@@ -51,27 +54,71 @@ class _Collector(ast.NodeVisitor):
     def __init__(self) -> None:
         self.bounds: dict[str, int | None] = {}  # scalar name -> static upper bound
         self.tiles: dict[str, list[Tile]] = {}
+        self.lists: dict[str, list[str]] = {}
+        self.constants: dict[str, int] = {}  # names assigned an int literal once
+        self.seen: set[str] = set()  # list name -> names of the tiles appended to it
         self.calls: list[ast.Call] = []
         self.returns: list[str] = []
 
     def bound(self, node: ast.expr) -> int | None:
+        """A static upper bound of a size expression (names are sizes, so >= 0), or None."""
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
         if isinstance(node, ast.Name):
             return self.bounds.get(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+            return -node.operand.value
+        if isinstance(node, ast.BinOp):
+            left, right = self.bound(node.left), self.bound(node.right)
+            if isinstance(node.op, ast.Sub):  # a - c for a constant c; anything else is not bounded
+                exact = self.exact(node.right)
+                return None if left is None or exact is None else left - exact
+            if left is None or right is None:
+                return None
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            if isinstance(node.op, ast.FloorDiv) and isinstance(node.right, ast.Constant) and right > 0:
+                return left // right
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            bounds = [self.bound(a) for a in node.args]
+            known = [b for b in bounds if b is not None]
+            if node.func.id == "min":
+                return min(known) if known else None
+            return max(known) if known and len(known) == len(bounds) else None
         return None
 
+    def exact(self, node: ast.expr) -> int | None:
+        """The value of an int literal, or of a name only ever assigned one (``LO_W = -4``)."""
+        if isinstance(node, ast.Name):
+            return self.constants.get(node.id)
+        value = self.bound(node) if isinstance(node, (ast.Constant, ast.UnaryOp)) else None
+        return value
+
     def visit_Assign(self, node: ast.Assign) -> None:
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                and len(target.elts) == len(node.value.elts):  # N, H, W = 2, 1, 40
+            for name, value in zip(target.elts, node.value.elts, strict=True):
+                if isinstance(name, ast.Name):
+                    self.visit_Assign(ast.Assign(targets=[name], value=value, lineno=node.lineno))
+            return
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.List) and not node.value.elts:
+            self.lists[target.id] = []
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name, value = node.targets[0].id, node.value
-            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "min":
-                bounds = [self.bound(a) for a in value.args]
-                known = [b for b in bounds if b is not None]
-                self.bounds[name] = min(known) if known else None
-            elif isinstance(value, ast.Constant) and isinstance(value.value, int):
-                self.bounds[name] = value.value
-            elif isinstance(value, ast.Call) and _attr_name(value.func) == "ndarray":
+            if isinstance(value, ast.Call) and _attr_name(value.func) == "ndarray":
                 self._tile(name, value)
+            else:
+                self.bounds[name] = self.bound(value)
+                literal = self.exact(value) if isinstance(value, (ast.Constant, ast.UnaryOp)) else None
+                if literal is not None and name not in self.seen:
+                    self.constants[name] = literal
+                else:
+                    self.constants.pop(name, None)
+                self.seen.add(name)
         self.generic_visit(node)
 
     def _tile(self, name: str, call: ast.Call) -> None:
@@ -83,6 +130,10 @@ class _Collector(ast.NodeVisitor):
         self.tiles.setdefault(name, []).append(Tile(name, call.lineno, dims, buffer, dtype))
 
     def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "append" and isinstance(func.value, ast.Name) \
+                and func.value.id in self.lists and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+            self.lists[func.value.id].append(node.args[0].id)  # tiles = []; tiles.append(t): tiles[i] is a t
         self.calls.append(node)
         self.generic_visit(node)
 
@@ -175,26 +226,64 @@ def hygiene_problems(tree: ast.AST) -> list[str]:
     return problems
 
 
-def _slice_dims(col: _Collector, node: ast.Subscript) -> tuple[int | None, ...]:
-    """Static bounds of a tile view ``t[a:b, i, c:c + F]``: slices keep a dim, other indices drop it.
+def _product(dims: tuple[int | None, ...]) -> int | None:
+    total = 1
+    for d in dims:
+        if d is None:
+            return None
+        total *= d
+    return total
 
-    A slice is bounded when it starts at 0 / nothing (bound of its stop) or is ``x:x + n`` (bound of n).
+
+def _slice_dims(col: _Collector, node: ast.Subscript, full: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """Static bounds of a view ``t[a:b, i, c:c + F]`` of a tile of bounds ``full``: slices keep a dim, other
+    indices drop it.
+
+    A slice is bounded by its dim's own bound, and more tightly when it starts at 0 / nothing (bound of its
+    stop) or is ``x:x + n`` (bound of n); a stepped slice ``x:x + (n - 1) * s + 1:s`` is bounded by n.
     """
     index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
     dims: list[int | None] = []
-    for ix in index:
+    for axis, ix in enumerate(index):
         if not isinstance(ix, ast.Slice):
             continue
-        lo, hi = ix.lower, ix.upper
-        if hi is None:
-            dims.append(None)
-        elif lo is None or (isinstance(lo, ast.Constant) and lo.value == 0):
-            dims.append(col.bound(hi))
-        elif isinstance(hi, ast.BinOp) and isinstance(hi.op, ast.Add) and ast.dump(hi.left) == ast.dump(lo):
-            dims.append(col.bound(hi.right))
-        else:
-            dims.append(None)
+        whole = full[axis] if axis < len(full) else None
+        dims.append(_slice_bound(col, ix, whole))
     return tuple(dims)
+
+
+def _terms(node: ast.expr) -> list[ast.expr]:
+    """The additive terms of ``a + b + c`` (left-associated), as written."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _terms(node.left) + _terms(node.right)
+    return [node]
+
+
+def _slice_bound(col: _Collector, ix: ast.Slice, whole: int | None) -> int | None:
+    lo, hi = ix.lower, ix.upper
+    bound = None
+    if hi is None:
+        bound = None if lo is not None else whole
+    elif lo is None or (isinstance(lo, ast.Constant) and lo.value == 0):
+        stop, step = col.bound(hi), col.exact(ix.step) if ix.step is not None else 1
+        bound = None if stop is None or not step or step < 0 else -(-stop // step)
+    else:
+        rest = _terms(hi)
+        for term in _terms(lo):  # hi = lo + span
+            match = next((t for t in rest if ast.dump(t) == ast.dump(term)), None)
+            if match is None:
+                rest = []
+                break
+            rest.remove(match)
+        if rest and ix.step is not None and len(rest) == 2 and ast.dump(rest[1]) == ast.dump(ast.Constant(1)) \
+                and isinstance(rest[0], ast.BinOp) and isinstance(rest[0].op, ast.Mult) \
+                and isinstance(rest[0].left, ast.BinOp) and isinstance(rest[0].left.op, ast.Sub) \
+                and ast.dump(rest[0].left.right) == ast.dump(ast.Constant(1)):
+            bound = col.bound(rest[0].left.left)  # x:x + (n - 1) * s + 1:s has n elements
+        elif rest and ix.step is None:
+            total = [col.bound(t) for t in rest]
+            bound = None if None in total else sum(total)  # type: ignore[arg-type]
+    return whole if bound is None else bound  # a slice past the tile's extent is reported, not clamped
 
 
 def _matmul_problems(col: _Collector, call: ast.Call) -> list[str]:
@@ -202,17 +291,22 @@ def _matmul_problems(col: _Collector, call: ast.Call) -> list[str]:
     limits = {"stationary": (PMAX, GEMM_STATIONARY_FMAX), "moving": (PMAX, GEMM_MOVING_FMAX)}
     for arg, (kmax, fmax) in limits.items():
         node = _kw(call, arg)
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and col.tiles.get(node.value.id):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Subscript) \
+                and isinstance(node.value.value, ast.Name) and node.value.value.id in col.lists:
+            # a view of a tile held in a list: tiles[i][a:b, ...]
+            members = [t for name in col.lists[node.value.value.id] for t in col.tiles.get(name, [])]
+            tiles = [Tile(t.name, call.lineno, _slice_dims(col, node, t.dims), t.buffer, t.dtype) for t in members]
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and col.tiles.get(node.value.id):
             # a view of an allocated tile: its extents come from the slice bounds
-            tiles = [Tile(node.value.id, call.lineno, _slice_dims(col, node), t.buffer, t.dtype)
+            tiles = [Tile(node.value.id, call.lineno, _slice_dims(col, node, t.dims), t.buffer, t.dtype)
                      for t in col.tiles[node.value.id]]
         else:
             tiles = col.tiles.get(node.id, []) if isinstance(node, ast.Name) else []
         if not tiles:
             problems.append(f"line {call.lineno}: nisa.nc_matmul {arg}= is not a tile allocated in this kernel")
         for t in tiles:
-            k, f = (t.dims + (None, None))[:2]
-            if k is None or k > kmax or f is None or f > fmax or len(t.dims) != 2:
+            k, f = t.dims[0] if t.dims else None, _product(t.dims[1:]) if len(t.dims) > 1 else None
+            if k is None or k > kmax or f is None or f > fmax:
                 problems.append(f"line {call.lineno}: nisa.nc_matmul {arg}={t.name}{_fmt(t.dims)}: needs "
-                                f"K <= {kmax} and free size <= {fmax} statically")
+                                f"K <= {kmax} and free size (the product of the free dims) <= {fmax} statically")
     return problems
