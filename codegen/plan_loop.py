@@ -75,7 +75,8 @@ def _launch(r: LoopRenderer, body: str, grid: int) -> tuple[str, int]:
 
 
 class LoopRenderer:
-    """Loop nest of a LoopKernel: outer index loops, partition tiles, phases, free-dim chunks.
+    """Plan of a LoopKernel's loop nest: outer index loops, partition tiles, phases, free-dim chunks (rendered by
+    ``pointwise.nki.j2``; row groups by ``reduction.nki.j2``). The matmul renderer reads its op views too.
 
     Tile size: the whole row stays resident in SBUF across phases (one HBM read per row) when the
     peak of live full tiles, with element-wise ops writing in place into dying operands
@@ -252,7 +253,7 @@ class LoopRenderer:
             flat += self._phase_body(phase, done, resident)
         return flat
 
-    # -- rendering -----------------------------------------------------------------------------------
+    # -- op views ------------------------------------------------------------------------------------
     def var_terms(self, strides: tuple[int, ...], with_free: bool = True, with_red: bool = True,
                   with_part: bool = True) -> list[tuple[str, int]]:
         terms = [(v, strides[i]) for i, v in enumerate(self.outer_vars)] if with_part else []

@@ -1,9 +1,11 @@
 """Render kernel IR as NKI 0.6 source through the Jinja2 templates in ``templates/``.
 
 One template per kernel family extends ``_frame.nki.j2`` (imports, ``@nki.jit`` signature, HBM
-outputs in ``nl.shared_hbm``, return). Instruction text comes from the macros in
-``_macros.nki.j2`` (one per tile opcode, plus tile loops and DMA access patterns); this module only
-decides the loop nest and which ops run in which phase. Every render is ``ast.parse``d; a failure
+outputs in ``nl.shared_hbm``, return). The ``plan_*``/``render_*`` modules compute each family's plan; this
+module dispatches a kernel to its family, caches the rendered body per kernel shape and codegen knobs,
+chooses the launch grid, and places the body in the frame. Family templates either render the whole kernel
+(:func:`_template_context`) or a body block (:func:`render_block`: the loop, copy, gather and index_put
+kernels, whose candidate bodies the cost model compares). Every render is ``ast.parse``d; a failure
 raises :class:`TemplateRenderError` naming the template, line and kernel.
 """
 
@@ -32,6 +34,7 @@ from neuron_compile.errors import TemplateRenderError
 from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
+
 
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
