@@ -1,6 +1,6 @@
 """Scheduling decisions of a loop kernel's body: SBUF buffers, engines, fused reductions.
 
-Input: the sequence of tile ops one kernel emits per loop body (what :class:`codegen.render.LoopRenderer`
+Input: the sequence of tile ops one kernel emits per loop body (what :class:`codegen.plan_loop.LoopRenderer`
 renders, in order). Output, all used by the renderer only (the IR stays unchanged):
 
 - :func:`assign_buffers`: each full tile op writes in place into an operand tile that dies at that op
