@@ -28,6 +28,7 @@ import builtins
 import functools
 import logging
 import math
+import re
 import sys
 import types
 from collections import Counter
@@ -599,6 +600,25 @@ def code_tree(source: str) -> list[ast.stmt]:
     return ast.parse(source).body
 
 
+_GRID_LINE = re.compile(r"^LAUNCH_GRID = (\d+)\b", re.M)
+
+
+def _declared_grid(source: str) -> int:
+    """The launch grid a kernel declares at module level (``LAUNCH_GRID = n``, see codegen's frame), else 1."""
+    if "LAUNCH_GRID" not in source:
+        return 1
+    match = _GRID_LINE.search(source)
+    if match:  # the codegen's form: no need to parse the kernel again
+        return int(match.group(1))
+    probe: dict[str, Any] = {"__builtins__": builtins.__dict__}
+    try:  # any other module-level assignment
+        exec(compile(ast.Module([n for n in code_tree(source) if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "LAUNCH_GRID" for t in n.targets)], []), "<grid>", "exec"), probe)
+    except Exception:  # noqa: BLE001 - a grid we can't read is the one we were given
+        pass
+    return int(probe.get("LAUNCH_GRID", 1))
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled(source: str, name: str) -> Any:
     tree = ast.fix_missing_locations(LoopDriver().visit(ast.parse(source)))
@@ -617,13 +637,7 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
     code = _compiled(source, name)
     real_import = builtins.__import__
     out = Stream(target)
-    probe: dict[str, Any] = {"__builtins__": builtins.__dict__}
-    try:  # the launch grid a rendered kernel declares (LAUNCH_GRID = n, see codegen.render)
-        exec(compile(ast.Module([n for n in code_tree(source) if isinstance(n, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "LAUNCH_GRID" for t in n.targets)], []), "<grid>", "exec"), probe)
-    except Exception:  # noqa: BLE001 - a grid we can't read is the one we were given
-        pass
-    grid = max(grid, int(probe.get("LAUNCH_GRID", 1)))
+    grid = max(grid, _declared_grid(source))
     for pid in range(1 if first_program else grid):
         sched = Scheduler(target, timeline=timeline) if schedule else None
         rec = _Recorder(sched, fast=fast and not timeline)

@@ -53,28 +53,40 @@ def _skippable(loop: ast.For, walk: _Walker) -> bool:
         return False
     tainted, periodic = {loop.target.id}, set()
     body = [n for stmt in loop.body for n in walk(stmt)]
-    inside = {id(m) for n in body if isinstance(n, ast.Subscript) for m in walk(n.slice)}
+    # one pass: refuse on side effects, and collect loads, subscript indices, assignments and tests
+    inside: set[int] = set()
     loads: dict[str, list[ast.Name]] = {}
+    assign_nodes: list[ast.Assign] = []
+    checked: list[ast.AST] = []  # subscripts of literal tuples/lists, ifs and comparisons
     for n in body:
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            loads.setdefault(n.id, []).append(n)
-    assigns: list[tuple[list[str], set[str], bool, bool]] = []  # targets, names read, min() clamp, has %
-    for n in body:
-        if isinstance(n, _STOP):
-            return False
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
-            return False
-        if isinstance(n, ast.Assign):
-            if any(not isinstance(t, ast.Name) for t in n.targets):
+        kind = type(n)
+        if kind is ast.Name:
+            if isinstance(n.ctx, ast.Load):
+                loads.setdefault(n.id, []).append(n)
+        elif kind is ast.Subscript:
+            inside.update(id(m) for m in walk(n.slice))
+            checked.append(n)
+        elif kind is ast.Assign:
+            assign_nodes.append(n)
+        elif kind is ast.Call:
+            if isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
                 return False
-            names = walk.names(n.value)
-            targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
-            for t in targets:
-                if t in names and not _index_only(t, loads, inside, n, walk):
-                    return False  # a loop-carried value computed from itself (a counter) used beyond list indices
-            clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
-            has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in walk(n.value))
-            assigns.append((targets, names, clamp, has_mod))
+        elif kind in (ast.If, ast.IfExp, ast.Compare):
+            checked.append(n)
+        elif isinstance(n, _STOP):
+            return False
+    assigns: list[tuple[list[str], set[str], bool, bool]] = []  # targets, names read, min() clamp, has %
+    for n in assign_nodes:
+        if any(not isinstance(t, ast.Name) for t in n.targets):
+            return False
+        names = walk.names(n.value)
+        targets = [t.id for t in n.targets if isinstance(t, ast.Name)]
+        for t in targets:
+            if t in names and not _index_only(t, loads, inside, n, walk):
+                return False  # a loop-carried value computed from itself (a counter) used beyond list indices
+        clamp = isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "min"
+        has_mod = any(isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in walk(n.value))
+        assigns.append((targets, names, clamp, has_mod))
     extents: set[str] = set()  # min(C, X - v) clamps: constant but for the last iterations
     changed = True
     while changed:  # names computed from the loop variable
@@ -95,7 +107,7 @@ def _skippable(loop: ast.For, walk: _Walker) -> bool:
                     if mod:
                         periodic.add(t)
                     changed = True
-    for n in body:
+    for n in checked:
         if isinstance(n, ast.Subscript) and isinstance(n.value, (ast.Tuple, ast.List)) and walk.names(n.slice) & tainted:
             return False  # a choice among literal values (e.g. an engine per iteration)
         tests = [n.test] if isinstance(n, (ast.If, ast.IfExp)) else [n] if isinstance(n, ast.Compare) else []
@@ -112,18 +124,21 @@ def _skippable(loop: ast.For, walk: _Walker) -> bool:
     return True
 
 
-class LoopDriver(ast.NodeTransformer):
+class LoopDriver:
     """``for v in range(...)`` -> ``for v in __nc_loop__(range(...), safe)`` (the recorder's loop driver). One
-    instance per tree."""
+    instance per tree; :meth:`visit` rewrites the tree in place (outer loops are judged before their inner loops
+    are rewritten) and returns it."""
 
     def __init__(self) -> None:
         self.walk = _Walker()
 
-    def visit_For(self, node: ast.For) -> ast.AST:
-        safe = _skippable(node, self.walk)
-        self.generic_visit(node)
-        it = node.iter
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
-            node.iter = ast.copy_location(ast.Call(ast.Name("__nc_loop__", ast.Load()),
-                                                   [it, ast.Constant(safe)], []), it)
-        return node
+    def visit(self, tree: ast.AST) -> ast.AST:
+        for node in self.walk(tree):  # pre-order: an outer loop before the loops it holds
+            if not isinstance(node, ast.For):
+                continue
+            safe = _skippable(node, self.walk)
+            it = node.iter
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+                node.iter = ast.copy_location(ast.Call(ast.Name("__nc_loop__", ast.Load()),
+                                                       [it, ast.Constant(safe)], []), it)
+        return tree
