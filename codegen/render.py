@@ -112,7 +112,7 @@ def _cached_body(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...
 def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
     """(body, launch grid) of a kernel on a logical core of ``grid`` physical cores."""
     if grid > 1 and isinstance(kernel, AttentionKernel):
-        from neuron_compile.codegen.render_attention_u import unshifted_group
+        from neuron_compile.codegen.plan_attention import unshifted_group
 
         if unshifted_group(kernel):
             # The unshifted kernel branches on an on-chip check; both cores of a logical core must take the same
@@ -154,7 +154,7 @@ def _body(kernel: Kernel) -> str:
 
         return render_body(kernel)
     if isinstance(kernel, AttentionKernel):
-        from neuron_compile.codegen.render_attention import attention_body  # imports Lines from this module
+        from neuron_compile.codegen.render_attention import attention_body  # imports this module
 
         return attention_body(kernel)
     raise TypeError(kernel)  # pragma: no cover

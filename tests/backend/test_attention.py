@@ -1,7 +1,7 @@
 """Fused scaled-dot-product attention: pattern matching, one-kernel lowering, numerics and fallbacks.
 
 Covers ``lowering/attention.py`` (matcher + graph rewrite), ``lowering/ops/attention.py`` (IR) and
-``codegen/render_attention.py`` (the flash-attention kernel): eager-equal results for causal,
+``codegen/plan_attention.py`` + ``templates/attention_*.nki.j2`` (the kernels): eager-equal results for causal,
 non-causal and additive-mask SDPA in fp32 and bf16 with ragged sequence lengths and several
 online-softmax steps, the written-out ``softmax(q @ k^T / c) @ v`` form, exactly one kernel, the
 ordinary decomposed path whenever the subgraph differs, the NKI API listing and the roofline count.
@@ -231,7 +231,8 @@ def test_head_group_moves_rows_of_several_heads_per_dma() -> None:
     """[b, s, h, d] views: one DMA per (batch, head group) loads each of q, k, v (the heads are adjacent, so
     each partition reads h * d contiguous elements per row) and one DMA per query tile stores every head's rows;
     a ragged last query tile is loaded with its own DMA. Values equal eager."""
-    from neuron_compile.codegen.render_attention import head_group
+    from neuron_compile.codegen.plan_attention import head_group
+
     from neuron_compile.instruction_stream import kernel_stream
 
     qkv = torch.randn(2, 200, 3 * 96, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
@@ -253,7 +254,7 @@ def test_head_group_moves_rows_of_several_heads_per_dma() -> None:
 
 def test_head_group_respects_the_sbuf_budget() -> None:
     """Long sequences keep fewer heads resident: 16 heads of 2048 x 128 bf16 rows go 4 at a time."""
-    from neuron_compile.codegen.render_attention import GROUP_ROWS_BYTES, head_group
+    from neuron_compile.codegen.plan_attention import GROUP_ROWS_BYTES, head_group
     from neuron_compile.lowering.ir import ArgSpec
 
     kern = AttentionKernel("k0_attention", "attention", (ArgSpec(1, "bfloat16"),) * 3, (ArgSpec(1, "bfloat16"),),
@@ -271,7 +272,8 @@ def test_transposed_scores_kernel_matches_eager(dtype: torch.dtype, causal: bool
     """Heads of 32/64/96 without a mask: S^T - max comes out of TensorE (augmented contraction rows), P^T is the
     exp's output and the row sums ride in a ones column of V: no transpose of P. Two 512-query blocks, ragged
     tiles, more queries than keys and the reverse."""
-    from neuron_compile.codegen.render_attention_t import transposed_group
+    from neuron_compile.codegen.plan_attention import transposed_group
+
     from neuron_compile.instruction_stream import kernel_stream
 
     b, h, sq, sk, d, dv = shape
@@ -300,7 +302,7 @@ def test_fp16_large_scores_match_eager(d: int, gain: float, kind: str) -> None:
     (d = 40/96/128: errors 10-50x eager's); the transposed kernel's row max rounded to fp16 made
     ``exp(s - max) > 65504`` (inf/NaN rows once |max| >= 2^15, d = 64); and a causal bias of -65504 left masked keys
     with scores beyond 65504 above the visible ones (d = 64, gain 150)."""
-    from neuron_compile.codegen.render_attention import attention_plan
+    from neuron_compile.codegen.plan_attention import attention_plan
 
     q, k, v = _qkv(1, 2, 200, 200, d, dtype=torch.float16)
     q, k = (q.float() * gain).half(), (k.float() * gain).half()

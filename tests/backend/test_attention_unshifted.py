@@ -1,4 +1,4 @@
-"""Attention with the unshifted softmax (``codegen/render_attention_u.py``) and its on-chip guard.
+"""Attention with the unshifted softmax (``codegen/templates/attention_unshifted.nki.j2``) and its on-chip guard.
 
 Without an additive mask, attention first runs ``P = exp(s)`` with no row max, keys on partitions (no
 transpose of P), and checks every row: ``2^-100 <= l <= 2^120`` and a finite output. If a row fails,

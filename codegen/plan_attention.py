@@ -1,0 +1,230 @@
+"""Plans of the fused attention kernels: which variant, heads per group, scales, tiles, as plain data.
+
+An :class:`AttentionKernel` renders through one of three body templates (``templates/attention_*.nki.j2``,
+shared pieces in ``_attention_macros.nki.j2``; ``attention.nki.j2`` is the frame around the body):
+
+* ``standard``: flash attention with the online softmax (any head size up to 128, additive masks, fp16);
+* ``transposed``: transposed scores shifted by the exact row max, no transpose of P (heads of 32, 64 or 96,
+  no mask, bf16/fp32);
+* ``unshifted``: ``P = exp(s)`` without the row max, checked on chip, with the exact kernel (one of the
+  two above) as its rerun (no mask, bf16/fp32, ``config.attention_unshifted``).
+
+This module chooses the variant and computes what its template needs: the head group (the heads whose
+rows move in one DMA each), the split of the softmax scale between ``Q^T`` and fp32, the causal bias
+values, the per-tensor row loads (full 128-row tiles and a ragged tail), the offset terms of every HBM
+access as ``(loop variable, stride)`` pairs, buffer shapes and the engine share of the P evictions. No NKI
+text is built here: the templates write every statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from neuron_compile.lowering.attention import SBUF_BUDGET, sbuf_bytes
+from neuron_compile.lowering.ir import AttentionKernel
+
+from neuron_compile.config import config
+from neuron_compile.simulator_limits import PMAX
+
+log = logging.getLogger(__name__)
+
+# 128-row tiles transposed into one 2 KiB PSUM bank before a single eviction: 8 of 2-byte, 4 of fp32 values
+TRANSPOSE_GROUP = {2: 8, 4: 4}
+# Finite "minus infinity" of the causal bias tile, in the matmul dtype (identity x bias must stay NaN-free: an inf
+# there makes 0 x inf): -3e38 in bf16/fp32. fp16 tops out at 65504, while its scores (fp32 in PSUM) reach 1e5 and
+# more (|q|, |k| ~ 150 at d = 64): the diagonal of the fp16 identity is 65504 too, so TensorE adds -65504^2 ~ -4.3e9.
+MASK_BIAS = {"float16": -65504.0}
+MASK_BIAS_DEFAULT = -3.0e38
+MASK_IDENT = {"float16": 65504.0}  # diagonal of the identity that adds the bias tile (default 1.0)
+BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
+PSUM_BANK_BYTES = 2048
+FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
+# Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
+# whole kernel: VectorE carries the row max (1 cycle per fp32 PSUM score), ScalarE the exp (1 cycle per score);
+# 0.58 balances the two under the cost model for d=128 heads (issue 5 (c): 0.55 / 0.58 / 0.6 / 0.65 -> 2090 / 2038 / 2043 / 2086 us;
+# heads of 32/64/96 without a mask use the transposed-scores kernel, which has no P evictions). The small per-row
+# combines (chunk maxima, running max and sum) run on GpSimd, which is otherwise idle.
+SCALAR_EVICT_SHARE = 0.58
+# Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
+# head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
+GROUP_ROWS_BYTES = 64 * 1024
+QUERY_BLOCK = 4 * PMAX  # queries per S^T matmul (transposed/unshifted): 512 fp32 scores per partition = one PSUM bank
+MAX_AUG_ROWS = 32  # augmentation rows start at partition d: a count <= 32 may start at 0/32/64/96
+AUG_PER_HEAD = 2  # the negated row max in two matmul-dtype parts (hi, lo): rows d + j and d + G + j of head j
+# Unshifted guard: a row passes when 2^-100 <= l <= 2^120, i.e. 2^-120 <= 1 / l <= 2^100 (0, inf and NaN fail both).
+RECIP_MIN = 2.0 ** -120
+RECIP_MAX = 2.0 ** 100
+
+
+def _size(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def split_scale(k: AttentionKernel) -> tuple[float, float]:
+    """``(q_scale, s_scale)``: ``Q^T`` is multiplied by ``q_scale`` as it is transposed (rounded to the matmul dtype)
+    and the scores by ``s_scale`` in fp32 at the PSUM read; ``q_scale * s_scale == scale``.
+
+    fp32: the whole scale is folded into ``Q^T``. bf16/fp16: only its nearest power of two (exact), the rest
+    (within 2^+-0.5) is applied in fp32, as eager does: a rounded ``scale * q`` is off by up to 2^-9 (bf16) or 2^-12
+    (fp16) relative, so a score ``s`` moves by up to ~``|s| 2^-9`` (bf16, d = 128, scores of +-10: output errors 4x
+    eager's; fp16, +-1000: wrong rows). The residual can't make the causal bias (added to the p2-scaled scores)
+    anything but hugely negative (bf16: -3e38 x r may become -inf in fp32, and exp(-inf) = 0)."""
+    scale = k.scale
+    if k.compute_dtype == "float32" or scale == 0 or not math.isfinite(scale):
+        return scale, 1.0
+    p2 = math.copysign(2.0 ** round(math.log2(abs(scale))), scale)
+    return p2, scale / p2
+
+
+def head_group(k: AttentionKernel, cap: int | None = None) -> int:
+    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` (at most ``cap``) whose
+    rows fit ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
+    csize, osize = _size(k.compute_dtype), _size(k.outputs[0].dtype)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
+    other = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) - rows
+    best = 1
+    for g in range(2, min(k.heads, cap or k.heads) + 1):
+        if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
+            best = g
+    return best
+
+
+def head_bytes(k: AttentionKernel) -> int:
+    """Per-partition SBUF of one resident head in the transposed-scores layouts: q, k, v rows, V | 1, Q^T and K^T."""
+    cs = _size(k.compute_dtype)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    return (nq * k.d + nk * k.d + nk * k.dv + nk * (k.dv + 1) + k.sq + k.sk) * cs
+
+
+def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
+    """Per-partition SBUF of the transposed-scores kernel with ``group`` heads resident."""
+    cs, os_ = _size(k.compute_dtype), _size(k.outputs[0].dtype)
+    per_block = QUERY_BLOCK // PMAX * (k.dv * os_ + (k.d + AUG_PER_HEAD * group) * cs)  # output rows, mx
+    onehot = AUG_PER_HEAD * group * k.sk * cs
+    return group * head_bytes(k) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
+
+
+def transposed_group(k: AttentionKernel) -> int:
+    """Heads per group for the transposed-scores kernel, or 0 when the kernel doesn't apply: a mask, heads it can't
+    augment, or fp16 operands. The row max it shifts by is rounded to the matmul dtype, so ``exp(s - max)`` reaches
+    ``exp(ulp(max) / 2)``: fp16 P overflows (> 65504 = e^11.09) once |max| >= 2^15 (an ulp of 32), giving inf/NaN rows,
+    and the scale (folded into Q^T here) can't be split off in fp32 as the standard kernel does for fp16."""
+    if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX or k.compute_dtype == "float16":
+        return 0
+    group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD)
+    while group > 0 and (k.heads % group or sbuf_bytes_t(k, group) > SBUF_BUDGET):
+        group -= 1
+    return group
+
+
+def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
+    """Per-partition SBUF of the unshifted kernel with ``group`` heads resident (the fallback runs after it)."""
+    out_block = QUERY_BLOCK // PMAX * k.dv * _size(k.outputs[0].dtype)
+    checks = 4 * 4 * -(-k.sq // PMAX)  # 1 / l, output row sums and two scratch columns per query tile
+    return group * (head_bytes(k) + out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
+
+
+def unshifted_group(k: AttentionKernel) -> int:
+    """Heads per group for the unshifted kernel, or 0 when it doesn't apply: an additive mask, the knob off, or
+    fp16 operands (P is stored in the matmul dtype, and fp16's range, 2^-14..65504, would hold unshifted
+    probabilities only for scores in about [-7, 11]; bf16 and fp32 share fp32's exponent range)."""
+    if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS \
+            or k.compute_dtype not in ("bfloat16", "float32"):
+        return 0
+    group = head_group(k)
+    while group > 0 and (k.heads % group or sbuf_bytes_u(k, group) > SBUF_BUDGET):
+        group -= 1
+    return group
+
+
+def attention_plan(k: AttentionKernel) -> dict[str, object]:
+    """How the kernel is rendered (for ``explain``): variant, heads per group, and the exact fallback if any."""
+    tg = transposed_group(k)
+    exact: dict[str, object] = {"variant": "transposed-scores" if tg else "standard", "head_group": tg or head_group(k)}
+    if not tg:
+        exact["key_step"] = k.key_step
+    ug = unshifted_group(k)
+    if not ug:
+        return exact
+    return {"variant": "unshifted", "head_group": ug, "query_block": QUERY_BLOCK,
+            "fallback": " ".join(f"{a}={b}" for a, b in exact.items())}
+
+
+def _load(name: str, access: tuple[int, int, tuple[int, ...]], rows: int, cols: int) -> dict[str, Any]:
+    """``name[128, tiles, group, cols]``: row r of head ``hg + j`` on partition r % 128, tile r // 128, slot j; the
+    full tiles move in one DMA and a ragged last tile in another, starting ``tail`` elements after the first."""
+    arg, offset, (s_b, s_head, s_row, s_col) = access
+    full, rem = divmod(rows, PMAX)
+    return {"name": name, "arg": arg, "offset": offset, "terms": [("b", s_b), ("hg", s_head)], "s_head": s_head,
+            "s_row": s_row, "s_col": s_col, "cols": cols, "full": full, "rem": rem, "tiles": full + (1 if rem else 0),
+            "tail": full * PMAX * s_row}
+
+
+def _common(k: AttentionKernel, group: int) -> dict[str, Any]:
+    """What every variant shares: the head group, its row loads, the transposes of Q and K, the output store."""
+    ob, oh, os_, od = k.out_strides
+    return {
+        "group": group, "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
+        "tg": TRANSPOSE_GROUP[_size(k.compute_dtype)],
+        "rows": {"q": _load("q_rows", k.q, k.sq, k.d), "k": _load("k_rows", k.k, k.sk, k.d),
+                 "v": _load("v_rows", k.v, k.sk, k.dv)},
+        "out": {"terms": [("b", ob), ("hg", oh), ("q0", os_)], "s_head": oh, "s_row": os_, "s_col": od},
+        "ident": MASK_IDENT.get(k.compute_dtype, 1.0), "mask_bias": MASK_BIAS.get(k.compute_dtype, MASK_BIAS_DEFAULT),
+    }
+
+
+def standard_plan(k: AttentionKernel) -> dict[str, Any]:
+    """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys in 512-key chunks."""
+    p = _common(k, head_group(k))
+    masked = k.mask is not None
+    s_scale = p["s_scale"]
+    p.update({
+        "variant": "standard", "nq": -(-k.sq // PMAX), "chunks": k.key_step // BANK_KEYS,
+        # unmasked bf16/fp16: the scale's residual multiplies the row max (a [128, 1] tile, GpSimd) and the exp;
+        # masked: it is applied with the mask at the PSUM read
+        "scale_tile": not masked and s_scale != 1.0, "exp_scale": 1.0 if masked else s_scale,
+        # ScalarE takes a share of the transposed-P evictions except on trn1
+        "evict_share": SCALAR_EVICT_SHARE if config.target != "trn1" else 0.0,
+        "pair": 2 if _size(k.compute_dtype) == 2 else 1,  # 512-key chunks of transposed P per PSUM bank
+        "fp32_max": FP32_MAX, "mask": None,
+    })
+    if k.mask is not None:
+        arg, offset, (s_b, s_h, s_q, s_k) = k.mask
+        p["mask"] = {"arg": arg, "offset": offset, "terms": [("b", s_b), ("h", s_h), ("q0", s_q), ("kc", s_k)],
+                     "s_q": s_q, "s_k": s_k}
+    return p
+
+
+def transposed_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
+    """The transposed-scores kernel: ``2 * group`` augmentation rows below the ``d`` contraction rows."""
+    p = _common(k, group)
+    p.update({"variant": "transposed", "ka": k.d + AUG_PER_HEAD * group, "nch_max": -(-k.sk // BANK_KEYS),
+              "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX})
+    return p
+
+
+def exact_plan(k: AttentionKernel) -> dict[str, Any]:
+    """The exact kernel (softmax with the row max): transposed scores when they apply, else the standard one."""
+    group = transposed_group(k)
+    return transposed_plan(k, group) if group else standard_plan(k)
+
+
+def unshifted_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
+    """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun."""
+    p = _common(k, group)
+    p.update({
+        "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
+        # query tiles per output PSUM bank ([O | l] in fp32)
+        "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
+        "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k),
+    })
+    return p
+
+
+def plan(k: AttentionKernel) -> dict[str, Any]:
+    """The plan of the kernel that runs: the unshifted one (with the exact rerun) when it applies, else the exact one."""
+    group = unshifted_group(k)
+    return unshifted_plan(k, group) if group else exact_plan(k)
