@@ -61,6 +61,9 @@ def render_kernel(kernel: Kernel) -> str:
     context = _template_context(kernel)
     if context is not None:  # the template is the whole kernel; Python gives it the plan (one core)
         return _wrap(kernel, "", 1, **context)
+    if _is_matmul(kernel):  # the whole kernel too, its M blocks spread over the launch grid
+        plan = _matmul_plan(kernel)
+        return _wrap(kernel, "", plan["grid"], p=plan, pmax=PMAX)
     body, grid = _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())
     return _wrap(kernel, body, grid)
 
@@ -86,7 +89,20 @@ def launch_grid(kernel: Kernel) -> int:
 
     if isinstance(kernel, (*FAMILY_KERNELS, *TEMPLATE_KERNELS)):
         return 1
+    if _is_matmul(kernel):
+        return int(_matmul_plan(kernel)["grid"])
     return _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())[1]
+
+
+def _is_matmul(kernel: Kernel) -> bool:
+    return isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops)
+
+
+def _matmul_plan(kernel: Kernel) -> dict[str, Any]:
+    """The plan ``matmul.nki.j2`` renders (codegen/plan_matmul.py) on a logical core of ``lnc()`` physical cores."""
+    from neuron_compile.codegen.plan_matmul import matmul_plan  # imports this module
+
+    return matmul_plan(kernel, lnc())  # type: ignore[arg-type]
 
 
 def _snapshot() -> tuple[tuple[str, Any], ...]:
@@ -145,10 +161,6 @@ def _estimate(kernel: Kernel, source: str) -> float:
 
 
 def _body(kernel: Kernel) -> str:
-    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
-        from neuron_compile.codegen.render_matmul import render_body  # imports this module
-
-        return render_body(kernel)
     if isinstance(kernel, LoopKernel):
         return _loop_body(kernel)
     if isinstance(kernel, CopyKernel):
@@ -164,10 +176,8 @@ def _body(kernel: Kernel) -> str:
 
 def _split_loop(kernel: Kernel) -> str | None:
     """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
-    row tiles (``p0``) or non-reduced outer dims of row kernels, M blocks (``m0``) of matmuls, row
-    groups (``g0``) of gathers, batches (``b``) of the exact attention kernel."""
-    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
-        return "m0"
+    row tiles (``p0``) or non-reduced outer dims of row kernels, row groups (``g0``) of gathers, batches (``b``)
+    of the exact attention kernel (matmul kernels split their M blocks in their template: codegen/plan_matmul.py)."""
     if isinstance(kernel, LoopKernel):
         r = LoopRenderer(kernel)
         if r.red_outer:
