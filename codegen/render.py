@@ -55,6 +55,9 @@ def render_kernel(kernel: Kernel) -> str:
     context = _template_context(kernel)
     if context is not None:  # the template is the whole kernel; Python gives it the plan (one core)
         return _wrap(kernel, "", 1, **context)
+    if _is_matmul(kernel):  # the whole kernel too, its M blocks spread over the launch grid
+        plan = _matmul_plan(kernel)
+        return _wrap(kernel, "", plan["grid"], p=plan, pmax=PMAX)
     body, grid = _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())
     return _wrap(kernel, body, grid)
 
@@ -80,7 +83,20 @@ def launch_grid(kernel: Kernel) -> int:
 
     if isinstance(kernel, (*FAMILY_KERNELS, *TEMPLATE_KERNELS)):
         return 1
+    if _is_matmul(kernel):
+        return int(_matmul_plan(kernel)["grid"])
     return _cached_body(replace(kernel, name=""), lnc(), _snapshot(), _renderers())[1]
+
+
+def _is_matmul(kernel: Kernel) -> bool:
+    return isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops)
+
+
+def _matmul_plan(kernel: Kernel) -> dict[str, Any]:
+    """The plan ``matmul.nki.j2`` renders (codegen/plan_matmul.py) on a logical core of ``lnc()`` physical cores."""
+    from neuron_compile.codegen.plan_matmul import matmul_plan  # imports this module
+
+    return matmul_plan(kernel, lnc())  # type: ignore[arg-type]
 
 
 def _snapshot() -> tuple[tuple[str, Any], ...]:
@@ -124,7 +140,7 @@ def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
             if two is None or _estimate(kernel, _wrap(kernel, one, 1)) <= _estimate(kernel, _wrap(kernel, two, grid)):
                 return one, 1
             return two, grid
-    if isinstance(kernel, LoopKernel) and not any(op.opcode == "matmul" for op in kernel.ops):
+    if isinstance(kernel, LoopKernel):  # matmul kernels render whole (render_kernel)
         from neuron_compile.codegen.plan_loop import loop_body  # imports this module
 
         return loop_body(kernel, grid)
@@ -149,10 +165,6 @@ def _estimate(kernel: Kernel, source: str) -> float:
 
 
 def _body(kernel: Kernel) -> str:
-    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
-        from neuron_compile.codegen.render_matmul import render_body  # imports this module
-
-        return render_body(kernel)
     if isinstance(kernel, AttentionKernel):
         from neuron_compile.codegen.render_attention import attention_body  # imports this module
 
@@ -162,10 +174,8 @@ def _body(kernel: Kernel) -> str:
 
 def _split_loop(kernel: Kernel) -> str | None:
     """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
-    M blocks (``m0``) of matmuls, batches (``b``) of the exact attention kernel. (The loop, copy and index
-    families write their split loop in the template: plan_loop.py, plan_index.py.)"""
-    if isinstance(kernel, LoopKernel) and any(op.opcode == "matmul" for op in kernel.ops):
-        return "m0"
+    batches (``b``) of the exact attention kernel. (The loop, copy and index families write their split loop in
+    their template: plan_loop.py, plan_index.py; matmul kernels split their M blocks in theirs: plan_matmul.py.)"""
     if isinstance(kernel, AttentionKernel):
         return "b"
     return None

@@ -496,7 +496,7 @@ class LoopGroupEmitter:
             return arg, off, sp.canonical_strides(canon, strides)
 
         ops = []
-        # Matmul epilogues keep the builder's fp32 tiles (render_matmul sizes its own buffers); loop kernels
+        # Matmul epilogues keep the builder's fp32 tiles (codegen/plan_matmul.py sizes its own buffers); loop kernels
         # hold tiles in the storage dtype where no value changes. Every kernel drops ops no store reads.
         # A matmul kernel with a row reduction (a LayerNorm in its epilogue) gets the loop kernels' peephole
         # rewrites (x - row -> x + (-row), sum of squares -> activation accumulator); others keep their ops.

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from neuron_compile.codegen.render_matmul import (
+from neuron_compile.codegen.plan_matmul import (
     ITEMSIZE,
     Tiles,
     geometry,

@@ -1,0 +1,249 @@
+"""Plan of a matmul kernel: the numbers ``templates/matmul.nki.j2`` renders into a blocked TensorE GEMM.
+
+Input: a :class:`~neuron_compile.lowering.ir.LoopKernel` of family ``matmul`` whose first op is a
+``matmul`` (accesses ``a``/``b`` over the canonical space ``(outer..., m, n)``, contraction strides
+``ak``/``bk``, size ``k``, and a ``tiles`` configuration chosen by the autotuner in
+:mod:`neuron_compile.lowering.ops.matmul`). Output: a dict of plain data (numbers, names, small offset
+expressions, the epilogue ops' template views); the template holds every line of NKI.
+
+Structure of the kernel, per outer (batch) index:
+
+1. *Transposes on TensorE* (only for an operand whose contraction dim is its contiguous one, e.g.
+   ``x [M, K]`` and a Linear weight ``W [N, K]``): contiguous row blocks ``[128, <=2048]`` are loaded
+   (>= 2 KiB per partition), transposed 128x128 at a time with ``nisa.nc_transpose`` into a PSUM
+   tile, evicted four at a time, and written once to an HBM scratch ``[K, rows]`` with runs of
+   ``rows_per_group x itemsize`` bytes (``scratch``). Every element is transposed exactly once, never by
+   an element-strided DMA. With ``Tiles.direct`` the transposes go straight into the SBUF blocks
+   (``direct``: row DMAs of ``lg`` row tiles, ``g`` transposes per half of a one-bank PSUM tile).
+2. *Blocked GEMM* (``variant``): for each ``(BM, BN)`` output block and each ``KB``-tile chunk of K, one
+   DMA loads the stationary block ``aT [128, KB, BM]`` and one the moving block ``b [128, KB, BN]`` (both in
+   their storage dtype); TensorE accumulates every ``128 x NT`` output tile over all of K in its own PSUM
+   tile (``streamed``), or blocks hold all of K and tiles accumulate one after the other in rotating PSUM
+   tiles (``resident``), or K chunks add into SBUF fp32 partial sums (``split``).
+3. *Eviction with the epilogue* (:mod:`neuron_compile.codegen.plan_matmul_epilogue`): the PSUM tile is read
+   in place by the first epilogue instruction, row-constant loads are hoisted per N block, row-varying ones
+   arrive per group of ``RG`` row tiles and results leave per ``SG`` row tiles; a fused LayerNorm runs its
+   row ops over the whole output row.
+
+On a logical core of ``grid`` physical cores the M blocks of an unbatched GEMM are spread cyclically over the
+programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from neuron_compile.codegen.plan_matmul_epilogue import ITEMSIZE, EpiloguePlanner, _ceil_to
+from neuron_compile.codegen.render import LoopRenderer, _offset
+from neuron_compile.lowering.ir import LoopKernel, TileOp
+
+from neuron_compile.config import config
+from neuron_compile.errors import TemplateRenderError
+from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
+
+log = logging.getLogger(__name__)
+
+TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 -> 2 KiB runs
+MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for TensorE transposes)
+PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
+PSUM_BANKS = 8  # 16 KiB of PSUM per partition
+TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
+TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A matmul tile configuration (part of the kernel IR, chosen by the autotuner)."""
+
+    bm: int  # output rows per block (multiple of 128)
+    bn: int  # output columns per block (multiple of nt)
+    kb: int  # contraction tiles (of 128) per operand DMA
+    ta: bool  # transpose A on TensorE (via HBM scratch) instead of an element-strided load
+    tb: bool  # same for B
+    resident: bool = False  # blocks hold all of K: A once per M block, B once per (M, N) block
+    split: bool = False  # K in KB-tile chunks, partial sums of the whole block kept in SBUF fp32
+    direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
+    rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand (a residual)
+    sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
+    sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block)
+
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool]:
+        return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg,
+                self.sb)
+
+    @classmethod
+    def from_attr(cls, attr: Any) -> Tiles:
+        bm, bn, kb, ta, tb, res, *rest = attr
+        split, direct, rg, sg, sb = (list(rest) + [False, False, 1, 0, False][len(rest):])[:5]
+        return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg),
+                   int(sg), bool(sb))
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One matmul operand over (non-contraction index r, contraction index k)."""
+
+    arg: str  # source tensor name
+    offset: str  # base offset expression (outer loop vars included)
+    rs: int  # stride along the non-contraction dim (m for A, n for B)
+    ks: int  # stride along K
+    rows: int  # non-contraction size
+    dtype: str
+
+    def transposable(self) -> bool:
+        """Contraction dim contiguous, the other not: a PE transpose gives contiguous loads."""
+        return self.ks == 1 and self.rs != 1 and self.rows > 1
+
+
+def geometry(k: LoopKernel) -> tuple[int, int, int]:
+    """(M, N, K) of a matmul kernel."""
+    return k.space[k.n_outer], k.space[-1], int(matmul_op(k).attr("k"))
+
+
+def matmul_op(k: LoopKernel) -> TileOp:
+    return next(op for op in k.ops if op.opcode == "matmul")
+
+
+def operands(k: LoopKernel) -> tuple[Operand, Operand]:
+    mm = matmul_op(k)
+    outer = [f"o{i}" for i in range(k.n_outer)]
+    m, n, _ = geometry(k)
+    a_arg, a_off, a_st = mm.attr("a")
+    b_arg, b_off, b_st = mm.attr("b")
+    a = Operand(f"in{a_arg}", _offset(a_off, list(zip(outer, a_st[:k.n_outer], strict=True))), a_st[k.n_outer],
+                int(mm.attr("ak")), m, mm.attr("a_dtype"))
+    b = Operand(f"in{b_arg}", _offset(b_off, list(zip(outer, b_st[:k.n_outer], strict=True))), b_st[-1],
+                int(mm.attr("bk")), n, mm.attr("b_dtype"))
+    return a, b
+
+
+def moving_tile(n: int) -> int:
+    return min(PSUM_BANK_FMAX, n)
+
+
+def transpose_rows(dtype: str, kw: int, rows: int) -> int:
+    """Row tiles per direct-transpose row DMA: whole transpose groups, up to ``TRANSPOSE_ROWS_BYTES`` per partition
+    (at least one group) and no more than a block's ``rows`` need, so a DMA of short K rows still moves
+    enough to amortise its fixed cost."""
+    g = _transpose_group(dtype)
+    return g * max(1, min(TRANSPOSE_ROWS_BYTES // (g * kw * ITEMSIZE[dtype]), math.ceil(rows / (g * PMAX))))
+
+
+def _transpose_group(dtype: str) -> int:
+    """Row tiles per direct-transpose group: two groups fill one 2 KiB PSUM bank."""
+    return PSUM_BANK_BYTES // (2 * PMAX * ITEMSIZE[dtype])
+
+
+def matmul_plan(k: LoopKernel, grid: int) -> dict[str, Any]:
+    """The template context of a matmul kernel on a logical core of ``grid`` physical cores (``plan["grid"]``: the
+    programs it launches on). Identical kernels (one per transformer layer) are planned once per codegen config."""
+    from neuron_compile.codegen.render import _snapshot
+
+    plan = _cached_plan(replace(k, name=""), grid, _snapshot())
+    if plan["psum_banks"] > PSUM_BANKS:
+        raise TemplateRenderError(f"matmul kernel {k.name}: {plan['n_acc']} accumulators and "
+                                  f"{len(plan['banks'])} transpose banks need {plan['psum_banks']} PSUM banks, more "
+                                  f"than the {PSUM_BANKS} there are; pick smaller blocks (a bug in the tile search: "
+                                  "please report it)")
+    return plan
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_plan(k: LoopKernel, grid: int, snapshot: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return MatmulPlanner(k).plan(grid)
+
+
+class MatmulPlanner(EpiloguePlanner):
+    """Tile sizes, loop bounds, buffers and the epilogue of one matmul kernel (see the module docstring)."""
+
+    def __init__(self, k: LoopKernel) -> None:
+        self.k = k
+        self.mm = matmul_op(k)
+        self.rest = [op for op in k.ops if op is not self.mm]
+        self.loop = LoopRenderer(k)
+        self.M, self.N, self.K = geometry(k)
+        self.a, self.b = operands(k)
+        self.t = Tiles.from_attr(self.mm.attr("tiles"))
+        self.nt = moving_tile(self.N)
+        self.acc_src = "acc"  # where the epilogue reads the finished sum: the accumulator, or the SBUF partial
+        self.held = 0  # SBUF bytes per partition of the operand blocks, partial sums and staging rows
+        # Row ops (a LayerNorm after the residual add): the first row reduction and everything after it run
+        # once per 128-row tile over the whole output row ([P, BN], BN = N), after the tile's chunks.
+        red = any(op.opcode == "reduce" for op in self.rest)
+        self.row_dtype: dict[str, str] = {}  # row tiles of values held in a narrow dtype (resident_values)
+        self.post: list[TileOp] = []
+        done: set[str] = set()
+        for op in self.rest if red else ():  # and every op reading one of theirs
+            if op.opcode != "load" and (op.opcode == "reduce" or op.phase >= 1 or op.kind == "row"
+                                        or any(a in done for a in op.args if isinstance(a, str))):
+                self.post.append(op)
+                done.add(op.out)
+        post_ids = {id(op) for op in self.post}
+        self.chunk_ops = [op for op in self.rest if id(op) not in post_ids]
+        if self.post:
+            assert self.t.bn >= self.N, f"{k.name}: row ops need one N block (BN {self.t.bn} < N {self.N})"
+
+    def plan(self, grid: int) -> dict[str, Any]:
+        k, t = self.k, self.t
+        M, N, K, nt = self.M, self.N, self.K, self.nt
+        bm, bn = min(t.bm, _ceil_to(M, PMAX)), min(t.bn, _ceil_to(N, nt))
+        kb = max(1, min(t.kb, math.ceil(K / PMAX)))
+        a, b = self.a, self.b
+        scratch = []
+        for name, op, flag in (("a_t", a, t.ta and a.transposable() and not t.direct),
+                               ("b_t", b, t.tb and b.transposable() and (not t.direct or t.sb))):
+            if flag:
+                g = min(TRANSPOSE_ROW_GROUP, math.ceil(op.rows / PMAX))
+                kw = min(TRANSPOSE_K_CHUNK, K)
+                scratch.append({"name": name, "src": op, "rows": op.rows, "dtype": op.dtype, "g": g, "kw": kw,
+                                "kwt": math.ceil(kw / PMAX)})
+        scratched = {s["name"][0] for s in scratch}
+        if "a" in scratched:
+            a = Operand("a_t", "0", 1, a.rows, a.rows, a.dtype)
+        if "b" in scratched:
+            b = Operand("b_t", "0", 1, b.rows, b.rows, b.dtype)
+        # TensorE transposes straight into the SBUF blocks: row staging per operand, one PSUM bank per dtype
+        block_rows = {"a": bm, "b": bn}
+        kw = min(kb * PMAX, K)
+        direct: dict[str, dict[str, Any]] = {}
+        banks: list[dict[str, Any]] = []
+        for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):
+            if flag and t.direct and op.transposable():
+                new_bank = op.dtype not in [bank["dtype"] for bank in banks]
+                direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name]), "g": _transpose_group(op.dtype),
+                                "dtype": op.dtype, "kw": kw, "bank": new_bank}
+                self.held += direct[name]["lg"] * kw * ITEMSIZE[op.dtype]
+                if new_bank:
+                    banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype)})
+        tm, tn = bm // PMAX, bn // nt
+        kc = kb * PMAX
+        n_chunks = math.ceil(K / kc)
+        operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
+        if t.split:
+            variant, n_acc = "split", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += kb * operand_bytes + bm // PMAX * bn * 4
+            if n_chunks > 1:
+                self.acc_src = "part"
+        elif t.resident:
+            variant, n_acc = "resident", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += math.ceil(K / PMAX) * operand_bytes
+        else:
+            variant, n_acc = "streamed", tm * tn
+            self.held += kb * operand_bytes
+        hoisted = self.hoist_loads()
+        evict = self.eviction(set(hoisted), bn)
+        split_m = grid > 1 and k.n_outer == 0 and len(range(0, M, bm)) >= grid
+        return {
+            "M": M, "N": N, "K": K, "nt": nt, "bm": bm, "bn": bn, "kb": kb, "kc": kc, "tm": tm, "tn": tn,
+            "kt_all": math.ceil(K / PMAX), "n_chunks": n_chunks, "last_k0": (n_chunks - 1) * kc,
+            "variant": variant, "n_acc": n_acc, "acc_src": self.acc_src,
+            "outer": list(k.space[:k.n_outer]), "scratch": scratch, "a": a, "b": b, "direct": direct, "banks": banks,
+            "hoisted": list(hoisted.values()), "evict": evict,
+            "kinds": self.loop.kinds, "target": config.target,
+            "grid": grid if split_m else 1, "split_m": split_m,
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + len(banks),
+        }
