@@ -250,8 +250,9 @@ def _decompose(shape: tuple[int, ...], index: sympy.Expr) -> tuple[int, dict[int
     if not bad:
         return offset, coeffs
     dims = sorted({names[s] for t in bad for s in t.free_symbols if s in names})
-    where = ", ".join(f"dim {d} (size {shape[d]})" for d in dims)
-    return (f"result {where} reach the source only through floor-division/modulo "
+    where = ", ".join(f"{d} (size {shape[d]})" for d in dims)
+    verb = "dims {} index" if len(dims) > 1 else "dim {} indexes"
+    return (f"result {verb.format(where)} the source only through floor-division/modulo "
             f"(index {sympy.sstr(index)}): no single stride per dim")
 
 
