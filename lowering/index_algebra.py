@@ -463,6 +463,10 @@ class NotAffine:
 def reshape_access(shape: tuple[int, ...], strides: tuple[int, ...], new_shape: tuple[int, ...]
                    ) -> tuple[int, ...] | NotAffine:
     """Strides of ``(shape, strides)`` viewed as ``new_shape`` (torch's strides), or why it needs a copy."""
+    if math.prod(shape) and math.prod(new_shape) == math.prod(shape) and strides == _contiguous(shape):
+        # Row-major source: its flat index *is* the result's flat index, so the result is row-major too.
+        # (What reshape() derives, without building the expression: most reshapes of a graph are these.)
+        return _contiguous(new_shape)
     v = reshape(source(shape, strides, 0), new_shape)
     return v.strides if v.strides is not None else NotAffine(v.reason)
 
