@@ -86,6 +86,7 @@ def iso(ts: float | None) -> str | None:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
+    """Left-aligned columns (no table package ships with torch, and three lines don't need one)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
     return "\n".join(lines)

@@ -19,14 +19,15 @@ from neuron_compile.errors import (  # noqa: E402
 
 BACKEND_NAME = "neuron"
 ALT_BACKEND_NAME = "neuron_compile"  # always ours, also where another package owns "neuron"
-_ENTRY_POINT = "neuron_compile.backend:neuron_backend"
+_ENTRY_POINT = "neuron_compile.entry:neuron_backend"
 
 
 def _describe(fn_or_ep: object) -> str | None:
     """Who a registry slot names: None when it is neuron-compile, else a printable origin."""
     value = getattr(fn_or_ep, "value", None)  # an importlib EntryPoint
     if isinstance(value, str):
-        return None if value == _ENTRY_POINT else f"the entry point {value}"
+        # ours under any module of this package (an install made before the entry moved still names ours)
+        return None if value.split(":")[0].split(".")[0] == "neuron_compile" else f"the entry point {value}"
     module = getattr(fn_or_ep, "__module__", "") or ""
     if module.split(".")[0] == "neuron_compile":
         return None
@@ -65,7 +66,7 @@ def _register_backend() -> None:
         return
     from torch._dynamo.backends import registry
 
-    from neuron_compile.backend import neuron_backend
+    from neuron_compile.entry import neuron_backend  # the pipeline with the tools wired in
 
     if ALT_BACKEND_NAME not in registry._COMPILER_FNS and registry._BACKENDS.get(ALT_BACKEND_NAME) is None:
         registry.register_backend(compiler_fn=neuron_backend, name=ALT_BACKEND_NAME)

@@ -10,7 +10,6 @@ backward ops at the first call. Each ATen graph is compiled by :func:`compile_at
 from __future__ import annotations
 
 import logging
-import operator
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,8 +19,19 @@ import torch
 from torch import fx
 
 from neuron_compile.config import config
-from neuron_compile.errors import ConfigError, DynamicShapeError, UnsupportedOpError, source_line
-from neuron_compile.lowering.registry import qualified_name, unsupported_reason
+from neuron_compile.errors import ConfigError, DynamicShapeError, source_line
+from neuron_compile.pipeline import (  # noqa: F401  (the pipeline's names, also reachable from here)
+    build_artifacts,
+    check_lowerable,
+    compile_lowerable,
+    compiled_graphs,
+    describe_inputs,
+    load_artifacts,
+    record_stats,
+    reset,
+    stored_graph,
+    unsupported_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +45,7 @@ OPTIONS = {
     "fallback": "fallback",
     "check": "check",
 }
-_SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                           torch.int16, torch.int8, torch.uint8, torch.bool}
+
 
 
 def _validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
@@ -46,63 +55,6 @@ def _validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
         raise ConfigError(f"torch.compile(backend='neuron', options=...): unknown option(s) {', '.join(unknown)}; "
                           f"valid options: {', '.join(sorted(OPTIONS))}")
     return {OPTIONS[k]: v for k, v in options.items()}
-
-
-def _describe_inputs(node: fx.Node) -> str:
-    parts = []
-    for a in node.args:
-        val = a.meta.get("val") if isinstance(a, fx.Node) else None
-        if isinstance(val, torch.Tensor):
-            parts.append(f"{str(val.dtype).replace('torch.', '')}{list(val.shape)}")
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node):
-            parts.append("[" + ", ".join(
-                f"{str(x.meta['val'].dtype).replace('torch.', '')}{list(x.meta['val'].shape)}"
-                for x in a if isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)) + "]")
-        elif not isinstance(a, fx.Node):
-            parts.append(repr(a))
-    return ", ".join(parts)
-
-
-def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
-    """One line per node the backend cannot lower (op, inputs, reason, user source line)."""
-    problems = []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                if val.is_sparse or getattr(val, "is_nested", False):
-                    problems.append(f"input {node.name}: sparse/nested tensors are not supported")
-                elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported (complex and float8 "
-                                    f"inputs cannot be lowered; cast to float32/bfloat16)")
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) \
-                and unsupported_reason(node.args[0]) is not None:
-            continue  # the tuple-producing op is reported itself
-        reason = unsupported_reason(node)
-        if reason is None:
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                reason = f"produces dtype {val.dtype}, which NeuronCores do not support"
-        if reason is not None:
-            problems.append(f"{qualified_name(node.target)}({_describe_inputs(node)}): {reason} "
-                            f"at {source_line(node)}")
-    return problems
-
-
-def check_lowerable(gm: fx.GraphModule, what: str) -> None:
-    problems = unsupported_nodes(gm)
-    if problems:
-        unique = list(dict.fromkeys(problems))
-        raise UnsupportedOpError(
-            f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
-            + "\n  - ".join(unique)
-            + "\nTo run anyway, let these ops run eagerly: torch.compile(..., backend='neuron', "
-              "options={'fallback': 'eager'}); `neuron-compile check your_script.py` reports every such op "
-              "and checks the numerics. Otherwise remove or replace these ops, compile a smaller region, or see "
-              "`neuron-compile ops` for what is supported.", unique)
 
 
 def symbolic_dims(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
@@ -147,13 +99,13 @@ class StaticShapeDispatcher:
 
     def __init__(self, gm: fx.GraphModule, make_backend: Callable[[], Callable[..., Any]],
                  distributed: bool = False) -> None:
-        from neuron_compile import metrics
+        from neuron_compile import compile_record
 
         self.gm = gm
         self.make_backend = make_backend
         self.distributed = distributed
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        self.compile_id = metrics._compile_id()  # later per-shape compiles run outside Dynamo's context
+        self.compile_id = compile_record.current_compile_id()  # later per-shape compiles run outside Dynamo's context
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -164,12 +116,12 @@ class StaticShapeDispatcher:
         key = self.signature(args)
         fn = self.compiled.get(key)
         if fn is None:
-            from neuron_compile import metrics
+            from neuron_compile import compile_record
 
             log.info("neuron: new input shapes %s: compiling a static graph", [k[0] for k in key])
             from neuron_compile.rank_agreement import maybe_agree
 
-            metrics.dynamo_graph(self.gm, self.compile_id)
+            compile_record.dynamo_graph(self.gm, self.compile_id)
             with maybe_agree(self.distributed, "a graph for new input shapes"):
                 fn = self.make_backend()(self.gm, list(args))
             self.compiled[key] = fn
@@ -186,7 +138,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
 
 
 def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
-    from neuron_compile import metrics, precompile
+    from neuron_compile import compile_record, precompile
     from neuron_compile.lowering.graph_passes import lift_constants
 
     gm, constants = lift_constants(gm)
@@ -215,130 +167,33 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
 
     if precompile.capture_dir() is not None:  # `neuron-compile precompile`: record the graph, run nothing
         return precompile.capture(gm, list(example_inputs), kind)
-    with metrics.graph(gm, example_inputs, kind) as rec:
+    with compile_record.graph(gm, example_inputs, kind) as rec:
         if has_collectives(gm):  # cut at each collective; the segments come back here one by one
-            runner: Callable[..., Any] = compile_with_collectives(gm, example_inputs, kind)
+            runner: Callable[..., Any] = compile_with_collectives(gm, example_inputs, kind, compile_aten_graph)
         elif config.fallback == "eager" and unsupported_nodes(gm):
-            from neuron_compile.fallback import compile_with_fallback
-
-            runner = compile_with_fallback(gm, example_inputs, kind)
+            runner = _partial_compiler()(gm, example_inputs, kind)
         else:
-            runner = _compile_lowerable(gm, example_inputs, kind)
-            rec.add_unit(gm, example_inputs, _STATS[-1])
-        return metrics.finish(rec, gm, runner)
+            runner = compile_lowerable(gm, example_inputs, kind)
+            rec.add_unit(gm, example_inputs, compiled_graphs()[-1])
+        return compile_record.finish(rec, gm, runner)
 
 
-def _compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
-    """Lower, render and load one ATen graph (or take it from the cache); returns the runner."""
-    from neuron_compile import metrics
-    from neuron_compile.cache.key import compute_key
-    from neuron_compile.cache.store import cache_enabled, get_or_compile
-    from neuron_compile.runtime import CompiledGraph
-
-    check_lowerable(gm, f"{kind} graph")
-    start = time.perf_counter()
-    built: dict[str, Any] = {}
-
-    def build() -> tuple[dict[str, bytes], dict[str, Any]]:
-        files, summary, plan = build_artifacts(gm, example_inputs)
-        if key is not None:  # only cached entries carry the graph they can be verified from
-            files.update(stored_graph(gm, example_inputs))
-        built["plan"] = plan
-        return files, summary
-
-    key = None
-    try:
-        with metrics.phase("cache_lookup"):
-            key = compute_key(gm, list(example_inputs), kind=kind)
-    except Exception as exc:  # a failing cache never fails a compile
-        log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
-    lookup_start = time.perf_counter()
-    if key is None or not cache_enabled():
-        files, hit = build()[0], False
-    else:
-        with metrics.phase("cache_lookup"):
-            files, hit = get_or_compile(key, build)
-    with metrics.phase("load"):
-        try:
-            plan, sources = load_artifacts(files)
-        except Exception as exc:  # an entry that passed its hashes but can't be loaded: never fail the compile
-            if not hit:
-                raise
-            _quarantine_unloadable(key, exc)
-            files, hit = build()[0], False
-            plan, sources = load_artifacts(files)
-        compiled = CompiledGraph(plan, sources)
-    cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
-    ms = (time.perf_counter() - start) * 1000
-    log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,
-             sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(sources),
-             "hit" if hit else "miss", ms)
-    _STATS.append({"kind": kind, "kernels": len(sources), "plan": built.get("plan", plan), "sources": sources,
-                   "cache_hit": hit, "ms": ms, "cache_load_ms": cache_ms, "files": files, "key": key.digest if key else None})
-    return compiled
+PartialCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
+_PARTIAL: list[PartialCompiler] = []
 
 
-def stored_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, bytes]:
-    """``{"graph.json": ...}``: the graph an entry is compiled from, so an importer can recompile and
-    compare (``neuron_compile.rebuild``); empty when the graph can't be stored exactly."""
-    from neuron_compile.cache.graph_codec import GRAPH_FILE, GraphCodecError, encode_graph
-
-    try:
-        return {GRAPH_FILE: encode_graph(gm, example_inputs)}
-    except GraphCodecError as exc:
-        log.debug("graph not stored in its cache entry (it can't be verified by recompiling): %s", exc)
-    except Exception as exc:  # the stored graph is optional: never fail a compile over it
-        log.warning("neuron-compile cache: graph not stored in its cache entry (%s: %s); it can't be verified by "
-                    "recompiling", type(exc).__name__, exc)
-    return {}
+def set_partial_compiler(compiler: PartialCompiler) -> None:
+    """Who compiles a graph with unsupported ops under ``fallback="eager"``: :mod:`neuron_compile.fallback`
+    registers itself here when imported (the package imports it with the backend); the core never imports it."""
+    _PARTIAL[:] = [compiler]
 
 
-def _quarantine_unloadable(key: Any, exc: Exception) -> None:
-    from neuron_compile.cache.store import CacheStore
-
-    store = CacheStore.default()
-    if store is not None and key is not None:
-        store.quarantine(key.digest, f"its artifacts can't be loaded ({type(exc).__name__}: {exc})")
-
-
-def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[dict[str, bytes], dict[str, Any], Any]:
-    """Lower and render: the files a cache entry holds (kernel sources + runner plan) and a summary."""
-    import json
-
-    from neuron_compile import metrics
-    from neuron_compile.codegen.render import render_kernel
-    from neuron_compile.debug import Progress
-    from neuron_compile.lowering.graph import GraphLowering
-    from neuron_compile.runtime import plan_to_json
-
-    with metrics.phase("lowering"):
-        plan = GraphLowering(gm, list(example_inputs)).run()
-    files: dict[str, bytes] = {}
-    names = []
-    bar = Progress(len(plan.kernels), "neuron-compile: rendering kernels")
-    with metrics.phase("codegen"):
-        for k in plan.kernels:
-            src = render_kernel(k)
-            log.debug("kernel %s:\n%s", k.name, src)
-            files[f"kernels/{k.name}.py"] = src.encode()
-            names.append(k.name)
-            bar.tick(k.name)
-    bar.close()
-    files["plan.json"] = json.dumps(plan_to_json(plan, names), sort_keys=True, indent=1).encode()
-    summary = dict(plan.summary)
-    summary["shapes"] = [list(i.shape) for i in plan.inputs if i.is_tensor]
-    return files, summary, plan
-
-
-def load_artifacts(files: dict[str, bytes]) -> tuple[Any, list[tuple[str, str]]]:
-    import json
-
-    from neuron_compile.runtime import plan_from_json
-
-    data = json.loads(files["plan.json"])
-    plan = plan_from_json(data)
-    sources = [(name, files[f"kernels/{name}.py"].decode()) for name in data["kernel_names"]]
-    return plan, sources
+def _partial_compiler() -> PartialCompiler:
+    if not _PARTIAL:
+        raise ConfigError("fallback='eager' needs neuron_compile.fallback, which was never imported: use "
+                          "torch.compile(..., backend='neuron') (the package wires it in), or import "
+                          "neuron_compile.fallback before compiling")
+    return _PARTIAL[0]
 
 
 def verify_entry_by_recompiling(manifest: dict[str, Any], files: dict[str, bytes]) -> None:
@@ -355,22 +210,6 @@ def _register_cache_hooks() -> None:
 
 
 _register_cache_hooks()
-
-_STATS: list[dict[str, Any]] = []  # per compiled graph (read by examples/tests through compiled_graphs())
-
-
-def compiled_graphs() -> list[dict[str, Any]]:
-    return list(_STATS)
-
-
-def record_stats(stats: dict[str, Any]) -> None:
-    """Add a compiled graph's record (the warm start records the graphs it loads)."""
-    _STATS.append(stats)
-
-
-def reset() -> None:
-    _STATS.clear()
-
 
 def _warn_float64(example_inputs: Sequence[Any]) -> None:
     if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
@@ -401,9 +240,9 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     from neuron_compile.lowering.decompositions import decomposition_table
 
     overrides = _validate_options(options)
-    from neuron_compile import metrics
+    from neuron_compile import compile_record
 
-    metrics.dynamo_graph(gm)
+    compile_record.dynamo_graph(gm)
     from neuron_compile.lowering.decomp_conv import rewrite_interpolate
 
     gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT

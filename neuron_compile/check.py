@@ -1,7 +1,7 @@
 """Numeric check mode: every compiled graph also runs eagerly, and a mismatch is traced to its kernel.
 
-With ``options={"check": True}`` (or ``NEURON_COMPILE_CHECK=1``) :func:`neuron_compile.metrics.finish`
-wraps each compiled graph's runner in a :class:`CheckedRunner`. Each call runs the compiled graph,
+With ``options={"check": True}`` (or ``NEURON_COMPILE_CHECK=1``) the finish hook this module registers with
+:mod:`neuron_compile.compile_record` wraps each compiled graph's runner in a :class:`CheckedRunner`. Each call runs the compiled graph,
 then the ATen graph module itself on the same inputs (with the same RNG state, so dropout draws
 match), and compares the outputs with dtype-aware tolerances (:data:`TOLERANCES`). The first
 mismatch of a graph is diagnosed per kernel (:func:`first_divergence`): the plan runs kernel by
@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import fx
+
+from neuron_compile import compile_record
 
 log = logging.getLogger(__name__)
 
@@ -239,3 +241,13 @@ def _unwrap(runner: Any) -> Any:
     while isinstance(runner, CheckedRunner):
         runner = runner.runner
     return runner
+
+
+def check_hook(rec: Any, gm: fx.GraphModule, runner: Callable[..., Any]) -> Callable[..., Any]:
+    """Finish hook: wrap the runner for the numeric check mode when ``config.check`` is on."""
+    from neuron_compile.config import config
+
+    return CheckedRunner(runner, gm, rec) if config.check else runner
+
+
+compile_record.add_finish_hook("check", check_hook)

@@ -365,9 +365,12 @@ class CollectiveGraphRunner:
         return list(value(self.output.args[0]))
 
 
-def compile_with_collectives(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> CollectiveGraphRunner:
-    """Schedule and cut ``gm``, compile its compute steps (each like any ATen graph), return the runner."""
-    from neuron_compile.backend import _STATS, check_lowerable, compile_aten_graph
+def compile_with_collectives(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                             compile_graph: Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]],
+                             ) -> CollectiveGraphRunner:
+    """Schedule and cut ``gm``, compile its compute steps with ``compile_graph`` (the backend's compile of any ATen
+    graph: a step may itself need the eager fallback), return the runner."""
+    from neuron_compile.pipeline import _STATS, check_lowerable
 
     if config.fallback != "eager":
         check_lowerable(gm, f"{kind} graph")  # names every collective (and op) that cannot be lowered
@@ -379,7 +382,7 @@ def compile_with_collectives(gm: fx.GraphModule, example_inputs: Sequence[Any], 
         elif step.kind == "compute":
             first = len(_STATS)
             sub = _extract(step)
-            step.runner = compile_aten_graph(sub, [n.meta.get("val") for n in step.inputs], kind)
+            step.runner = compile_graph(sub, [n.meta.get("val") for n in step.inputs], kind)
             step.stats = list(_STATS[first:])
     runner = CollectiveGraphRunner(gm, steps)
     with _LOCK:

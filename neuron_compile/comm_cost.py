@@ -194,7 +194,7 @@ def graph_overlap(graph: Any, target: str = "trn2", ranks_per_chip: int | None =
     (a :class:`~neuron_compile.collective_runner.CollectiveGraph`)."""
     import operator
 
-    from neuron_compile.metrics import estimate_stats_us
+    from neuron_compile.compile_record import estimate_stats_us
 
     steps: list[tuple[str, Any, float]] = []
     estimates = []

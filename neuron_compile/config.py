@@ -7,6 +7,10 @@ block with :func:`patch`, which works as a context manager and as a decorator.
 
 Environment variables are read when a knob is first looked up and re-read after ``reload_env()``;
 a bad value raises :class:`ConfigError` naming the variable, the value and the expected type.
+
+Why not torch's own config machinery (``torch.utils._config_module``): it is private API that changes between
+torch releases, and it has no per-knob choices, numeric ranges or the error messages above; what it offers
+beyond this module (patching, env overrides) is the 20 lines of :func:`patch` and ``reload_env``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Debug dumps (``NEURON_COMPILE_DEBUG_DIR`` / ``config.debug_dir``) and the compile progress bar.
+"""Debug dumps (``NEURON_COMPILE_DEBUG_DIR`` / ``config.debug_dir``): a tool above the compile pipeline.
 
 :func:`dump_record` writes one folder per compiled graph,
 ``<debug_dir>/rank<R>_pid<P>/g<index>_<kind>/``, holding:
@@ -13,8 +13,8 @@
 A graph split for eager fallback has one ``segment<i>/`` sub-folder per compiled segment. The rank
 comes from ``RANK`` (torchrun) or is 0.
 
-:class:`Progress` draws a one-line bar on stderr while kernels render, only when stderr is a
-terminal, ``CI`` is unset and the graph has many kernels (``config.progress``: auto/always/never).
+Importing this module registers :func:`dump_hook` with :mod:`neuron_compile.compile_record` (the package
+does it when it registers the backend); the core never imports it.
 """
 
 from __future__ import annotations
@@ -22,19 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from torch import fx
 
+from neuron_compile import compile_record
 from neuron_compile.config import config
 
 log = logging.getLogger(__name__)
-
-PROGRESS_MIN_KERNELS = 24  # fewer kernels render in well under a second: no bar
-
 
 def process_folder(root: str | os.PathLike[str]) -> Path:
     rank = os.environ.get("RANK", "0")
@@ -85,42 +81,14 @@ def _dump_unit(folder: Path, unit: Any) -> None:
         (folder / "runner_plan.json").write_bytes(files["plan.json"])
 
 
-class Progress:
-    """A kernel-rendering progress bar on stderr (a no-op unless enabled, see the module docstring)."""
+def dump_hook(rec: Any, gm: fx.GraphModule, runner: Any) -> Any:
+    """Finish hook: the debug dump of a finished graph when ``config.debug_dir`` is set (never fails a compile)."""
+    if config.debug_dir:
+        try:
+            rec.debug_dir = str(dump_record(rec, gm, runner))
+        except OSError as exc:
+            log.warning("neuron-compile: could not write the debug dump under %s: %s", config.debug_dir, exc)
+    return runner
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total = total
-        self.label = label
-        self.done = 0
-        self.enabled = self.wanted(total)
-        self._last = 0.0
 
-    @staticmethod
-    def wanted(total: int) -> bool:
-        mode = config.progress
-        if mode == "never":
-            return False
-        if mode == "always":
-            return True
-        if os.environ.get("CI") or not hasattr(sys.stderr, "isatty") or not sys.stderr.isatty():
-            return False
-        return total >= PROGRESS_MIN_KERNELS
-
-    def tick(self, what: str = "") -> None:
-        if not self.enabled:
-            return
-        self.done += 1
-        now = time.monotonic()
-        if self.done < self.total and now - self._last < 0.05:
-            return
-        self._last = now
-        width = 30
-        filled = int(width * self.done / max(self.total, 1))
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"{what[:30]:<30}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.done:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+compile_record.add_finish_hook("debug_dump", dump_hook)

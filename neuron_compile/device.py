@@ -146,9 +146,9 @@ def device_for(executor: str) -> Device:
 
 
 def _torch_from_numpy(a: np.ndarray) -> Any:
-    from neuron_compile.runtime import to_torch
+    from neuron_compile.host_memory import torch_copy
 
-    return to_torch(a)
+    return torch_copy(a)  # a torch-owned copy, as runtime.to_torch
 
 
 def _numpy_from_torch(t: Any) -> np.ndarray:

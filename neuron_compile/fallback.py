@@ -68,8 +68,8 @@ def clear_fallback_ops() -> None:
 
 def _needs_eager(node: fx.Node, eager: set[fx.Node]) -> str | None:
     """Why ``node`` must run eagerly (None when it lowers)."""
-    from neuron_compile.backend import _SUPPORTED_INPUT_DTYPES
     from neuron_compile.lowering.registry import unsupported_reason
+    from neuron_compile.pipeline import _SUPPORTED_INPUT_DTYPES
 
     if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return "getitem of an eager op" if node.args[0] in eager else None
@@ -177,19 +177,19 @@ class FallbackRunner:
 
 def describe(node: fx.Node) -> str:
     """Shapes/dtypes of a node's tensor arguments, e.g. ``float32[4, 8], -1``."""
-    from neuron_compile.backend import _describe_inputs
+    from neuron_compile.pipeline import describe_inputs
 
-    return _describe_inputs(node)
+    return describe_inputs(node)
 
 
 def compile_with_fallback(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> FallbackRunner:
     """Split ``gm`` around its unsupported ops, compile the lowerable segments, record the eager ones."""
-    from neuron_compile import metrics
+    from neuron_compile import compile_record
     from neuron_compile.backend import compile_aten_graph, source_line
     from neuron_compile.lowering.registry import qualified_name
 
     segments, eager = split(gm)
-    rec = metrics.current()
+    rec = compile_record.current()
     graph_name = rec.name if rec is not None else kind
     records = []
     for seg in segments:
@@ -218,3 +218,12 @@ def compile_with_fallback(gm: fx.GraphModule, example_inputs: Sequence[Any], kin
              runner.fallback_count, ", ".join(sorted({r["op"] for r in records})),
              sum(1 for s in segments if not s.eager))
     return runner
+
+
+def _register() -> None:
+    from neuron_compile.backend import set_partial_compiler
+
+    set_partial_compiler(compile_with_fallback)
+
+
+_register()

@@ -73,8 +73,8 @@ def _steps() -> int:
 
 def capture(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Any:
     """The backend's compile step in capture mode: check the graph, key it, record it, fake its run."""
-    from neuron_compile.backend import check_lowerable, record_stats
     from neuron_compile.cache.key import compute_key
+    from neuron_compile.pipeline import check_lowerable, record_stats
 
     check_lowerable(gm, f"{kind} graph")
     try:
@@ -160,11 +160,11 @@ def compile_record(path: str) -> dict[str, Any]:
     """Compile one captured graph into the cache; returns what happened (runs in a worker process)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from neuron_compile.backend import build_artifacts, stored_graph
     from neuron_compile.cache.graph_codec import decode_graph
     from neuron_compile.cache.key import compute_key
     from neuron_compile.cache.store import CacheStore
     from neuron_compile.config import config
+    from neuron_compile.pipeline import build_artifacts, stored_graph
 
     start = time.perf_counter()
     record = json.loads(Path(path).read_text())
@@ -317,7 +317,7 @@ def precompile(script: Path, script_args: list[str], folder: Path, *, workers: i
         else:
             import multiprocessing
 
-            import neuron_compile.backend  # noqa: F401  (imported once here; forked workers inherit it)
+            import neuron_compile.pipeline  # noqa: F401  (imported once here; forked workers inherit it)
 
             # fork: a spawned worker would re-import torch and the compiler (seconds each); this
             # process has run no torch op and started no thread, so forking it is safe.

@@ -84,10 +84,10 @@ def verify_by_recompiling(manifest: Mapping[str, Any], files: Mapping[str, bytes
 def _recompile(gm: Any, inputs: list[Any], parts: Mapping[str, Any], digest: str) -> dict[str, bytes] | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from neuron_compile.backend import build_artifacts, stored_graph
     from neuron_compile.cache.key import compute_key
     from neuron_compile.config import codegen_snapshot, config
     from neuron_compile.errors import NeuronCompileError
+    from neuron_compile.pipeline import build_artifacts, stored_graph
 
     codegen = parts.get("codegen") or {}
     known = codegen_snapshot()

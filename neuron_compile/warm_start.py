@@ -91,7 +91,7 @@ def serializable_compiler(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], ki
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
     def compile_one(gm: fx.GraphModule, inputs: Sequence[Any]) -> NeuronOutputCode:
-        from neuron_compile.backend import compiled_graphs
+        from neuron_compile.pipeline import compiled_graphs
 
         before = len(compiled_graphs())
         runner = fn(gm, inputs)
@@ -242,7 +242,7 @@ def publish_entry(key: Any, entry: Any, seconds: float) -> bool:
 def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callable[..., Any] | None:
     """The compiled callable for a whole Dynamo graph straight from the cache, or None."""
     import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
-    from neuron_compile import backend, metrics
+    from neuron_compile import compile_record, pipeline
     from neuron_compile.cache.key import CacheKey
     from neuron_compile.cache.store import CacheStore
     from neuron_compile.precompile import capture_dir
@@ -265,7 +265,7 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
                          digest[:12])
                 return None
             files = sub.files()
-            plan, sources = backend.load_artifacts(files)
+            plan, sources = pipeline.load_artifacts(files)
             loaded[digest] = (str(child["kind"]), plan, sources, files)
         with torch.utils._python_dispatch._disable_current_modes():
             result = pickle.loads(entry.read(WARM_FILE))
@@ -291,8 +291,8 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
         stats = {"kind": kind, "kernels": len(sources), "plan": plan, "sources": sources, "cache_hit": True,
                  "ms": ms / len(loaded), "cache_load_ms": ms / len(loaded), "key": digest, "whole_graph": True,
                  "files": files}
-        backend.record_stats(stats)
-        metrics.record_whole_graph(stats, gm, example_inputs)
+        pipeline.record_stats(stats)
+        compile_record.record_whole_graph(stats, gm, example_inputs)
     return fn
 
 

@@ -12,7 +12,7 @@ import torch
 
 import neuron_compile
 from neuron_compile.config import config
-from neuron_compile.debug import Progress
+from neuron_compile.progress import Progress
 
 
 def small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

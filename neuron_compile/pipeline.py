@@ -1,0 +1,217 @@
+"""Compile one lowerable ATen graph: lower, render, cache, load (the core the backend and the tools build on).
+
+:func:`compile_lowerable` turns an ATen graph every node of which has a lowering into a
+:class:`~neuron_compile.runtime.CompiledGraph`: it computes the cache key, takes the entry from the cache
+or builds it (:func:`build_artifacts`: :class:`~neuron_compile.lowering.graph.GraphLowering`, then each
+kernel rendered by :mod:`neuron_compile.codegen`), loads it and records what it compiled
+(:func:`compiled_graphs`). :func:`unsupported_nodes` / :func:`check_lowerable` say which nodes can't be
+lowered, with their inputs, reasons and the user's source lines.
+
+Layering: this module imports the lowering, codegen, cache and runtime packages and
+:mod:`neuron_compile.compile_record`, never the Dynamo entry (:mod:`neuron_compile.backend`) nor the tools
+above it (fallback, check, debug, metrics, explain).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from neuron_compile.errors import UnsupportedOpError, source_line
+from neuron_compile.lowering.registry import qualified_name, unsupported_reason
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                           torch.int16, torch.int8, torch.uint8, torch.bool}
+
+def describe_inputs(node: fx.Node) -> str:
+    parts = []
+    for a in node.args:
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            parts.append(f"{str(val.dtype).replace('torch.', '')}{list(val.shape)}")
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], fx.Node):
+            parts.append("[" + ", ".join(
+                f"{str(x.meta['val'].dtype).replace('torch.', '')}{list(x.meta['val'].shape)}"
+                for x in a if isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)) + "]")
+        elif not isinstance(a, fx.Node):
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
+    """One line per node the backend cannot lower (op, inputs, reason, user source line)."""
+    problems = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                if val.is_sparse or getattr(val, "is_nested", False):
+                    problems.append(f"input {node.name}: sparse/nested tensors are not supported")
+                elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
+                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported (complex and float8 "
+                                    f"inputs cannot be lowered; cast to float32/bfloat16)")
+            continue
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) \
+                and unsupported_reason(node.args[0]) is not None:
+            continue  # the tuple-producing op is reported itself
+        reason = unsupported_reason(node)
+        if reason is None:
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
+                reason = f"produces dtype {val.dtype}, which NeuronCores do not support"
+        if reason is not None:
+            problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} "
+                            f"at {source_line(node)}")
+    return problems
+
+
+def check_lowerable(gm: fx.GraphModule, what: str) -> None:
+    problems = unsupported_nodes(gm)
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise UnsupportedOpError(
+            f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
+            + "\n  - ".join(unique)
+            + "\nTo run anyway, let these ops run eagerly: torch.compile(..., backend='neuron', "
+              "options={'fallback': 'eager'}); `neuron-compile check your_script.py` reports every such op "
+              "and checks the numerics. Otherwise remove or replace these ops, compile a smaller region, or see "
+              "`neuron-compile ops` for what is supported.", unique)
+
+
+def compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    """Lower, render and load one ATen graph (or take it from the cache); returns the runner."""
+    from neuron_compile import compile_record
+    from neuron_compile.cache.key import compute_key
+    from neuron_compile.cache.store import cache_enabled, get_or_compile
+    from neuron_compile.runtime import CompiledGraph
+
+    check_lowerable(gm, f"{kind} graph")
+    start = time.perf_counter()
+    built: dict[str, Any] = {}
+
+    def build() -> tuple[dict[str, bytes], dict[str, Any]]:
+        files, summary, plan = build_artifacts(gm, example_inputs)
+        if key is not None:  # only cached entries carry the graph they can be verified from
+            files.update(stored_graph(gm, example_inputs))
+        built["plan"] = plan
+        return files, summary
+
+    key = None
+    try:
+        with compile_record.phase("cache_lookup"):
+            key = compute_key(gm, list(example_inputs), kind=kind)
+    except Exception as exc:  # a failing cache never fails a compile
+        log.warning("neuron-compile cache: could not compute the cache key (%s); compiling without the cache", exc)
+    lookup_start = time.perf_counter()
+    if key is None or not cache_enabled():
+        files, hit = build()[0], False
+    else:
+        with compile_record.phase("cache_lookup"):
+            files, hit = get_or_compile(key, build)
+    with compile_record.phase("load"):
+        try:
+            plan, sources = load_artifacts(files)
+        except Exception as exc:  # an entry that passed its hashes but can't be loaded: never fail the compile
+            if not hit:
+                raise
+            _quarantine_unloadable(key, exc)
+            files, hit = build()[0], False
+            plan, sources = load_artifacts(files)
+        compiled = CompiledGraph(plan, sources)
+    cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
+    ms = (time.perf_counter() - start) * 1000
+    log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,
+             sum(1 for n in gm.graph.nodes if n.op == "call_function"), len(sources),
+             "hit" if hit else "miss", ms)
+    _STATS.append({"kind": kind, "kernels": len(sources), "plan": built.get("plan", plan), "sources": sources,
+                   "cache_hit": hit, "ms": ms, "cache_load_ms": cache_ms, "files": files, "key": key.digest if key else None})
+    return compiled
+
+
+def stored_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, bytes]:
+    """``{"graph.json": ...}``: the graph an entry is compiled from, so an importer can recompile and
+    compare (``neuron_compile.rebuild``); empty when the graph can't be stored exactly."""
+    from neuron_compile.cache.graph_codec import GRAPH_FILE, GraphCodecError, encode_graph
+
+    try:
+        return {GRAPH_FILE: encode_graph(gm, example_inputs)}
+    except GraphCodecError as exc:
+        log.debug("graph not stored in its cache entry (it can't be verified by recompiling): %s", exc)
+    except Exception as exc:  # the stored graph is optional: never fail a compile over it
+        log.warning("neuron-compile cache: graph not stored in its cache entry (%s: %s); it can't be verified by "
+                    "recompiling", type(exc).__name__, exc)
+    return {}
+
+
+def _quarantine_unloadable(key: Any, exc: Exception) -> None:
+    from neuron_compile.cache.store import CacheStore
+
+    store = CacheStore.default()
+    if store is not None and key is not None:
+        store.quarantine(key.digest, f"its artifacts can't be loaded ({type(exc).__name__}: {exc})")
+
+
+def build_artifacts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[dict[str, bytes], dict[str, Any], Any]:
+    """Lower and render: the files a cache entry holds (kernel sources + runner plan) and a summary."""
+    import json
+
+    from neuron_compile import compile_record
+    from neuron_compile.codegen.render import render_kernel
+    from neuron_compile.lowering.graph import GraphLowering
+    from neuron_compile.progress import Progress
+    from neuron_compile.runtime import plan_to_json
+
+    with compile_record.phase("lowering"):
+        plan = GraphLowering(gm, list(example_inputs)).run()
+    files: dict[str, bytes] = {}
+    names = []
+    bar = Progress(len(plan.kernels), "neuron-compile: rendering kernels")
+    with compile_record.phase("codegen"):
+        for k in plan.kernels:
+            src = render_kernel(k)
+            log.debug("kernel %s:\n%s", k.name, src)
+            files[f"kernels/{k.name}.py"] = src.encode()
+            names.append(k.name)
+            bar.tick(k.name)
+    bar.close()
+    files["plan.json"] = json.dumps(plan_to_json(plan, names), sort_keys=True, indent=1).encode()
+    summary = dict(plan.summary)
+    summary["shapes"] = [list(i.shape) for i in plan.inputs if i.is_tensor]
+    return files, summary, plan
+
+
+def load_artifacts(files: dict[str, bytes]) -> tuple[Any, list[tuple[str, str]]]:
+    import json
+
+    from neuron_compile.runtime import plan_from_json
+
+    data = json.loads(files["plan.json"])
+    plan = plan_from_json(data)
+    sources = [(name, files[f"kernels/{name}.py"].decode()) for name in data["kernel_names"]]
+    return plan, sources
+
+
+_STATS: list[dict[str, Any]] = []  # per compiled graph (read by examples/tests through compiled_graphs())
+
+
+def compiled_graphs() -> list[dict[str, Any]]:
+    return list(_STATS)
+
+
+def record_stats(stats: dict[str, Any]) -> None:
+    """Add a compiled graph's record (the warm start records the graphs it loads)."""
+    _STATS.append(stats)
+
+
+def reset() -> None:
+    _STATS.clear()
