@@ -15,6 +15,7 @@ from torch import fx
 
 from neuron_compile import backend
 from neuron_compile.config import config
+from neuron_compile.pipeline import build_artifacts, load_artifacts
 from neuron_compile.runtime import CompiledGraph
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,8 @@ def _flatten_unflatten_graph() -> fx.GraphModule:
 def test_flatten_then_unflatten_of_a_permuted_input_reads_it_without_a_copy() -> None:
     x = torch.randn(2, 3, 4)
     with config.patch(cache=False):
-        files, summary, plan = backend.build_artifacts(_flatten_unflatten_graph(), [x])
-        _, sources = backend.load_artifacts(files)
+        files, summary, plan = build_artifacts(_flatten_unflatten_graph(), [x])
+        _, sources = load_artifacts(files)
         (got,) = CompiledGraph(plan, sources)(x)
     assert [k["family"] for k in summary["kernels"]] == ["pointwise"], summary["kernels"]
     (load,) = [op for op in plan.kernels[0].ops if op.opcode == "load"]
