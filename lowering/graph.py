@@ -140,6 +140,10 @@ class GraphLowering:
             return found
         # No strided access of any buffer reaches this view (index algebra): materialize its input
         # contiguously, then view that. The reason goes to the debug log and to explain's kernel list.
+        if rule.kind == "alias":  # an alias of a view that needs a copy: the input's own copy
+            view = self.view_of(node.args[0])
+            self.views[node] = view
+            return view
         reason = found[2]
         name = f"k{len(self.kernels)}_copy"
         view = rule.fn(node, self.copy_contiguous(self.view_of(node.args[0]), f"{node.name}_contig"))
