@@ -271,6 +271,6 @@ class Lines:
 
 
 def _offset(base: int, terms: list[tuple[str, int]]) -> str:
-    parts = [str(base)] if base else []
-    parts += [f"{var} * {s}" if s != 1 else var for var, s in terms if s]
-    return " + ".join(parts) or "0"
+    from neuron_compile.lowering.index_algebra import offset_text  # sympy printer, cached per (base, terms)
+
+    return offset_text(int(base), tuple((var, int(s)) for var, s in terms))

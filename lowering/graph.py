@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering import index_algebra as ia
 from neuron_compile.lowering import intguard, mathlib
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering import tileopt
@@ -40,6 +41,7 @@ from neuron_compile.lowering.ir import (
     RandomSpec,
     TileOp,
 )
+from neuron_compile.lowering.ops.movement import algebra_step
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
 from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
@@ -70,6 +72,7 @@ class GraphLowering:
         self.buffer_nodes: dict[int, str] = {}  # kernel result buffer -> the graph node it holds (check mode)
         self.checks: list[DeviceCheck] = []  # device-side assertions (lowering.ops.checks)
         self.randoms: list[RandomSpec] = []  # random buffers the runner draws (lowering.ops.random)
+        self.copy_reasons: dict[str, str] = {}  # copy kernel -> why its view needed one (index algebra)
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -91,7 +94,7 @@ class GraphLowering:
         outputs = self._outputs()
         summary = {
             "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ())),
-                         "reason": reasons.get(k.name, "")} for k in self.kernels],
+                         "reason": self.copy_reasons.get(k.name) or reasons.get(k.name, "")} for k in self.kernels],
             "ops": sorted({qualified_name(n.target) for n in self.gm.graph.nodes if n.op == "call_function"}),
             "buffer_nodes": dict(self.buffer_nodes),
         }
@@ -131,16 +134,56 @@ class GraphLowering:
         rule = lookup(node.target)
         if rule is None or rule.kind not in ("view", "alias"):
             raise LoweringError(f"value of {node.name} ({node.target}) was never stored")
-        base = self.view_of(node.args[0])
-        if rule.kind == "alias":
-            view = base
-        else:
-            view = rule.fn(node, base)
-            if view is None:  # a reshape that cannot be a view: materialize the input first
-                view = rule.fn(node, self.copy_contiguous(base, f"{node.name}_contig"))
-                assert view is not None
+        found = self._compose_view(node)
+        if isinstance(found, View):
+            self.views[node] = found
+            return found
+        # No strided access of any buffer reaches this view (index algebra): materialize its input
+        # contiguously, then view that. The reason goes to the debug log and to explain's kernel list.
+        if rule.kind == "alias":  # an alias of a view that needs a copy: the input's own copy
+            view = self.view_of(node.args[0])
+            self.views[node] = view
+            return view
+        reason = found[2]
+        name = f"k{len(self.kernels)}_copy"
+        view = rule.fn(node, self.copy_contiguous(self.view_of(node.args[0]), f"{node.name}_contig"))
+        assert isinstance(view, View), view
+        self.copy_reasons[name] = f"{node.name} ({qualified_name(node.target)}) needs a copy: {reason}"
+        log.debug("%s", self.copy_reasons[name])
         self.views[node] = view
         return view
+
+    def _compose_view(self, node: fx.Node) -> View | tuple[View, ia.IndexedView | None, str]:
+        """``node``'s view without copying anything: a :class:`View`, or (the nearest buffer view, the
+        composed index-algebra view over it or None, why it is not one strided access).
+
+        A view chain that leaves the affine world (a reshape of a permuted tensor) is followed in the
+        index algebra; when a later view makes the composed access affine again (flatten then unflatten)
+        the result addresses the original buffer and no copy is made.
+        """
+        if node in self.views:
+            return self.views[node]
+        rule = lookup(node.target)
+        if is_tuple_item(node) or rule is None or rule.kind not in ("view", "alias"):
+            return self.view_of(node)
+        base = self._compose_view(node.args[0])
+        if rule.kind == "alias":
+            return base
+        if isinstance(base, View):
+            out = rule.fn(node, base)
+            if isinstance(out, View):
+                self.views[node] = out
+                return out
+            composed = algebra_step(node, ia.source(base.shape, base.strides, base.offset))
+            return base, composed, out.reason if isinstance(out, ia.NotAffine) else f"{node.target} is not a view"
+        root, iv, reason = base
+        step = algebra_step(node, iv) if iv is not None else None
+        if step is not None and step.affine:
+            log.debug("%s: view chain is one strided access again (%s): no copy", node.name, step.index)
+            view = View(root.buffer, step.shape, step.strides or (), step.offset, root.torch_dtype)
+            self.views[node] = view
+            return view
+        return root, step, reason if step is None else step.reason
 
     def copy_contiguous(self, src: View, name: str) -> View:
         kernel_index = len(self.kernels)

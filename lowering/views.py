@@ -56,31 +56,3 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
         out.append(acc)
         acc *= max(size, 1)
     return tuple(reversed(out))
-
-
-def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
-    """Strides for viewing (shape, strides) as ``new_shape`` without a copy, or None (torch's computeStride)."""
-    numel = math.prod(shape)
-    if numel == 0 or not shape:  # empty, or a 0-d source: any strides address the element(s)
-        return contiguous_strides(new_shape)
-    new_strides = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base_stride = strides[-1] if strides else 1
-    tensor_numel = 1
-    view_numel = 1
-    for tensor_d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[tensor_d]
-        if tensor_d == 0 or (shape[tensor_d - 1] != 1 and strides[tensor_d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if tensor_d > 0:
-                chunk_base_stride = strides[tensor_d - 1]
-                tensor_numel = 1
-                view_numel = 1
-    if view_d != -1:
-        return None
-    return tuple(new_strides)

@@ -1,8 +1,11 @@
 """Movement lowerings: views (free: only strides change) and copies (cat, materialized reshapes).
 
-View rules take the input :class:`View` and return the output view, or None when the result cannot
-be a view of the same buffer (a reshape of a non-contiguous tensor); the graph lowering then copies
-the input to a contiguous buffer first.
+View rules take the input :class:`View` and return the output view, or a
+:class:`~neuron_compile.lowering.index_algebra.NotAffine` (with its reason) when no strided access of
+the same buffer reaches the result: a reshape merging dims of a permuted tensor. Whether it can be a
+view is decided by the sympy index algebra (:mod:`lowering.index_algebra`); the graph lowering then
+copies the input to a contiguous buffer first, unless the rest of the view chain makes the composed
+access affine again (:func:`algebra_step`).
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ from __future__ import annotations
 import math
 
 import torch
+from neuron_compile.lowering import index_algebra as ia
 from neuron_compile.lowering import partition
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.views import View, reshape_strides
+from neuron_compile.lowering.views import View
 from torch import fx
 
 aten = torch.ops.aten
@@ -25,11 +29,11 @@ def _replace(v: View, shape, strides, offset=None) -> View:
 
 
 @register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, family="movement", kind="view")
-def lower_view(node: fx.Node, v: View) -> View | None:
-    """aten.view/reshape: a view when strides allow (torch's rules), else None (copy first)."""
+def lower_view(node: fx.Node, v: View) -> View | ia.NotAffine:
+    """aten.view/reshape: a view when the index algebra finds one affine access (torch's strides), else why not."""
     shape = node_shape(node)
-    strides = reshape_strides(v.shape, v.strides, shape)
-    return None if strides is None else _replace(v, shape, strides)
+    strides = ia.reshape_access(v.shape, v.strides, shape)
+    return strides if isinstance(strides, ia.NotAffine) else _replace(v, shape, strides)
 
 
 @register_lowering(aten.unsqueeze.default, family="movement", kind="view")
@@ -143,6 +147,41 @@ def lower_diagonal(node: fx.Node, v: View) -> View:
     shape = node_shape(node)
     strides = [v.strides[d] for d in keep] + [v.strides[d1] + v.strides[d2]]
     return _replace(v, shape, strides, v.offset + (start if shape[-1] > 0 else 0))
+
+
+def algebra_step(node: fx.Node, v: ia.IndexedView) -> ia.IndexedView | None:
+    """The view op of ``node`` applied to an index-algebra view (None: an op the algebra does not model)."""
+    out = _algebra_step(node, v)
+    return out if out is not None and out.shape == node_shape(node) else None
+
+
+def _algebra_step(node: fx.Node, v: ia.IndexedView) -> ia.IndexedView | None:
+    target, args = node.target, node.args
+    if target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+        return ia.reshape(v, node_shape(node))
+    if target is aten.permute.default:
+        return ia.permute(v, tuple(args[1]))
+    if target is aten.t.default:
+        return ia.permute(v, tuple(range(len(v.shape)))[::-1])
+    if target is aten.transpose.int:
+        dims = list(range(len(v.shape)))
+        a, b = args[1] % len(dims), args[2] % len(dims)
+        dims[a], dims[b] = dims[b], dims[a]
+        return ia.permute(v, tuple(dims))
+    if target is aten.expand.default:
+        return ia.expand(v, node_shape(node))
+    if target is aten.unsqueeze.default:
+        return ia.unsqueeze(v, args[1])
+    if target is aten.squeeze.default:
+        return ia.squeeze(v, None)
+    if target in (aten.squeeze.dim, aten.squeeze.dims):
+        return ia.squeeze(v, tuple(args[1]) if isinstance(args[1], (list, tuple)) else (args[1],))
+    if target is aten.select.int:
+        return ia.select(v, args[1], args[2])
+    if target is aten.slice.Tensor:
+        extra = list(args[1:]) + [None] * 4
+        return ia.slice_(v, extra[0] or 0, extra[1], extra[2], extra[3] or 1)
+    return None
 
 
 partition._LAYOUT_VIEWS.update({aten.view.default, aten._unsafe_view.default, aten.reshape.default,
