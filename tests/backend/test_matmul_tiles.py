@@ -135,6 +135,31 @@ def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
             assert (t.bm // 128) * -(-t.bn // 512) <= mm_rules.MAX_ACCUMULATORS
 
 
+@pytest.mark.parametrize(("m", "k", "n", "scored"), [(96, 200, 64, False), (130, 200, 64, True), (96, 700, 64, True)],
+                         ids=["single-block", "two-m-blocks", "long-k"])
+def test_single_block_gemms_take_strided_streamed_tiles_without_scoring(m: int, k: int, n: int, scored: bool) -> None:
+    """A GEMM one block holds (M <= 128, N <= 512, K <= 512) takes streamed tiles with strided loads unscored; any
+    larger one is scored as before. Both match eager."""
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    calls: list[Tiles] = []
+    orig = mm_rules._score
+    mm_rules._TUNED.clear()
+    mm_rules._score = lambda kernel, tiles, target: calls.append(tiles) or orig(kernel, tiles, target)  # type: ignore
+    try:
+        with config.patch(target="trn2", cache=False):
+            got = torch.compile(torch.mm, backend="neuron", dynamic=False)(a, b)
+    finally:
+        mm_rules._score = orig  # type: ignore[assignment]
+        mm_rules._TUNED.clear()
+    torch.testing.assert_close(got, a @ b, atol=5e-4, rtol=5e-4)
+    (chosen,) = _chosen_tiles()
+    assert bool(calls) == scored, calls
+    if not scored:
+        t = Tiles.from_attr(chosen)
+        assert not (t.ta or t.tb or t.resident or t.split or t.direct) and t.rg == 1
+
+
 def test_large_k_candidates_include_split_blocks_within_sbuf() -> None:
     """K = 4096: K-split blocks are offered, each with its operand chunks and fp32 partials within budget."""
     from neuron_compile.simulator.targets import LIMITS
