@@ -290,11 +290,6 @@ class LoopRenderer:
             d["first"] = " and ".join(conds) if not self.resident else "True"
         return d
 
-    def _emit(self, out: Any, view: dict[str, Any]) -> None:
-        """One op's instructions appended to a ``render.Lines`` (the matmul epilogue's body, not yet a template)."""
-        text = str(self.macros.render_op(view, self.kinds, config.target))
-        out.add("\n".join(line for line in text.splitlines() if line.strip()))
-
     def deps(self, names: list[str], phase: int, done: set[str]) -> list[TileOp]:
         """Full ops needed (transitively) to produce ``names`` inside a chunk of ``phase``."""
         order: list[TileOp] = []

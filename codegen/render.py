@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import functools
 import logging
-import textwrap
 from dataclasses import replace
 from typing import Any
 
@@ -255,19 +254,6 @@ def _wrap(kernel: Kernel, body: str, grid: int = 1, **context: Any) -> str:
         raise TemplateRenderError(f"template {template_name} rendered invalid Python for kernel {kernel.name} "
                                   f"at line {exc.lineno}: {exc.msg}: {line.strip()!r}") from exc
     return source
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.depth = 0
-
-    def add(self, text: str) -> None:
-        for line in textwrap.dedent(text).strip("\n").splitlines():
-            self.lines.append("    " * self.depth + line if line.strip() else "")
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
 
 
 def _offset(base: int, terms: list[tuple[str, int]]) -> str:
