@@ -1,10 +1,12 @@
 """The examples run as real programs (fresh processes, a private artifact cache) and match eager.
 
-The three example processes start together (module fixture) so their simulator time overlaps.
+The example processes start together (module fixture) so their simulator time overlaps; quickstart and
+default_backend share one cache (two processes writing it at once), which the cache CLI test then inspects.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,12 +16,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ("train.py", "per_region.py", "default_backend.py")
+EXAMPLES = ("train.py", "per_region.py", "default_backend.py", "quickstart.py")
 
 
 @pytest.fixture(scope="module")
 def cache_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {name: tmp_path_factory.mktemp(f"cache_{name[:-3]}") for name in EXAMPLES}
+    dirs = {name: tmp_path_factory.mktemp(f"cache_{name[:-3]}") for name in EXAMPLES if name != "quickstart.py"}
+    dirs["quickstart.py"] = dirs["default_backend.py"]
+    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +80,35 @@ def test_default_backend_compiles_with_neuron(runs):
     assert "batch 4: max abs error vs eager" in lines[1] and lines[1].endswith(": ok")
     assert "batch 7: max abs error vs eager" in lines[2] and lines[2].endswith(": ok")
     assert "graphs compiled by backend 'neuron': 2 (inference, inference)" in lines
+
+
+def test_quickstart_matches_eager(runs):
+    lines = _ok(runs["quickstart.py"])
+    assert lines[0].startswith("model: GPT 2 layers, d_model=128, heads=4, vocab=512")
+    assert re.fullmatch(r"graph 0 \(inference\): \d+ NKI kernels: k0_\w+.*", lines[1])
+    error = float(lines[2].removeprefix("max abs error vs eager: "))
+    assert error < 1e-4
+
+
+def test_cache_cli_on_a_cache_made_by_the_examples(runs, cache_dirs):
+    """The cache CLI on the cache quickstart and default_backend filled at the same time."""
+    _ok(runs["quickstart.py"])
+    _ok(runs["default_backend.py"])
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(cache_dirs["quickstart.py"]))
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "neuron_compile", "cache", *args], capture_output=True,
+                              text=True, timeout=120, cwd=REPO, env=env)
+
+    listed = json.loads(cli("list", "--json").stdout)
+    entries = listed["entries"] if isinstance(listed, dict) else listed
+    kernels = [e for e in entries if e["kernels"]]  # ATen graphs (whole-graph warm-start entries have none)
+    assert len(kernels) == 3  # quickstart's graph and default_backend's two batch sizes
+    assert cli("verify").returncode == 0
+    shown = cli("show", kernels[0]["key"][:12], "--source")
+    assert shown.returncode == 0 and "@nki.jit" in shown.stdout
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["misses"] >= 3
 
 
 def test_train_exits_1_on_mismatch(runs, cache_dirs):

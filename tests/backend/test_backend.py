@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fresh_process import Started
 
 import neuron_compile
 from neuron_compile import backend as B
@@ -41,6 +43,58 @@ def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env=full_env, timeout=300, cwd=REPO)
 
 
+SET_DEFAULT = """
+    import torch
+    torch.compiler.set_default_backend("neuron")
+    import neuron_compile.backend as B
+    f = torch.compile(lambda x: x.exp().sum(-1))
+    x = torch.randn(3, 4)
+    assert torch.allclose(f(x), x.exp().sum(-1), atol=1e-5)
+    assert len(B.compiled_graphs()) == 1
+    print("ok")
+"""
+ORDERS = ("", "import neuron_compile\n", "IMPORT_AFTER")
+
+
+def _registration_code(prefix: str) -> str:
+    if prefix == "IMPORT_AFTER":
+        return ENTRY_ONLY + "import neuron_compile\nprint(f(x).shape)\n"
+    return prefix + ENTRY_ONLY
+
+TORCH_LOGS = """
+    import torch
+    f = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="neuron")
+    f(torch.randn(4, 8))
+"""
+
+CACHE_HIT = """
+    import torch, neuron_compile.backend as B
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU())
+    with torch.no_grad():
+        out = torch.compile(m, backend="neuron", dynamic=False)(torch.randn(4, 16))
+    print("HIT" if all(g["cache_hit"] for g in B.compiled_graphs()) else "MISS", float(out.sum()))
+"""
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """This module's fresh-process scenarios, all started at once when the first of them is needed: on two
+    cores they overlap each other and the in-process tests that run meanwhile (each is mostly torch's import)."""
+    root = tmp_path_factory.mktemp("fresh")
+    scenarios = {
+        **{f"order:{prefix}": (_registration_code(prefix), {"NEURON_COMPILE_CACHE_DIR": str(root / f"c{i}")})
+           for i, prefix in enumerate(ORDERS)},
+        "set_default": (SET_DEFAULT, {"NEURON_COMPILE_CACHE_DIR": str(root / "set_default")}),
+        "torch_logs": (TORCH_LOGS, {"TORCH_LOGS": "+neuron_compile", "NEURON_COMPILE_CACHE": "0"}),
+        "cache_first": (CACHE_HIT, {"NEURON_COMPILE_CACHE_DIR": str(root / "shared")}),
+    }
+    runs = {name: Started(code, env, root / f"run{i}") for i, (name, (code, env)) in enumerate(scenarios.items())}
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
 ENTRY_ONLY = """
 import torch
 f = torch.compile(lambda x: torch.relu(x) * 3, backend="neuron", dynamic=False)
@@ -51,28 +105,17 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("prefix", ["", "import neuron_compile\n", "IMPORT_AFTER"])
-def test_backend_name_works_in_fresh_process_all_registration_orders(prefix, tmp_path):
-    code = ENTRY_ONLY if prefix != "IMPORT_AFTER" else ENTRY_ONLY + "import neuron_compile\nprint(f(x).shape)\n"
-    if prefix and prefix != "IMPORT_AFTER":
-        code = prefix + code
-    res = _run(code, {"NEURON_COMPILE_CACHE_DIR": str(tmp_path)})
+@pytest.mark.parametrize("prefix", ORDERS)
+def test_backend_name_works_in_fresh_process_all_registration_orders(prefix, started):
+    res = started[f"order:{prefix}"].result()
     assert res.returncode == 0, res.stderr[-2000:]
     assert "ok" in res.stdout
 
 
-def test_set_default_backend(tmp_path):
-    res = _run("""
-        import torch
-        torch.compiler.set_default_backend("neuron")
-        import neuron_compile.backend as B
-        f = torch.compile(lambda x: x.exp().sum(-1))
-        x = torch.randn(3, 4)
-        assert torch.allclose(f(x), x.exp().sum(-1), atol=1e-5)
-        assert len(B.compiled_graphs()) == 1
-        print("ok")
-    """, {"NEURON_COMPILE_CACHE_DIR": str(tmp_path)})
+def test_set_default_backend(started):
+    res = started["set_default"].result()
     assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "ok"
 
 
 def test_unknown_option_lists_valid_ones():
@@ -191,23 +234,15 @@ def test_graph_break_compiles_each_graph():
     assert len(B.compiled_graphs()) == 2
 
 
-def test_second_process_hits_the_cache(tmp_path):
-    code = """
-        import torch, neuron_compile.backend as B
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU())
-        with torch.no_grad():
-            out = torch.compile(m, backend="neuron", dynamic=False)(torch.randn(4, 16))
-        print("HIT" if all(g["cache_hit"] for g in B.compiled_graphs()) else "MISS", float(out.sum()))
-    """
-    env = {"NEURON_COMPILE_CACHE_DIR": str(tmp_path / "shared")}
-    first = _run(code, env)
+def test_second_process_hits_the_cache(started):
+    first = started["cache_first"].result()
+    env = started["cache_first"].env
     assert first.returncode == 0, first.stderr[-1500:]
     assert first.stdout.split()[0] == "MISS"
     # The key hashes the package's own sources: while files are being edited (never in CI) a run can
     # legitimately miss, so allow a couple of tries for the sources to settle.
     for _ in range(3):
-        second = _run(code, env)
+        second = _run(CACHE_HIT, env)
         assert second.returncode == 0, second.stderr[-1500:]
         if second.stdout.split()[0] == "HIT":
             break
@@ -232,40 +267,10 @@ def test_bfloat16_softmax_one_kernel():
     assert neuron_compile.__version__
 
 
-def test_torch_logs_shows_per_op_decisions(tmp_path):
-    res = _run("""
-        import torch
-        f = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="neuron")
-        f(torch.randn(4, 8))
-    """, {"TORCH_LOGS": "+neuron_compile", "NEURON_COMPILE_CACHE": "0"})
+def test_torch_logs_shows_per_op_decisions(started):
+    res = started["torch_logs"].result()
     assert res.returncode == 0, res.stderr[-2000:]
     assert "amax (aten.amax.default): fused into kernel group 0 [reduction]" in res.stderr
     assert "mul (aten.mul.Tensor): starts kernel group 0" in res.stderr
     assert "nisa.tensor_reduce(" in res.stderr  # the rendered kernel at DEBUG
     assert "neuron: inference graph" in res.stderr  # the INFO line per compiled graph
-
-
-def test_cache_cli_on_a_cache_made_by_the_examples(tmp_path):
-    import json
-
-    cache = tmp_path / "examples-cache"
-    env = {"NEURON_COMPILE_CACHE_DIR": str(cache)}
-    for script in ("examples/quickstart.py", "examples/default_backend.py"):
-        res = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=600, cwd=REPO,
-                             env=dict(os.environ, **env))
-        assert res.returncode == 0, res.stderr[-2000:]
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "neuron_compile", "cache", *args], capture_output=True,
-                              text=True, timeout=120, cwd=REPO, env=dict(os.environ, **env))
-
-    listed = json.loads(cli("list", "--json").stdout)
-    entries = listed["entries"] if isinstance(listed, dict) else listed
-    assert len(entries) >= 3  # quickstart's graph (+ its whole-graph entry) and default_backend's two shapes
-    assert cli("verify").returncode == 0
-    first = entries[0]
-    key = first.get("key") or first.get("digest")
-    shown = cli("show", key[:12], "--source")
-    assert shown.returncode == 0 and "@nki.jit" in shown.stdout
-    stats = json.loads(cli("stats", "--json").stdout)
-    assert stats["misses"] >= 3

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+from collections.abc import Iterator
+
+import pytest
+from fresh_process import Started
 
 log = logging.getLogger(__name__)
-
-REPO = Path(__file__).resolve().parents[2]
 
 FAKE_FIRST = """
 import warnings
@@ -71,27 +69,46 @@ print("ok")
 """
 
 
-def _run(code: str, tmp_path: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extra_path), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=REPO)
+BOTH_OURS = """
+import torch, neuron_compile
+from torch._dynamo.backends.registry import lookup_backend
+from neuron_compile.backend import neuron_backend
+assert lookup_backend("neuron") is neuron_backend and lookup_backend("neuron_compile") is neuron_backend
+assert neuron_compile.neuron_resolves_to() is None
+print("ok")
+"""
 
 
-def test_other_neuron_backend_keeps_the_name_and_ours_answers_to_neuron_compile(tmp_path: Path) -> None:
-    res = _run(FAKE_FIRST, tmp_path)
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """The three cases, started together (each is mostly torch's import)."""
+    root = tmp_path_factory.mktemp("names")
+    site = root / "site"
+    (site / "torch_neuronx").mkdir(parents=True)
+    (site / "torch_neuronx" / "__init__.py").write_text(TORCH_NEURONX)
+    with_site = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    cases = {
+        "fake_first": (FAKE_FIRST, {}),
+        "torch_neuronx": (IMPORTED_FIRST, {"PYTHONPATH": with_site}),
+        "both_ours": (BOTH_OURS, {}),
+    }
+    runs = {name: Started(code, {"NEURON_COMPILE_CACHE_DIR": str(root / f"cache_{name}"), **env}, root / name)
+            for name, (code, env) in cases.items()}
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def test_other_neuron_backend_keeps_the_name_and_ours_answers_to_neuron_compile(started) -> None:
+    res = started["fake_first"].result()
     assert res.returncode == 0, res.stderr[-3000:]
     first, last = res.stdout.strip().splitlines()[0], res.stdout.strip().splitlines()[-1]
     assert first.startswith("torch.compile(backend='neuron') resolves to __main__.fake_neuron, another backend")
     assert "Use backend='neuron_compile' for neuron-compile" in first and last == "ok"
 
 
-def test_torch_neuronx_installed_gets_the_name_even_when_imported_later(tmp_path: Path) -> None:
-    pkg = tmp_path / "site" / "torch_neuronx"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(TORCH_NEURONX)
-    res = _run(IMPORTED_FIRST, tmp_path, tmp_path / "site")
+def test_torch_neuronx_installed_gets_the_name_even_when_imported_later(started) -> None:
+    res = started["torch_neuronx"].result()
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert lines[0] == ("torch-neuronx is installed, so backend='neuron' is left to TorchNeuron's backend; use "
@@ -99,13 +116,6 @@ def test_torch_neuronx_installed_gets_the_name_even_when_imported_later(tmp_path
     assert lines[-1] == "ok"
 
 
-def test_both_names_are_ours_without_another_backend(tmp_path: Path) -> None:
-    res = _run("""
-        import torch, neuron_compile
-        from torch._dynamo.backends.registry import lookup_backend
-        from neuron_compile.backend import neuron_backend
-        assert lookup_backend("neuron") is neuron_backend and lookup_backend("neuron_compile") is neuron_backend
-        assert neuron_compile.neuron_resolves_to() is None
-        print("ok")
-    """, tmp_path)
+def test_both_names_are_ours_without_another_backend(started) -> None:
+    res = started["both_ours"].result()
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
