@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import index_algebra as ia
-from neuron_compile.lowering import intguard, mathlib
+from neuron_compile.lowering import intguard, mathlib, tileopt
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering import tileopt
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
