@@ -163,6 +163,16 @@ def frame_key(fn: Any) -> Any:
     return CacheKey(digest=digest_of(parts), parts=parts)
 
 
+def _without_module_texts(entry: Any) -> Any:
+    """The entry without the full text of every module it inlined (``InlinedSource.content``: ~1.3 MB
+    of transformers for GPT-2, never read back; the line ranges and checksums are what loading checks)."""
+    import dataclasses
+
+    info = entry.source_info
+    sources = {dataclasses.replace(src, content="") for src in info.inlined_sources}
+    return dataclasses.replace(entry, source_info=dataclasses.replace(info, inlined_sources=sources))
+
+
 def _with_real_module(fn: Any, entry: Any) -> Any:
     """The entry with its first code's module set to the one whose globals that code runs with.
 
@@ -334,6 +344,7 @@ class NeuronDynamoCache:
         if store is None or key is None:
             return
         entry = _with_real_module(package._innermost_fn, package.cache_entry())
+        entry = _without_module_texts(entry)
         try:
             entry = _with_module_globals(entry)
         except ValueError as exc:
