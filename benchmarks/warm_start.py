@@ -2,7 +2,10 @@
 
 For each workload a fresh process runs the first call twice per backend on one cache folder:
 ``cold`` (empty cache) then ``warm`` (the cache the cold run filled). The first call is what a user
-waits for: Dynamo capture + (AOTAutograd + compile | cache load) + the first run.
+waits for: ``torch.compile(...)`` itself (with warm frames the cache is read there) + Dynamo capture +
+(AOTAutograd + compile | cache load) + the first run. ``--warm-frames`` adds a ``neuron+frames`` row:
+neuron with ``NEURON_COMPILE_WARM_FRAMES=1`` (a warm start skips Dynamo's capture; the "frames
+traced warm" column is 0 when it did).
 
 Workloads: ``quickstart`` (examples/quickstart.py's GPT, inference under no_grad), ``train``
 (examples/train.py's GPT + cross-entropy: the first training step, forward and backward, and an
@@ -15,7 +18,7 @@ Also printed: the second call (the run alone: kernels on the bundled simulator f
 code for Inductor) and the warm first call minus it (capture + cache load), since on the simulator
 a larger model's first call is mostly its run.
 
-Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor]``
+Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor] [--warm-frames]``
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ t2 = time.perf_counter()
 first()  # the second call: the run alone (simulated kernels for neuron), no capture or compile
 t3 = time.perf_counter()
 graphs = B.compiled_graphs()
-print(json.dumps({"first_call_s": compile_s + t2 - t1, "compile_call_s": compile_s, "second_call_s": t3 - t2, "setup_s": t1 - t0,
+print(json.dumps({"first_call_s": compile_s + t2 - t1, "compile_call_s": compile_s, "second_call_s": t3 - t2,
+                  "setup_s": t1 - t0,
                   "aot_calls": counters["aot_autograd"]["total"], "frames_traced": counters["frames"]["total"],
                   "graphs": len(graphs), "hits": sum(1 for g in graphs if g.get("cache_hit")),
                   "whole": sum(1 for g in graphs if g.get("whole_graph"))}))
