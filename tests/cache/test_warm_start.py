@@ -307,7 +307,7 @@ def _frames_run(tmp_path: Path, root: Path, rows: str) -> tuple[dict[str, object
     return json.loads(proc.stdout.strip().splitlines()[-1]), warns
 
 
-def test_warm_frames_skip_dynamo_capture(tmp_path: Path) -> None:
+def test_warm_frames_skip_dynamo_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Cold: traced, compiled, the Dynamo package stored as a ``dynamo-frame`` entry. Warm (fresh
     process): a training step of a decorated forward with no Dynamo frame traced and no AOTAutograd
     call, loss and gradients equal to eager; a new shape fails the loaded guards and is traced and
@@ -318,6 +318,10 @@ def test_warm_frames_skip_dynamo_capture(tmp_path: Path) -> None:
     assert warns == [] and cold["runs"] == {"6": {"frames": 1, "aot": 1}} and cold["loaded"] == 0
     frame = _warm_entries(root)["dynamo-frame"]
     assert json.loads((frame / "manifest.json").read_text())["key_parts"]["function"]["qualname"] == "Net.forward"
+    from neuron_compile.cli import main
+
+    assert main(["cache", "show", frame.name[:12], "--cache-dir", str(root)]) == 0
+    assert "function:     Net.forward (frames_model.py:" in capsys.readouterr().out
 
     warm, warns = _frames_run(tmp_path, root, "6,3")
     assert warns == [] and warm["loaded"] == 1
