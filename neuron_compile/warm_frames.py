@@ -191,6 +191,8 @@ def _with_real_module(fn: Any, entry: Any) -> Any:
 
 
 _DYNAMO_MODULE_GLOBAL = re.compile(r"^___module_\w+_\d+_c\d+$")
+# Python's own dunders, and the builtins dict ``install`` restores from the guards' state.
+_KEPT_DUNDER = re.compile(r"^(__[a-z]+__|__builtins_dict___\d+)$")
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -210,7 +212,6 @@ def _with_module_globals(entry: Any) -> Any:
     (``PyCodegen.create_load_python_module`` in torch/_dynamo/codegen.py) without telling the
     package, so ``CompilePackage.install`` never restores it and the loaded bytecode raises NameError.
     Any other Dynamo-made global the package does not restore makes the package unusable: ValueError."""
-    import builtins
     import dataclasses
     import sys
 
@@ -224,12 +225,12 @@ def _with_module_globals(entry: Any) -> Any:
         sources = dict(code.import_sources)
         for guarded in code.guarded_codes:
             for name in _global_names(SerializedCode.to_code_object(guarded.dynamo_code)):
-                if name in restored or name in sources or not name.startswith("__"):
+                if name in restored or name in sources or not name.startswith("__") or _KEPT_DUNDER.match(name):
                     continue
                 value = module_globals.get(name)
                 if _DYNAMO_MODULE_GLOBAL.match(name) and isinstance(value, types.ModuleType):
                     sources[name] = value.__name__
-                elif name not in module_globals and not hasattr(builtins, name):
+                else:  # another global Dynamo installed (warnings wrapper, rand values, weakrefs, streams...)
                     raise ValueError(f"its bytecode loads global {name!r}, which the package does not restore")
         codes.append(dataclasses.replace(code, import_sources=sources))
     return dataclasses.replace(entry, codes=codes)
