@@ -175,6 +175,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                          ago(i["last_used"], now)])
             continue
         graph = f"{i['graph'].get('nodes', '?')} nodes: {_ops_label(i['graph'].get('ops') or {})}"
+        if i.get("function"):  # a Dynamo package: no graph of its own, its graphs are other entries
+            graph = f"package of {i['function']}"
         kernels = f"{len(i['kernels'])}: {', '.join(i['kernels'])}" if i["kernels"] else "0"
         rows.append([i["key"][:12], str(i["kind"]), _clip(graph, 40), _clip(" ".join(i["inputs"]), 30),
                      _clip(kernels, 30), human_size(i["size"]), ago(i["last_used"], now)])
@@ -211,8 +213,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"integrity:    {'OK' if problem is None else 'CORRUPT: ' + problem}")
     print(f"kind:         {info['kind']}")
     print(f"inputs:       {' '.join(info['inputs'])}")
-    print(f"graph:        {info['graph'].get('nodes')} nodes; ops: "
-          + ", ".join(f"{k}×{v}" for k, v in (info["graph"].get("ops") or {}).items()))
+    if info.get("function"):
+        print(f"function:     {info['function']} (a Dynamo package; its graphs are the entries it names)")
+    else:
+        print(f"graph:        {info['graph'].get('nodes')} nodes; ops: "
+              + ", ".join(f"{k}×{v}" for k, v in (info["graph"].get("ops") or {}).items()))
     print(f"kernels:      {', '.join(info['kernels']) or '-'}")
     print(f"created:      {iso(manifest['created'])}")
     print(f"last used:    {iso(info['last_used'])} ({ago(info['last_used'])})")

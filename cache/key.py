@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION: int = 2
-KINDS = ("forward", "backward", "inference", "dynamo-inference", "dynamo-train")
+KINDS = ("forward", "backward", "inference", "dynamo-inference", "dynamo-train", "dynamo-frame")
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 

@@ -34,6 +34,7 @@ _RESERVED = {MANIFEST}
 REQUIRED_FILES: dict[str, tuple[str, ...]] = {
     **{kind: ("plan.json",) for kind in ("forward", "backward", "inference")},
     **{kind: ("aot_autograd.pkl", "children.json") for kind in ("dynamo-inference", "dynamo-train")},
+    "dynamo-frame": ("dynamo_frame.pkl", "backends.json"),  # a Dynamo package (neuron_compile.warm_frames)
 }
 
 

@@ -82,6 +82,14 @@ def kernel_names(manifest: dict[str, Any]) -> list[str]:
     return [Path(n).stem for n in sorted(manifest.get("files", {})) if n.startswith("kernels/")]
 
 
+def _function_label(parts: dict[str, Any]) -> str | None:
+    """``Net.forward (model.py:12)`` for a Dynamo package (kind ``dynamo-frame``), else None."""
+    fn = parts.get("function")
+    if not isinstance(fn, dict):
+        return None
+    return f"{fn.get('qualname')} ({fn.get('file')}:{fn.get('line')})"
+
+
 def entry_info(store: CacheStore, digest: str) -> dict[str, Any]:
     """Readable facts about an entry (no file hashing: ``verify`` does that). ``valid`` is False when
     the manifest itself is unreadable."""
@@ -101,6 +109,7 @@ def entry_info(store: CacheStore, digest: str) -> dict[str, Any]:
         "kind": parts.get("kind"),
         "target": parts.get("target"),
         "graph": {"nodes": graph.get("nodes"), "ops": graph.get("ops", {})},
+        "function": _function_label(parts),
         "inputs": input_labels(parts),
         "kernels": kernel_names(manifest),
         "files": len(manifest["files"]),

@@ -208,6 +208,9 @@ def _register_cache_hooks() -> None:
     from neuron_compile.cache import remote
 
     remote.set_verifier(verify_entry_by_recompiling)  # unsigned remote entries are verified this way
+    from neuron_compile import warm_frames
+
+    warm_frames.install()  # NEURON_COMPILE_WARM_FRAMES=1: warm starts skip Dynamo's capture too
 
 
 _register_cache_hooks()
@@ -246,7 +249,10 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     compile_record.dynamo_graph(gm)
     from neuron_compile.lowering.decomp_conv import rewrite_interpolate
 
+    backend_id = getattr(gm, "_backend_id", None)  # names the graph in a Dynamo package (neuron_compile.warm_frames)
     gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
+    if backend_id is not None:
+        gm._backend_id = backend_id
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
     _warn_float64(example_inputs)
@@ -312,5 +318,12 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         if cached is not None:
             return cached
         start = time.perf_counter()
-        with warm_start.capturing(key, lambda entry: warm_start.publish_entry(key, entry, time.perf_counter() - start)):
+
+        def publish(entry: Any) -> None:
+            if warm_start.publish_entry(key, entry, time.perf_counter() - start):
+                from neuron_compile import warm_frames
+
+                warm_frames.record_graph(gm, key.digest)
+
+        with warm_start.capturing(key, publish):
             return make_backend(serializable=True)(gm, example_inputs)

@@ -241,6 +241,22 @@ def publish_entry(key: Any, entry: Any, seconds: float) -> bool:
 
 def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callable[..., Any] | None:
     """The compiled callable for a whole Dynamo graph straight from the cache, or None."""
+    fn = _load(key, gm, example_inputs)
+    if fn is not None:
+        from neuron_compile import warm_frames
+
+        warm_frames.record_graph(gm, key.digest)  # a Dynamo package being built points at this entry
+    return fn
+
+
+def load_entry(digest: str) -> Callable[..., Any] | None:
+    """The compiled callable of the warm-start entry ``digest`` (a Dynamo package's graph), or None."""
+    from neuron_compile.cache.key import CacheKey
+
+    return _load(CacheKey(digest=digest, parts={}), None, None)
+
+
+def _load(key: Any, gm: fx.GraphModule | None, example_inputs: Sequence[Any] | None) -> Callable[..., Any] | None:
     import neuron_compile.simulator  # noqa: F401  (a one-time module import, not part of the cache's load time)
     from neuron_compile import compile_record, pipeline
     from neuron_compile.cache.key import CacheKey
@@ -292,7 +308,8 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], key: Any) -> Callabl
                  "ms": ms / len(loaded), "cache_load_ms": ms / len(loaded), "key": digest, "whole_graph": True,
                  "files": files}
         pipeline.record_stats(stats)
-        compile_record.record_whole_graph(stats, gm, example_inputs)
+        if gm is not None and example_inputs is not None:
+            compile_record.record_whole_graph(stats, gm, example_inputs)
     return fn
 
 

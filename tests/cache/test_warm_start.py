@@ -242,3 +242,125 @@ def test_graph_constants_warm_start_and_verify(tmp_path: Path, capsys: pytest.Ca
     assert main(["cache", "verify", "--recompile", "--json", "--cache-dir", str(root)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["bad"] == [] and report["ok"] == 3 and len(report["unverifiable"]) == 1  # the warm entry
+
+
+# --------------------------------------------------------------------------------------------
+# NEURON_COMPILE_WARM_FRAMES=1: torch's Dynamo package in our cache, no Dynamo capture on a warm start
+
+_FRAMES_MODULE = r'''
+import functools, json, os, torch
+from torch._dynamo.utils import counters
+
+
+def logged(fn):  # a decorated forward, like every Hugging Face model's
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 24)
+        self.out = torch.nn.Linear(24, 8)
+
+    @logged
+    def forward(self, x):
+        return {"y": self.out(torch.relu(self.lin(x)))}
+
+
+def main():
+    import neuron_compile.backend as B  # noqa: F401
+    from neuron_compile import warm_frames
+    torch.manual_seed(0)
+    model = Net()
+    compiled = torch.compile(model, backend="neuron", dynamic=False)
+    out = {}
+    for rows in [int(r) for r in os.environ["ROWS"].split(",")]:
+        x = torch.randn(rows, 16)
+        model.zero_grad(set_to_none=True)
+        loss = compiled(x)["y"].pow(2).mean()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        ref = model(x)["y"].pow(2).mean()
+        ref.backward()
+        torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-5)
+        for g, p in zip(grads, model.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-3, atol=1e-4)
+        out[rows] = {"frames": counters["frames"]["total"], "aot": counters["aot_autograd"]["total"]}
+    print(json.dumps({"runs": out, "loaded": len(warm_frames.loaded_graphs())}))
+'''
+
+
+def _frames_run(tmp_path: Path, root: Path, rows: str) -> tuple[dict[str, object], list[str]]:
+    (tmp_path / "frames_model.py").write_text(_FRAMES_MODULE)
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" \
+           "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n" \
+           "import frames_model; frames_model.main()\n"
+    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(root), "NEURON_COMPILE_WARM_FRAMES": "1", "ROWS": rows},
+                  timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "is dropped with caching_precompile" not in proc.stderr  # torch's per-guard warnings: said once, at INFO
+    warns = [ln for ln in proc.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), warns
+
+
+def test_warm_frames_skip_dynamo_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Cold: traced, compiled, the Dynamo package stored as a ``dynamo-frame`` entry. Warm (fresh
+    process): a training step of a decorated forward with no Dynamo frame traced and no AOTAutograd
+    call, loss and gradients equal to eager; a new shape fails the loaded guards and is traced and
+    compiled correctly. A damaged package (hashes recomputed) is quarantined with one WARNING and
+    the model compiles as usual."""
+    root = tmp_path / "cache"
+    cold, warns = _frames_run(tmp_path, root, "6")
+    assert warns == [] and cold["runs"] == {"6": {"frames": 1, "aot": 1}} and cold["loaded"] == 0
+    frame = _warm_entries(root)["dynamo-frame"]
+    assert json.loads((frame / "manifest.json").read_text())["key_parts"]["function"]["qualname"] == "Net.forward"
+    from neuron_compile.cli import main
+
+    assert main(["cache", "show", frame.name[:12], "--cache-dir", str(root)]) == 0
+    assert "function:     Net.forward (frames_model.py:" in capsys.readouterr().out
+
+    warm, warns = _frames_run(tmp_path, root, "6,3")
+    assert warns == [] and warm["loaded"] == 1
+    assert warm["runs"]["6"] == {"frames": 0, "aot": 0}  # Dynamo did not trace, AOTAutograd did not run
+    assert warm["runs"]["3"] == {"frames": 1, "aot": 1}  # a guard failed: traced and compiled, right numbers
+
+    blob = b"\x80\x05not a pickle"
+    (frame / "dynamo_frame.pkl").write_bytes(blob)
+    man = json.loads((frame / "manifest.json").read_text())
+    man["files"]["dynamo_frame.pkl"] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    (frame / "manifest.json").write_text(json.dumps(man))
+    damaged, warns = _frames_run(tmp_path, root, "6")
+    assert len(warns) == 1 and f"entry {frame.name[:12]} is corrupt (its Dynamo package can't be loaded" in warns[0]
+    assert damaged["loaded"] == 0 and damaged["runs"]["6"]["frames"] == 1
+    assert any(p.startswith(frame.name) for p in os.listdir(root / "quarantine"))
+
+
+def test_wrapped_function_reference_round_trips() -> None:
+    """A decorated method's inner function (what torch's guard pickler can't name) is pickled as
+    its qualified name plus ``__wrapped__`` steps, and resolves to the same object."""
+    from neuron_compile import warm_frames
+
+
+    ref = warm_frames._wrapped_ref(_decorated.__wrapped__)
+    assert ref == (__name__, "_decorated", 1)
+    assert warm_frames._wrapped_function(*ref) is _decorated.__wrapped__
+    assert warm_frames._wrapped_ref(_decorated) is None  # reachable by name: torch pickles it itself
+
+
+def _deco(fn):  # type: ignore[no-untyped-def]
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+        return fn(*a, **k)
+
+    return wrapper
+
+
+@_deco
+def _decorated(x: int) -> int:
+    return x

@@ -1,0 +1,586 @@
+"""Warm frames: a warm fresh process skips Dynamo's capture too (opt-in, ``NEURON_COMPILE_WARM_FRAMES=1``).
+
+:mod:`neuron_compile.warm_start` rebuilds a whole Dynamo graph's callable from the cache without
+AOTAutograd, but Dynamo still captures the model's Python first: for a Hugging Face GPT-2 that is
+~5 s of a 5.5 s warm first call. torch 2.13 has a mechanism that skips it, "caching precompile"
+(``torch._dynamo.config.caching_precompile``, ``torch._dynamo.package``): each ``torch.compile``
+gets a ``CompilePackage`` that records, per compiled frame, Dynamo's transformed bytecode, its
+guards (pickled as ``GuardsState``), the sources it inlined (with checksums) and one
+``BackendCacheArtifact`` per compiled graph (its ``__compiled_fn_*`` name); a later process
+installs all of that on the function's code object, so the first call only evaluates guards.
+
+What a backend must provide: an artifact recorded in ``PrecompileContext`` under the graph's
+backend id (``gm._backend_id``, set by Dynamo only when a package exists) whose
+``after_deserialization()`` returns the compiled callable. Ours (:class:`NeuronFrameArtifact`)
+holds the digest of the graph's warm-start entry, so the callable is rebuilt by
+``warm_start.load_entry`` with all its checks (kernels verified against their manifests).
+
+Where the packages live: torch's ``DynamoCache`` (a module global in ``torch._dynamo.package``,
+imported by name at each use) is replaced by :class:`NeuronDynamoCache`, which keeps neuron
+packages as ``dynamo-frame`` entries of our cache (manifest, key = function identity + its source
+file's sha256 + torch/Python/neuron-compile versions + codegen knobs; a corrupt entry is
+quarantined with one WARNING and the frame traced as usual) and hands anything else to torch's.
+
+Why opt-in: with ``caching_precompile`` on, torch drops every guard it can't serialize
+(``CheckFunctionManager.__init__`` in ``torch/_dynamo/guards.py``, the ``guard_filter_fn`` built
+under ``if torch._dynamo.config.caching_precompile:``: ``ID_MATCH``, ``CLASS_MATCH``,
+``CLOSURE_MATCH``, ``DICT_VERSION`` and guards derived from them) from the guards it *checks*, in
+the compiling process and in every process that loads the package. Tensor, shape, dtype, constant
+and global-state guards stay, and a package is refused when any source it inlined changed; but
+swapping a submodule for one of another class, or a global function for another, after compiling
+is no longer seen. Turning it on is therefore the user's call. It is scoped to ``torch.compile``
+calls whose backend is ``neuron``; other backends in the same process keep every guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import hashlib
+import importlib
+import json
+import logging
+import pickle
+import platform
+import re
+import threading
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FRAME_FILE = "dynamo_frame.pkl"
+BACKENDS_FILE = "backends.json"
+KIND = "dynamo-frame"
+
+_scope = threading.local()
+_ORIGINAL: dict[str, Any] = {}
+_loaded_graphs: list[str] = []  # backend ids installed from the cache in this process (tests, benchmark)
+
+
+def enabled() -> bool:
+    from neuron_compile.config import config
+
+    return bool(config.warm_frames)
+
+
+def loaded_graphs() -> list[str]:
+    return list(_loaded_graphs)
+
+
+@contextlib.contextmanager
+def _precompile_scope() -> Iterator[None]:
+    """torch's caching precompile switched on, for one neuron ``torch.compile`` (its frames, its package)."""
+    depth = getattr(_scope, "depth", 0)
+    _scope.depth = depth + 1
+    try:
+        with torch._dynamo.config.patch(caching_precompile=True):
+            yield
+    finally:
+        _scope.depth = depth
+
+
+def _in_scope() -> bool:
+    return getattr(_scope, "depth", 0) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# The backend's artifact
+
+
+def _artifact_class() -> type:
+    from torch._dynamo.precompile_context import BackendCacheArtifact
+
+    class NeuronFrameArtifact(BackendCacheArtifact[Callable[..., Any]]):
+        """A compiled graph of a Dynamo package: ``content`` is its warm-start entry digest (str), or the
+        callable already rebuilt from it (when a package is being loaded)."""
+
+        def after_deserialization(self) -> Callable[..., Any]:
+            if callable(self.content):
+                return self.content
+            raise RuntimeError(f"neuron-compile: graph {self.key} was not loaded from the cache")
+
+    return NeuronFrameArtifact
+
+
+_ARTIFACT: list[type] = []
+
+
+def artifact(backend_id: str, content: Any) -> Any:
+    if not _ARTIFACT:
+        _ARTIFACT.append(_artifact_class())
+    return _ARTIFACT[0](key=backend_id, content=content)
+
+
+def record_graph(gm: torch.fx.GraphModule, warm_digest: str) -> None:
+    """Tell the package being built which warm-start entry serves this Dynamo graph."""
+    backend_id = getattr(gm, "_backend_id", None)
+    if not _in_scope() or not isinstance(backend_id, str):
+        return
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    PrecompileContext.record_artifact(artifact(backend_id, warm_digest))
+
+
+# --------------------------------------------------------------------------------------------
+# Keys and storage
+
+
+def frame_key(fn: Any) -> Any:
+    """The key of ``fn``'s package: which function (qualname, first line, file and its sha256), versions, knobs."""
+    import neuron_compile
+    from neuron_compile.cache.key import (
+        SCHEMA_VERSION,
+        CacheKey,
+        _torch_version,
+        codegen_snapshot,
+        digest_of,
+        source_fingerprint,
+    )
+    from neuron_compile.config import config
+
+    inner = torch._dynamo.eval_frame.innermost_fn(fn)
+    code = inner.__code__
+    try:
+        source_sha = hashlib.sha256(Path(code.co_filename).read_bytes()).hexdigest()
+    except OSError:
+        return None  # no file (a REPL, exec'd code): nothing to tie a package to
+    parts: dict[str, object] = {
+        "schema": SCHEMA_VERSION,
+        "kind": KIND,
+        "neuron_compile": {"version": neuron_compile.__version__, "source_sha256": source_fingerprint()},
+        "torch": _torch_version(),
+        "python": platform.python_version(),
+        "target": config.target,
+        "codegen": json.loads(json.dumps(codegen_snapshot(), sort_keys=True, default=str)),
+        "function": {"module": inner.__module__, "qualname": inner.__qualname__, "line": code.co_firstlineno,
+                     "file": Path(code.co_filename).name, "file_sha256": source_sha},
+    }
+    return CacheKey(digest=digest_of(parts), parts=parts)
+
+
+def _without_module_texts(entry: Any) -> Any:
+    """The entry without the full text of every module it inlined (``InlinedSource.content``: ~1.3 MB
+    of transformers for GPT-2, never read back; the line ranges and checksums are what loading checks)."""
+    import dataclasses
+
+    info = entry.source_info
+    sources = {dataclasses.replace(src, content="") for src in info.inlined_sources}
+    return dataclasses.replace(entry, source_info=dataclasses.replace(info, inlined_sources=sources))
+
+
+def _with_real_module(fn: Any, entry: Any) -> Any:
+    """The entry with its first code's module set to the one whose globals that code runs with.
+
+    ``CompilePackage`` records ``fn.__module__``, which ``functools.wraps`` copies from the decorated
+    function: a decorated ``forward`` (transformers' ``GPT2LMHeadModel.forward``) runs with the
+    decorator module's globals, so the guards would read (and ``install`` would put the compiled graph
+    into) the wrong module's globals and never match."""
+    import dataclasses
+
+    inner = torch._dynamo.eval_frame.innermost_fn(fn)
+    real = getattr(inner, "__globals__", {}).get("__name__")
+    if not entry.codes or not isinstance(real, str) or entry.codes[0].python_module == real:
+        return entry
+    return dataclasses.replace(entry, codes=[dataclasses.replace(entry.codes[0], python_module=real),
+                                             *entry.codes[1:]])
+
+
+_DYNAMO_MODULE_GLOBAL = re.compile(r"^___module_\w+_\d+_c\d+$")
+# Python's own dunders, and the builtins dict ``install`` restores from the guards' state.
+_KEPT_DUNDER = re.compile(r"^(__[a-z]+__|__builtins_dict___\d+)$")
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names ``code`` (and code nested in it) loads as globals."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return {n for n in names if isinstance(n, str)}
+
+
+def _with_module_globals(entry: Any) -> Any:
+    """The entry with every module Dynamo's bytecode loads as a global named in ``import_sources``.
+
+    Dynamo's codegen loads a module it needs (``collections`` to rebuild an ``OrderedDict`` output)
+    through a global ``___module_<name>_<id>_c<n>`` it installs in the frame's globals
+    (``PyCodegen.create_load_python_module`` in torch/_dynamo/codegen.py) without telling the
+    package, so ``CompilePackage.install`` never restores it and the loaded bytecode raises NameError.
+    Any other Dynamo-made global the package does not restore makes the package unusable: ValueError."""
+    import dataclasses
+    import sys
+
+    from torch._dynamo.package import SerializedCode
+
+    restored = {str(name) for code in entry.codes for name in code.function_names}
+    restored |= {str(b) for code in entry.codes for b in code.backend_ids}
+    codes = []
+    for code in entry.codes:
+        module_globals = sys.modules[code.python_module].__dict__
+        sources = dict(code.import_sources)
+        for guarded in code.guarded_codes:
+            for name in _global_names(SerializedCode.to_code_object(guarded.dynamo_code)):
+                if name in restored or name in sources or not name.startswith("__") or _KEPT_DUNDER.match(name):
+                    continue
+                value = module_globals.get(name)
+                if _DYNAMO_MODULE_GLOBAL.match(name) and isinstance(value, types.ModuleType):
+                    sources[name] = value.__name__
+                else:  # another global Dynamo installed (warnings wrapper, rand values, weakrefs, streams...)
+                    raise ValueError(f"its bytecode loads global {name!r}, which the package does not restore")
+        codes.append(dataclasses.replace(code, import_sources=sources))
+    return dataclasses.replace(entry, codes=codes)
+
+
+def _reserve_installed_names(dynamo: Any, builtins_names: set[str]) -> None:
+    """Move Dynamo's name counter past every numbered global the package installs.
+
+    ``CompilePackage.install`` puts the package's globals (``__builtins_dict___0``, resume functions
+    ``__resume_at_*_N``) into module globals under the names the compiling process drew from
+    ``unique_id`` (torch/_dynamo/bytecode_transformation.py); this process's counter starts at 0
+    again, so the next frame Dynamo compiles in that module (a guard failure) would draw the same
+    name and fail with "Name '__builtins_dict___0' already exists in scope"."""
+    import itertools
+
+    from torch._dynamo import bytecode_transformation as bt
+    from torch._dynamo.package import SerializedCode
+
+    names = set(builtins_names) | {str(n) for code in dynamo.codes for n in code.function_names}
+    for code in dynamo.codes:
+        for guarded in code.guarded_codes:
+            names |= _global_names(SerializedCode.to_code_object(guarded.dynamo_code))
+    numbers = [int(m.group(1)) for n in names if (m := re.match(r"^__\w*?_(\d+)$", n))]
+    if numbers:
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, max(numbers) + 1))
+
+
+def _sources_unchanged(dynamo: Any) -> str | None:
+    """None when every source the package inlined is unchanged, else which one changed."""
+    from torch._dynamo.package import _hash_sourcelines
+
+    for src in dynamo.source_info.inlined_sources:
+        try:
+            module = importlib.import_module(src.module)
+            if _hash_sourcelines(module, src.firstlineno, src.lastlineno) != src.checksum:
+                return f"{src.module} lines {src.firstlineno}-{src.lastlineno}"
+        except Exception as exc:  # a module that no longer imports is a change too
+            return f"{src.module} ({type(exc).__name__})"
+    return None
+
+
+def _rebuild_guards(fn: Any, dynamo: Any) -> set[str]:
+    """Build every guard manager of a package the way ``CompilePackage.install`` will (raises if torch can't).
+
+    torch pickles values it can't name as ``_Missing`` placeholders (e.g. a decorated method's inner
+    function: "fqn mismatch" in ``GuardsStatePickler.reducer_override``), and a guard on such a value
+    fails only when rebuilt, with an AttributeError ``install`` does not catch."""
+    import sys
+
+    from torch._dynamo.output_graph import get_builtins_dict
+    from torch._dynamo.package import SerializedCode, _lookup_code, load_guard_manager, load_guards_state
+
+    inner = torch._dynamo.eval_frame.innermost_fn(fn)
+    guards_log = logging.getLogger("torch._guards")  # logs each failing guard at ERROR before raising
+    was_disabled, guards_log.disabled = guards_log.disabled, True
+    try:
+        return _rebuild_each(inner, dynamo, get_builtins_dict, SerializedCode, _lookup_code, load_guard_manager,
+                             load_guards_state, sys.modules)
+    finally:
+        guards_log.disabled = was_disabled
+
+
+def _rebuild_each(inner: Any, dynamo: Any, get_builtins_dict: Any, SerializedCode: Any, _lookup_code: Any,  # noqa: N803
+                  load_guard_manager: Any, load_guards_state: Any, modules: Any) -> set[str]:
+    builtins_names: set[str] = set()
+    for i, code_entry in enumerate(dynamo.codes):
+        if code_entry.bypassed:
+            continue
+        target: types.CodeType = inner.__code__ if i == 0 else SerializedCode.to_code_object(code_entry.python_code)
+        if code_entry.code_source:
+            target = _lookup_code(code_entry)
+        for guarded in code_entry.guarded_codes:
+            state = load_guards_state(guarded.guards_state)
+            scope = dict(modules[code_entry.python_module].__dict__)
+            name = state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if name and name not in scope:
+                scope[name] = get_builtins_dict(scope)
+            if name:
+                builtins_names.add(str(name))
+            load_guard_manager(state, target, scope)
+    return builtins_names
+
+
+class NeuronDynamoCache:
+    """Stands in for ``torch._dynamo.package.DynamoCache``: neuron packages go to our cache, others to torch's."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
+
+    # -- called by Dynamo after each frame it converted (torch/_dynamo/convert_frame.py) --------
+    def record_package(self, package: Any) -> None:
+        if not _in_scope():
+            return self.original.record_package(package)
+        try:
+            self._store(package)
+        except Exception as exc:  # never fail a compile because of the cache
+            log.warning("neuron-compile cache: Dynamo package of %s not stored (%s: %s)",
+                        getattr(package._innermost_fn, "__qualname__", "?"), type(exc).__name__, exc)
+        return None
+
+    def _store(self, package: Any) -> None:
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        from neuron_compile.cache.store import CacheStore
+
+        store = CacheStore.default()
+        key = frame_key(package._innermost_fn)
+        if store is None or key is None:
+            return
+        entry = _with_real_module(package._innermost_fn, package.cache_entry())
+        entry = _without_module_texts(entry)
+        try:
+            entry = _with_module_globals(entry)
+        except ValueError as exc:
+            log.info("neuron: Dynamo package of %s not stored: %s", entry.fn_name, exc)
+            return
+        codes = [c for c in entry.codes if not c.bypassed and c.guarded_codes]
+        if not codes:
+            log.debug("warm frames: nothing of %s can be packaged", key.short)
+            return
+        backends: dict[str, str] = {}
+        for code in entry.codes:
+            for backend_id in code.backend_ids:
+                art = PrecompileContext.serialize_artifact_by_key(backend_id)
+                digest = getattr(art, "content", None)
+                if art is None or type(art).__name__ != "NeuronFrameArtifact" or not isinstance(digest, str):
+                    log.info("neuron: Dynamo package of %s not stored: graph %s has no warm-start entry",
+                             entry.fn_name, backend_id)
+                    return
+                backends[backend_id] = digest
+        with torch.utils._python_dispatch._disable_current_modes():
+            blob = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            _rebuild_guards(package._innermost_fn, pickle.loads(blob))
+        except Exception as exc:
+            log.info("neuron: Dynamo package of %s not stored: torch can't rebuild its guards in another process "
+                     "(%s: %s)", entry.fn_name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return
+        files = {FRAME_FILE: blob, BACKENDS_FILE: json.dumps(backends, sort_keys=True).encode()}
+        old = store.lookup_local(key)
+        if old is not None:
+            if old.read(FRAME_FILE) == blob:
+                return
+            store.remove(key.digest)  # the package grew (a recompile): replace it
+        summary = {"kernels": [], "whole_graph": True, "children": sorted(set(backends.values()))}
+        if store.publish(key, files, summary, 0.0) is not None:
+            log.info("neuron: Dynamo package of %s stored (%d frames, %d graphs)", entry.fn_name, len(codes),
+                     len(backends))
+
+    # -- called when a neuron torch.compile'd function is first wrapped (torch/_dynamo/eval_frame.py) --
+    def load(self, fn: Any) -> Any:
+        if not _in_scope():
+            return self.original.load(fn)
+        from neuron_compile.cache.store import CacheStore
+
+        store = CacheStore.default()
+        key = frame_key(fn)
+        entry = store.lookup(key) if store is not None and key is not None else None
+        if entry is None:
+            return None
+        from torch._dynamo.package import PrecompileCacheEntry
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        from neuron_compile import warm_start
+
+        try:
+            backends_map = json.loads(entry.read(BACKENDS_FILE))
+            with torch.utils._python_dispatch._disable_current_modes():
+                dynamo = pickle.loads(entry.read(FRAME_FILE))
+            changed = _sources_unchanged(dynamo)
+            if changed is not None:
+                log.info("neuron: Dynamo package of %s is stale (%s changed): tracing", dynamo.fn_name, changed)
+                return None
+            builtins_names = _rebuild_guards(fn, dynamo)
+            backends: dict[str, Any] = {}
+            for backend_id, digest in backends_map.items():
+                fn_ = warm_start.load_entry(str(digest))
+                if fn_ is None:
+                    log.info("neuron: Dynamo package of %s needs graph %s, which is not cached: tracing",
+                             dynamo.fn_name, str(digest)[:12])
+                    return None
+                backends[backend_id] = artifact(backend_id, fn_)
+        except Exception as exc:  # never fail a compile because of the cache
+            store.quarantine(key.digest, f"its Dynamo package can't be loaded ({type(exc).__name__}: {exc})")
+            return None
+        _reserve_installed_names(dynamo, builtins_names)
+        for backend_id, digest in backends_map.items():  # a recompile here re-stores the package with them
+            PrecompileContext.record_artifact(artifact(backend_id, str(digest)))
+        _loaded_graphs.extend(backends)
+        log.info("neuron: %s from the cache without tracing (%d graphs)", dynamo.fn_name, len(backends))
+        return PrecompileCacheEntry(dynamo=dynamo, backends=backends)
+
+
+# --------------------------------------------------------------------------------------------
+# Guards of decorated functions
+
+
+def _wrapped_ref(obj: Any) -> tuple[str, str, int] | None:
+    """(module, qualname, depth) when ``obj`` is the function ``depth`` ``__wrapped__`` steps below its
+    qualified name (a decorated method: ``GPT2LMHeadModel.forward`` is transformers' wrapper), else None."""
+    import sys
+
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not isinstance(module, str) or "<locals>" in qualname or module not in sys.modules:
+        return None
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    for depth in range(8):
+        if found is None:
+            return None
+        if found is obj:
+            return (module, qualname, depth) if depth else None  # depth 0: torch pickles it by name itself
+        found = getattr(found, "__wrapped__", None)
+    return None
+
+
+def _wrapped_function(module: str, qualname: str, depth: int) -> Any:
+    """Unpickles what :func:`_wrapped_ref` describes (in the process that loads a package)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    for _ in range(depth):
+        found = found.__wrapped__
+    return found
+
+
+def _patch_guard_pickler() -> None:
+    """torch pickles a function its qualified name does not reach as a ``_Missing`` placeholder ("fqn
+    mismatch" in ``GuardsStatePickler.reducer_override``, torch/_dynamo/guards.py), so no package of a
+    decorated ``forward`` (every Hugging Face model) can be loaded: its guards read the inner function's
+    closure. In our scope, such a function reached through ``__wrapped__`` is pickled as that path."""
+    import inspect
+
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if _in_scope() and inspect.isfunction(obj):
+            ref = _wrapped_ref(obj)
+            if ref is not None:
+                return _wrapped_function, ref
+        return original(self, obj)
+
+    GuardsStatePickler.reducer_override = reducer_override
+
+
+# --------------------------------------------------------------------------------------------
+# Wiring
+
+
+def _is_neuron(backend: Any) -> bool:
+    from neuron_compile.backend import neuron_backend
+
+    backend = getattr(backend, "compiler_fn", backend)  # torch.compile's _TorchCompileWrapper
+    if isinstance(backend, str):
+        try:
+            from torch._dynamo.backends.registry import lookup_backend
+
+            backend = lookup_backend(backend)
+        except Exception:
+            return False
+    return backend is neuron_backend or getattr(backend, "func", None) is neuron_backend
+
+
+def _scoped(callback: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _precompile_scope():
+            return callback(*args, **kwargs)
+
+    run.__dict__.update(getattr(callback, "__dict__", {}))  # _torchdynamo_orig_backend and friends
+    return run
+
+
+def _optimize(*args: Any, **kwargs: Any) -> Any:
+    original = _ORIGINAL["optimize"]
+    backend = kwargs.get("backend", args[0] if args else None)
+    if not enabled() or not _is_neuron(backend) or kwargs.get("disable") or torch._dynamo.config.caching_precompile:
+        return original(*args, **kwargs)
+    from torch._dynamo.eval_frame import OptimizeContext
+
+    with _precompile_scope():
+        ctx = original(*args, **kwargs)
+    if type(ctx) is not OptimizeContext or getattr(ctx, "_package", None) is None:
+        return ctx
+    ctx.callback = _scoped(ctx.callback)
+    ctx.__class__ = _NeuronOptimizeContext
+    return ctx
+
+
+def _context_class() -> type:
+    from torch._dynamo.eval_frame import OptimizeContext
+
+    class NeuronOptimizeContext(OptimizeContext):
+        """An ``OptimizeContext`` whose wrapping of a function (package load) runs in the precompile scope."""
+
+        def __call__(self, fn: Any) -> Any:
+            with _precompile_scope():
+                return super().__call__(fn)
+
+    return NeuronOptimizeContext
+
+
+_NeuronOptimizeContext: Any = None
+
+
+def install() -> None:
+    """Wire the package store and the ``torch.compile`` hook in (idempotent; a no-op when torch lacks them)."""
+    global _NeuronOptimizeContext
+    if _ORIGINAL:
+        return
+    try:
+        import torch._dynamo.package as package
+        from torch._dynamo import eval_frame
+        from torch._dynamo.precompile_context import BackendCacheArtifact  # noqa: F401
+
+        if not hasattr(torch._dynamo.config, "caching_precompile") or not hasattr(package, "DynamoCache") \
+                or not hasattr(eval_frame, "OptimizeContext"):
+            raise AttributeError("caching_precompile, DynamoCache or OptimizeContext")
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames unavailable with this torch (%s)", exc)
+        return
+    _NeuronOptimizeContext = _context_class()
+    _ORIGINAL["optimize"] = torch._dynamo.optimize
+    _ORIGINAL["DynamoCache"] = package.DynamoCache
+    package.DynamoCache = NeuronDynamoCache(package.DynamoCache)
+    torch._dynamo.optimize = _optimize
+    try:
+        _patch_guard_pickler()
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
+    logging.getLogger("torch._dynamo.guards").addFilter(_DroppedGuards())
+
+
+class _DroppedGuards(logging.Filter):
+    """torch logs one WARNING per guard its precompile drops; in our scope that is the documented cost of
+    ``warm_frames`` (module docstring), logged once per process at INFO instead."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _in_scope() or "is dropped with caching_precompile=True" not in str(record.msg):
+            return True
+        if not _DroppedGuards.said:
+            _DroppedGuards.said = True
+            log.info("neuron: warm_frames: torch's precompile does not check guards it can't serialize "
+                     "(ID/CLASS/CLOSURE match), e.g. %s", record.getMessage())
+        return False
