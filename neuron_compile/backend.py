@@ -208,12 +208,14 @@ def _register_cache_hooks() -> None:
     from neuron_compile.cache import remote
 
     remote.set_verifier(verify_entry_by_recompiling)  # unsigned remote entries are verified this way
-    from neuron_compile import warm_frames
+    if config.warm_frames:  # NEURON_COMPILE_WARM_FRAMES=1: warm starts skip Dynamo's capture too
+        from neuron_compile import warm_frames
 
-    warm_frames.install()  # NEURON_COMPILE_WARM_FRAMES=1: warm starts skip Dynamo's capture too
+        warm_frames.install()  # hooks into torch.compile, so only when asked for (off: torch untouched)
 
 
 _register_cache_hooks()
+
 
 def _warn_float64(example_inputs: Sequence[Any]) -> None:
     if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
