@@ -191,7 +191,8 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1) -> dic
     ob, oh, os_, od = k.out_strides
     return {
         "group": group, "grid": grid,
-        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident), "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
+        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident),
+        "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
         "tg": TRANSPOSE_GROUP[_size(k.compute_dtype)],
         "rows": {"q": _load("q_rows", k.q, k.sq, k.d), "k": _load("k_rows", k.k, k.sk, k.d),
                  "v": _load("v_rows", k.v, k.sk, k.dv)},

@@ -12,7 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from neuron_compile.codegen.plan_attention import BANK_KEYS, attention_plan, exact_plan, plan, split_grid, unshifted_group
+from neuron_compile.codegen.plan_attention import (
+    BANK_KEYS,
+    attention_plan,
+    exact_plan,
+    plan,
+    split_grid,
+    unshifted_group,
+)
 from neuron_compile.codegen.render import environment
 from neuron_compile.lowering.ir import AttentionKernel
 
