@@ -42,11 +42,12 @@ BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the ma
 PSUM_BANK_BYTES = 2048
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
-# whole kernel: VectorE carries the row max (1 cycle per fp32 PSUM score), ScalarE the exp (1 cycle per score);
-# 0.58 balances the two under the cost model for d=128 heads (issue 5 (c): 0.55 / 0.58 / 0.6 / 0.65 -> 2090 / 2038 / 2043 / 2086 us;
-# heads of 32/64/96 without a mask use the transposed-scores kernel, which has no P evictions). The small per-row
-# combines (chunk maxima, running max and sum) run on GpSimd, which is otherwise idle.
-SCALAR_EVICT_SHARE = 0.58
+# whole kernel. With the key steps software-pipelined (attention_standard.nki.j2) VectorE's row max of step s runs
+# ahead of the evictions of step s - 1, while an eviction on ScalarE waits for the transposes in the middle of its exp
+# stream: all on VectorE is fastest under the cost model (issue 14 (c), exact kernel on 2 cores: share 0 / 0.1 / 0.2
+# / 0.3 / 0.58 -> 1544 / 1577 / 1583 / 1616 / 1668 us). Heads of 32/64/96 without a mask use the transposed-scores
+# kernel, which has no P evictions. The small per-row combines (chunk maxima, running max and sum) run on GpSimd.
+SCALAR_EVICT_SHARE = 0.0
 # Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
 # head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
 GROUP_ROWS_BYTES = 64 * 1024
@@ -92,6 +93,26 @@ def head_group(k: AttentionKernel, cap: int | None = None) -> int:
     return best
 
 
+def rows_bytes(k: AttentionKernel) -> int:
+    """Per-partition SBUF of one head's Q, K and V rows (what a group's prefetch keeps a second copy of)."""
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    return (nq * k.d + nk * k.d + nk * k.dv) * _size(k.compute_dtype)
+
+
+def prefetch_fits(k: AttentionKernel, group: int, resident: int) -> bool:
+    """Whether the next group's rows (loaded while this group computes) fit beside the ``resident`` bytes."""
+    return resident + group * rows_bytes(k) <= SBUF_BUDGET
+
+
+def _fitting(k: AttentionKernel, cap: int, size: Any) -> int:
+    """The largest divisor of ``heads`` up to ``cap`` whose ``size(k, group)`` fits the SBUF budget together with a
+    prefetched second copy of the group's rows when there is a next group (one group for every head of a single
+    batch needs none), else the largest that fits without."""
+    fits = [g for g in range(cap, 0, -1) if k.heads % g == 0 and size(k, g) <= SBUF_BUDGET]
+    ahead = [g for g in fits if k.batch * k.heads <= g or prefetch_fits(k, g, size(k, g))]
+    return (ahead or fits or [0])[0]
+
+
 def head_bytes(k: AttentionKernel) -> int:
     """Per-partition SBUF of one resident head in the transposed-scores layouts: q, k, v rows, V | 1, Q^T and K^T."""
     cs = _size(k.compute_dtype)
@@ -114,10 +135,7 @@ def transposed_group(k: AttentionKernel) -> int:
     and the scale (folded into Q^T here) can't be split off in fp32 as the standard kernel does for fp16."""
     if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX or k.compute_dtype == "float16":
         return 0
-    group = head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD)
-    while group > 0 and (k.heads % group or sbuf_bytes_t(k, group) > SBUF_BUDGET):
-        group -= 1
-    return group
+    return _fitting(k, head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD), sbuf_bytes_t)
 
 
 def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
@@ -134,10 +152,7 @@ def unshifted_group(k: AttentionKernel) -> int:
     if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS \
             or k.compute_dtype not in ("bfloat16", "float32"):
         return 0
-    group = head_group(k)
-    while group > 0 and (k.heads % group or sbuf_bytes_u(k, group) > SBUF_BUDGET):
-        group -= 1
-    return group
+    return _fitting(k, head_group(k), sbuf_bytes_u)
 
 
 def attention_plan(k: AttentionKernel) -> dict[str, object]:
@@ -163,11 +178,21 @@ def _load(name: str, access: tuple[int, int, tuple[int, ...]], rows: int, cols: 
             "tail": full * PMAX * s_row}
 
 
-def _common(k: AttentionKernel, group: int) -> dict[str, Any]:
-    """What every variant shares: the head group, its row loads, the transposes of Q and K, the output store."""
+def split_grid(k: AttentionKernel, grid: int) -> int:
+    """Programs the exact kernel's batches spread over on a logical core of ``grid`` physical cores: ``grid`` when
+    there are at least as many batches, else 1 (the batch loop is the split loop: disjoint output rows)."""
+    return grid if grid > 1 and k.batch >= grid else 1
+
+
+def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1) -> dict[str, Any]:
+    """What every variant shares: the head group, its row loads (one group ahead when the next group's rows fit
+    beside the ``resident`` bytes and there is a next group), the transposes of Q and K, the output store, and
+    the launch grid its batch loop spreads over."""
     ob, oh, os_, od = k.out_strides
     return {
-        "group": group, "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
+        "group": group, "grid": grid,
+        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident),
+        "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
         "tg": TRANSPOSE_GROUP[_size(k.compute_dtype)],
         "rows": {"q": _load("q_rows", k.q, k.sq, k.d), "k": _load("k_rows", k.k, k.sk, k.d),
                  "v": _load("v_rows", k.v, k.sk, k.dv)},
@@ -176,9 +201,14 @@ def _common(k: AttentionKernel, group: int) -> dict[str, Any]:
     }
 
 
-def standard_plan(k: AttentionKernel) -> dict[str, Any]:
+def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys in 512-key chunks."""
-    p = _common(k, head_group(k))
+    group = head_group(k)
+    csize, osize = _size(k.compute_dtype), _size(k.outputs[0].dtype)
+    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
+    rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
+    resident = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) + (group - 1) * rows  # as head_group
+    p = _common(k, group, resident, grid)
     masked = k.mask is not None
     s_scale = p["s_scale"]
     p.update({
@@ -198,23 +228,25 @@ def standard_plan(k: AttentionKernel) -> dict[str, Any]:
     return p
 
 
-def transposed_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
+def transposed_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, Any]:
     """The transposed-scores kernel: ``2 * group`` augmentation rows below the ``d`` contraction rows."""
-    p = _common(k, group)
+    p = _common(k, group, sbuf_bytes_t(k, group), grid)
     p.update({"variant": "transposed", "ka": k.d + AUG_PER_HEAD * group, "nch_max": -(-k.sk // BANK_KEYS),
               "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX})
     return p
 
 
-def exact_plan(k: AttentionKernel) -> dict[str, Any]:
-    """The exact kernel (softmax with the row max): transposed scores when they apply, else the standard one."""
+def exact_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
+    """The exact kernel (softmax with the row max): transposed scores when they apply, else the standard one; its
+    batches spread over ``split_grid(k, grid)`` programs."""
     group = transposed_group(k)
-    return transposed_plan(k, group) if group else standard_plan(k)
+    grid = split_grid(k, grid)
+    return transposed_plan(k, group, grid) if group else standard_plan(k, grid)
 
 
 def unshifted_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
     """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun."""
-    p = _common(k, group)
+    p = _common(k, group, sbuf_bytes_u(k, group))
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)

@@ -64,7 +64,7 @@ def render_kernel(kernel: Kernel) -> str:
 def _template_context(kernel: Kernel) -> dict[str, Any] | None:
     """The template context of a kernel whose family template renders the whole kernel (sort, search, scatter,
     line_gather and scan: codegen/render_family.py; conv, conv_wgrad, pool, resample: codegen/render_conv.py), else
-    None. These run on one physical core (their loops live in the template, not in a body :func:`_spmd` splits)."""
+    None. These run on one physical core."""
     if isinstance(kernel, FAMILY_KERNELS):
         from neuron_compile.codegen.render_family import family_plan
 
@@ -126,19 +126,10 @@ def _cached_body(kernel: Kernel, grid: int, snapshot: tuple[tuple[str, Any], ...
 
 def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
     """(body, launch grid) of a kernel on a logical core of ``grid`` physical cores."""
-    if grid > 1 and isinstance(kernel, AttentionKernel):
-        from neuron_compile.codegen.plan_attention import unshifted_group
+    if isinstance(kernel, AttentionKernel):  # the plan spreads its batch loop (codegen/plan_attention.py)
+        from neuron_compile.codegen.render_attention import attention_body_grid  # imports this module
 
-        if unshifted_group(kernel):
-            # The unshifted kernel branches on an on-chip check; both cores of a logical core must take the same
-            # runtime path (NKI 0.6 runtime loops), so it runs on one core. The exact kernel splits over both:
-            # take whichever the cost model estimates faster.
-            one = _body(kernel)
-            with config.patch(attention_unshifted=False):
-                two = _spmd(kernel, _body(kernel), grid)
-            if two is None or _estimate(kernel, _wrap(kernel, one, 1)) <= _estimate(kernel, _wrap(kernel, two, grid)):
-                return one, 1
-            return two, grid
+        return attention_body_grid(kernel, grid)
     if isinstance(kernel, LoopKernel):  # matmul kernels render whole (render_kernel)
         from neuron_compile.codegen.plan_loop import loop_body  # imports this module
 
@@ -147,12 +138,7 @@ def _render(kernel: Kernel, grid: int) -> tuple[str, int]:
         from neuron_compile.codegen.plan_index import index_body  # imports this module
 
         return index_body(kernel, grid)
-    body = _body(kernel)
-    if grid > 1:
-        split = _spmd(kernel, body, grid)
-        if split is not None:
-            return split, grid
-    return body, 1
+    raise TypeError(kernel)  # pragma: no cover
 
 
 def _estimate(kernel: Kernel, source: str) -> float:
@@ -161,52 +147,6 @@ def _estimate(kernel: Kernel, source: str) -> float:
 
     return estimate(source_stream(source, kernel.name, [(a.numel, a.dtype) for a in kernel.inputs]),
                     config.target).time_ns
-
-
-def _body(kernel: Kernel) -> str:
-    if isinstance(kernel, AttentionKernel):
-        from neuron_compile.codegen.render_attention import attention_body  # imports this module
-
-        return attention_body(kernel)
-    raise TypeError(kernel)  # pragma: no cover
-
-
-def _split_loop(kernel: Kernel) -> str | None:
-    """The loop variable whose iterations are independent (disjoint output rows, no state carried between them):
-    batches (``b``) of the exact attention kernel. (The loop, copy and index families write their split loop in
-    their template: plan_loop.py, plan_index.py; matmul kernels split their M blocks in theirs: plan_matmul.py.)"""
-    if isinstance(kernel, AttentionKernel):
-        return "b"
-    return None
-
-
-def _spmd(kernel: Kernel, body: str, grid: int) -> str | None:
-    """The body with its independent top-level loop spread over ``grid`` programs (cyclically: program ``i`` runs
-    iterations ``i, i + grid, ...``), or None when the kernel has no such loop with at least ``grid`` iterations.
-    The one place the launch grid changes a kernel: every other line is the single-core kernel's."""
-    var = _split_loop(kernel)
-    if var is None:
-        return None
-    tree = ast.parse(body)
-    loop = next((n for n in tree.body if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
-                 and n.target.id == var and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name)
-                 and n.iter.func.id == "range" and not n.iter.keywords), None)
-    if loop is None:
-        return None
-    args = [ast.unparse(a) for a in loop.iter.args]  # type: ignore[attr-defined]
-    start, stop, step = (["0", *args, "1"] if len(args) == 1 else [*args, "1"] if len(args) == 2 else args)[:3]
-    try:
-        trips = len(range(int(ast.literal_eval(start)), int(ast.literal_eval(stop)), int(ast.literal_eval(step))))
-    except (ValueError, SyntaxError):
-        trips = grid
-    if trips < grid:
-        return None
-    lines = body.splitlines()
-    head = lines[loop.lineno - 1]
-    assert head.startswith(f"for {var} in range("), head
-    lines[loop.lineno - 1] = (f"for {var} in range({start} + nl.program_id(0) * {step}, {stop}, "
-                              f"{step} * nl.num_programs(0)):")
-    return "\n".join(lines) + ("\n" if body.endswith("\n") else "")
 
 
 def render_block(template_name: str, block: str, **context: Any) -> str:

@@ -692,10 +692,10 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, 
 
 def kernel_time_ns(kernel: Any, target: str | None = None) -> float:
     """The scheduled time of ``kernel`` (as ``estimate(kernel_stream(kernel)).time_ns``) for tuners ranking
-    candidates: only program 0 of a launch grid is scheduled. The codegen splits a loop cyclically
-    (:func:`neuron_compile.codegen.render._spmd`), so program 0 runs the most iterations (``ceil(n / grid)``, and
-    program 1 the ragged last one when ``n`` is even) on an identical core: it is the slowest program, whose
-    makespan is the kernel's."""
+    candidates: only program 0 of a launch grid is scheduled. The codegen splits a loop cyclically (the attention,
+    loop, index and matmul plans: program ``i`` runs iterations ``i, i + grid, ...``), so program 0 runs the most
+    iterations (``ceil(n / grid)``, and program 1 the ragged last one when ``n`` is even) on an identical core: it is
+    the slowest program, whose makespan is the kernel's."""
     from neuron_compile.codegen.render import render_kernel
     from neuron_compile.costmodel import estimate
 

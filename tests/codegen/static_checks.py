@@ -111,6 +111,8 @@ class _Collector(ast.NodeVisitor):
             name, value = node.targets[0].id, node.value
             if isinstance(value, ast.Call) and _attr_name(value.func) == "ndarray":
                 self._tile(name, value)
+            elif isinstance(value, ast.Name) and value.id in self.tiles:  # q_rows = q_next: the same tile(s)
+                self.tiles.setdefault(name, []).extend(self.tiles[value.id])
             else:
                 self.bounds[name] = self.bound(value)
                 literal = self.exact(value) if isinstance(value, (ast.Constant, ast.UnaryOp)) else None
