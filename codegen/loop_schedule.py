@@ -215,7 +215,8 @@ def use_moments(ops: Sequence[TileOp], count: int) -> list[TileOp] | None:
 
     Matches (fp32 rows, one row of ``count`` elements resident per partition, reduced over the free dim only):
     ``s = sum(x)``, ``nm = s * a [* b]`` with ``a * b == -1 / count`` (the negated mean), ``c = x + nm``,
-    ``q = sum(square(c))`` where the square is read only by that sum. Result: ``s`` becomes one
+    ``q = sum(square(c))`` (or ``sum(square(x + nm))``, the centring folded into the square's bias) where the
+    square is read only by that sum. Result: ``s`` becomes one
     ``reduce(x, op='moments', var=q, count=count)`` that writes both ``s`` (``count * mean``) and ``q``
     (``count * variance``: ``bn_aggr``'s population variance) in its phase; ``q`` stays as a ``moments_var`` row op
     that renders nothing (its value is ready after ``s``'s phase); the square is gone; and ``c``, when its only other
@@ -238,13 +239,17 @@ def use_moments(ops: Sequence[TileOp], count: int) -> list[TileOp] | None:
             continue
         sq = by_out.get(q.args[0])
         if sq is None or sq.opcode != "activation" or sq.attr("func") != "square" or sq.kind != "full" \
-                or tuple(sq.args[1:]) != (1.0, 0.0) or len(users.get(sq.out, [])) != 1:
+                or len(sq.args) != 3 or sq.args[1] != 1.0 or len(users.get(sq.out, [])) != 1:
             continue
-        c = by_out.get(sq.args[0])
-        if c is None or c.opcode != "tensor_scalar" or c.kind != "full" or c.dtype != "float32" \
-                or c.attr("op0") != "add" or c.attr("op1") or c.attr("reverse0") or len(c.args) != 2:
-            continue
-        x, nm_name = c.args
+        c = None
+        if sq.args[2] == 0.0:  # square(c), c = x + nm a tile of its own
+            c = by_out.get(sq.args[0])
+            if c is None or c.opcode != "tensor_scalar" or c.kind != "full" or c.dtype != "float32" \
+                    or c.attr("op0") != "add" or c.attr("op1") or c.attr("reverse0") or len(c.args) != 2:
+                continue
+            x, nm_name = c.args
+        else:  # the centring already folded into the square's bias: square(x + nm)
+            x, nm_name = sq.args[0], sq.args[2]
         nm = by_out.get(nm_name) if isinstance(nm_name, str) else None
         if not isinstance(x, str) or nm is None or nm.opcode != "tensor_scalar" or nm.kind != "row" \
                 or nm.attr("op0") != "multiply" or nm.attr("reverse0") or nm.attr("reverse1"):
@@ -263,12 +268,11 @@ def use_moments(ops: Sequence[TileOp], count: int) -> list[TileOp] | None:
     return None
 
 
-def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: TileOp,
+def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: TileOp | None,
                   users: dict[str, list[TileOp]], count: int) -> list[TileOp]:
-    x, nm = c.args
-    others = [u for u in users.get(c.out, []) if u is not sq]
+    others = [u for u in users.get(c.out, []) if u is not sq] if c is not None else []
     fold = None
-    if len(others) == 1:
+    if c is not None and len(others) == 1:
         u = others[0]
         a: dict[str, Any] = dict(u.attrs)
         if u.opcode == "tensor_scalar" and u.kind == "full" and len(u.args) == 2 and u.args[0] == c.out \
@@ -282,8 +286,8 @@ def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: Ti
             op = replace(op, attrs=(("op", "moments"), ("var", q.out), ("count", count)))
         elif op is q:
             op = replace(op, opcode="moments_var", args=(s.out,), attrs=())
-        elif op is fold:
-            op = replace(op, args=(x, nm, op.args[1]), attrs=(("op0", "add"), ("reverse0", False),
+        elif fold is not None and c is not None and op is fold:
+            op = replace(op, args=(*c.args, op.args[1]), attrs=(("op0", "add"), ("reverse0", False),
                                                                 ("op1", op.attr("op0")), ("reverse1", False)))
         out.append(op)
     return out

@@ -54,6 +54,19 @@ def test_mean_and_variance_become_one_statistics_pass() -> None:
     assert y.args == ("x", "nm", "rstd") and y.attr("op0") == "add" and y.attr("op1") == "multiply"
 
 
+def test_centring_folded_into_the_square_is_matched_too() -> None:
+    # the matmul epilogue's and var's form: square(x + nm) with the negated mean as the activation's bias
+    prog = _layernorm_program()
+    prog[3:5] = [_op("sq", "activation", ("x", 1.0, "nm"), phase=1, func="square")]
+    prog[-2] = _op("y", "tensor_scalar", ("x", "nm", "rstd"), phase=2, op0="add", op1="multiply", reverse0=False,
+                   reverse1=False)
+    out = ls.use_moments(prog, 64)
+    assert out is not None
+    by = {op.out: op for op in out}
+    assert by["s"].attr("op") == "moments" and by["q"].opcode == "moments_var" and "sq" not in by
+    assert by["y"] == prog[-2]  # already folded: unchanged
+
+
 def test_statistics_pass_refuses_what_it_cannot_reproduce() -> None:
     # the centring is not by the row's mean (the factor is not -1 / count)
     assert ls.use_moments(_layernorm_program(scale=1.0 / 32), 64) is None
