@@ -12,13 +12,17 @@ renders, in order). Output, all used by the renderer only (the IR stays unchange
 - :func:`fuse_act_reduce`: an add-reduction of an ``activation`` output in the same body becomes the
   activation's own accumulator read-out (``reduce_res``, REFERENCE 3.3 / 5.3), so VectorE does not
   read the tile a second time.
+- :func:`use_moments`: a row's sum and its sum of squared deviations from the mean (LayerNorm, var)
+  become one VectorE statistics pass (``bn_stats`` per 512 elements + ``bn_aggr``) instead of a reduce,
+  a centring pass and a square-and-sum pass over the resident row.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from neuron_compile.lowering.ir import TileOp
 
@@ -204,3 +208,89 @@ def fuse_act_reduce(body: Sequence[TileOp]) -> dict[str, str]:
             if a.get("op") == "add" and not a.get("negate") and src in acts and src not in fused.values():
                 fused[op.out] = src
     return fused
+
+
+def use_moments(ops: Sequence[TileOp], count: int) -> list[TileOp] | None:
+    """The ops with a mean/variance pair computed by VectorE's statistics instructions, or None.
+
+    Matches (fp32 rows, one row of ``count`` elements resident per partition, reduced over the free dim only):
+    ``s = sum(x)``, ``nm = s * a [* b]`` with ``a * b == -1 / count`` (the negated mean), ``c = x + nm``,
+    ``q = sum(square(c))`` (or ``sum(square(x + nm))``, the centring folded into the square's bias) where the
+    square is read only by that sum. Result: ``s`` becomes one
+    ``reduce(x, op='moments', var=q, count=count)`` that writes both ``s`` (``count * mean``) and ``q``
+    (``count * variance``: ``bn_aggr``'s population variance) in its phase; ``q`` stays as a ``moments_var`` row op
+    that renders nothing (its value is ready after ``s``'s phase); the square is gone; and ``c``, when its only other
+    reader is a one-stage ``tensor_scalar(c, v, op)`` (the normalisation), folds into it as
+    ``tensor_scalar(x, nm, v, add, op)`` (each stage rounds to fp32 as the separate ops did).
+    """
+    by_out = {op.out: op for op in ops}
+    users: dict[str, list[TileOp]] = {}
+    for op in ops:
+        for a in op.args:
+            if isinstance(a, str):
+                users.setdefault(a, []).append(op)
+
+    def add_reduce(op: TileOp | None) -> bool:
+        return op is not None and op.opcode == "reduce" and op.kind == "row" and op.dtype == "float32" \
+            and op.attr("op") == "add" and not op.attr("negate") and isinstance(op.args[0], str)
+
+    for q in ops:
+        if not add_reduce(q):
+            continue
+        sq = by_out.get(q.args[0])
+        if sq is None or sq.opcode != "activation" or sq.attr("func") != "square" or sq.kind != "full" \
+                or len(sq.args) != 3 or sq.args[1] != 1.0 or len(users.get(sq.out, [])) != 1:
+            continue
+        c = None
+        if sq.args[2] == 0.0:  # square(c), c = x + nm a tile of its own
+            c = by_out.get(sq.args[0])
+            if c is None or c.opcode != "tensor_scalar" or c.kind != "full" or c.dtype != "float32" \
+                    or c.attr("op0") != "add" or c.attr("op1") or c.attr("reverse0") or len(c.args) != 2:
+                continue
+            x, nm_name = c.args
+        else:  # the centring already folded into the square's bias: square(x + nm)
+            x, nm_name = sq.args[0], sq.args[2]
+        nm = by_out.get(nm_name) if isinstance(nm_name, str) else None
+        if not isinstance(x, str) or nm is None or nm.opcode != "tensor_scalar" or nm.kind != "row" \
+                or nm.attr("op0") != "multiply" or nm.attr("reverse0") or nm.attr("reverse1"):
+            continue
+        factors = list(nm.args[1:])
+        if (nm.attr("op1") or "multiply") != "multiply" or not all(isinstance(f, float) for f in factors):
+            continue
+        scale = 1.0
+        for f in factors:
+            scale *= f
+        s = by_out.get(nm.args[0]) if isinstance(nm.args[0], str) else None
+        if not add_reduce(s) or s is None or s.args[0] != x or s.phase > q.phase \
+                or abs(scale * count + 1.0) > 1e-6:
+            continue
+        return _with_moments(ops, s, q, sq, c, users, count)
+    return None
+
+
+def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: TileOp | None,
+                  users: dict[str, list[TileOp]], count: int) -> list[TileOp]:
+    others = [u for u in users.get(c.out, []) if u is not sq] if c is not None else []
+    fold = None
+    if c is not None and len(others) == 1:
+        u = others[0]
+        a: dict[str, Any] = dict(u.attrs)
+        if u.opcode == "tensor_scalar" and u.kind == "full" and len(u.args) == 2 and u.args[0] == c.out \
+                and u.args[1] != c.out and not a.get("op1") and not a.get("reverse0") and a.get("op0") in _STAGES:
+            fold = u
+    out: list[TileOp] = []
+    for op in ops:
+        if op is sq or (fold is not None and op is c):
+            continue
+        if op is s:
+            op = replace(op, attrs=(("op", "moments"), ("var", q.out), ("count", count)))
+        elif op is q:
+            op = replace(op, opcode="moments_var", args=(s.out,), attrs=())
+        elif fold is not None and c is not None and op is fold:
+            op = replace(op, args=(*c.args, op.args[1]), attrs=(("op0", "add"), ("reverse0", False),
+                                                                ("op1", op.attr("op0")), ("reverse1", False)))
+        out.append(op)
+    return out
+
+
+_STAGES = {"add", "subtract", "multiply", "maximum", "minimum"}

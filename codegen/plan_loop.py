@@ -11,6 +11,8 @@ estimates fastest; the launch split (``grid`` programs) is part of the plan.
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import replace
 from typing import Any
 
 from neuron_compile.codegen import loop_schedule as ls
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 # Target bytes per partition of one streamed DMA: >= 2 KiB approaches peak, >= 4 KiB saturates, and the
 # ~1.3 us fixed cost per transfer (REFERENCE 4.3 DMA) is amortized over ~11 us of data at 32 KiB x 128.
 DMA_TILE_BYTES = 32 * 1024
+BN_STATS_FMAX = 512  # nl.tile_size.bn_stats_fmax: elements per partition one bn_stats reads
 
 
 def loop_body(k: LoopKernel, grid: int = 1) -> tuple[str, int]:
@@ -109,6 +112,7 @@ class LoopRenderer:
             return
         budget = config.row_resident_bytes
         if not self.red_outer:
+            self._set_ops(self._moments_ops() or k.ops)  # a resident row's statistics pass (if it stays resident)
             hoist = self._hoistable()
             flat = self._flat(resident=True, hoisted={op.out for op in hoist})
             bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, {op.out for op in hoist})
@@ -117,6 +121,7 @@ class LoopRenderer:
                     and (bufs.alloc_bytes + self._bytes(op.out for op in hoist)) * nf <= hard:
                 self.free_tile, self.resident, self.hoisted = nf, True, hoist
                 return
+            self._set_ops(k.ops)  # streamed rows keep their reductions
         flat = self._flat(resident=False, hoisted=set())
         bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, set())
         peak = max(1, bufs.peak)
@@ -130,6 +135,22 @@ class LoopRenderer:
         tile = tile // 64 * 64 if tile > 64 else tile
         self.free_tile = min(tile, nf)
         self.resident = False
+
+    def _moments_ops(self) -> tuple[TileOp, ...] | None:
+        """The ops with a resident row's mean and variance from VectorE's statistics instructions
+        (:func:`loop_schedule.use_moments`), or None when the kernel has no such pair."""
+        k = self.k
+        if k.family != "reduction" or tuple(k.reduce_dims) != (self.free_dim,):
+            return None
+        ops = ls.use_moments(k.ops, k.space[self.free_dim])
+        return None if ops is None else tuple(ops)
+
+    def _set_ops(self, ops: tuple[TileOp, ...]) -> None:
+        if ops is not self.k.ops:
+            self.k = replace(self.k, ops=ops)
+        self.ops = {op.out: op for op in ops}
+        self.kinds = {op.out: op.kind for op in ops}
+        self.dtypes = {op.out: op.dtype for op in ops}
 
     # -- planning ------------------------------------------------------------------------------------
     def _bodies(self, hoisted: set[str]) -> list[list[TileOp]]:
@@ -288,6 +309,10 @@ class LoopRenderer:
         if op.opcode == "reduce":
             conds = [f"{v} == 0" for v in [f"r{j}" for j in range(len(self.red_outer))] + ["f0"]]
             d["first"] = " and ".join(conds) if not self.resident else "True"
+            if attrs.get("op") == "moments":  # bn_stats per chunk of at most bn_stats_fmax elements
+                d["var"] = attrs["var"]
+                d["chunks"] = math.ceil(attrs["count"] / BN_STATS_FMAX)
+                d["fmax"] = BN_STATS_FMAX
         return d
 
     def deps(self, names: list[str], phase: int, done: set[str]) -> list[TileOp]:
@@ -374,7 +399,7 @@ class LoopRenderer:
         for phase in range(k.n_phases):
             row_ops = []
             for op in k.ops:
-                if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase \
+                if op.kind == "row" and op.opcode not in ("reduce", "store", "moments_var") and op.phase <= phase \
                         and op.out not in done_row:
                     row_ops.append(self._named(op, rename))
                     done_row.add(op.out)
@@ -384,7 +409,8 @@ class LoopRenderer:
             if not body:
                 continue
             reds = [op for op in body if op.opcode == "reduce"]
-            ph["reductions"] = [{"out": op.out, "dtype": op.dtype} for op in reds]
+            ph["reductions"] = [{"out": op.out, "dtype": op.dtype} for op in reds] + [
+                {"out": op.attr("var"), "dtype": "float32"} for op in reds if op.attr("op") == "moments"]
             ph["red_loops"] = [{"var": f"r{j}", "start": 0, "stop": k.space[d], "step": None, "split": False}
                                for j, d in enumerate(self.red_outer)]
             fused = ls.fuse_act_reduce(body)
@@ -436,7 +462,7 @@ class LoopRenderer:
 
         def block(views: list[dict[str, Any]]) -> dict[str, Any]:
             """Ops of row q, after row q's views of the group tiles they use (``(name, wide)``)."""
-            used = dict.fromkeys(n for v in views for n in [v["out"], v.get("reduce_res"), *v["args"]]
+            used = dict.fromkeys(n for v in views for n in [v["out"], v.get("reduce_res"), v.get("var"), *v["args"]]
                                  if isinstance(n, str))
             return {"views": [(n, n in wide) for n in used if n in wide or n in row_tiles], "ops": views}
 
@@ -446,7 +472,7 @@ class LoopRenderer:
         for phase, body in enumerate(bodies):
             views = []
             for op in k.ops:
-                if op.kind == "row" and op.opcode not in ("reduce", "store") and op.phase <= phase \
+                if op.kind == "row" and op.opcode not in ("reduce", "store", "moments_var") and op.phase <= phase \
                         and op.out not in done_row:
                     view = self._named(op, rename)
                     view["inplace"] = True  # writes its (P, 1) view of the (P, R) tile

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.codegen.plan_matmul_epilogue import ITEMSIZE, EpiloguePlanner, _ceil_to
 from neuron_compile.codegen.render import LoopRenderer, _offset
 from neuron_compile.lowering.ir import LoopKernel, TileOp
@@ -174,6 +175,9 @@ class MatmulPlanner(EpiloguePlanner):
         # Row ops (a LayerNorm after the residual add): the first row reduction and everything after it run
         # once per 128-row tile over the whole output row ([P, BN], BN = N), after the tile's chunks.
         red = any(op.opcode == "reduce" for op in self.rest)
+        if red:  # a LayerNorm's mean and variance: one VectorE statistics pass over the row (no square pass)
+            moments = ls.use_moments(self.rest, self.N)
+            self.rest = moments if moments is not None else self.rest
         self.row_dtype: dict[str, str] = {}  # row tiles of values held in a narrow dtype (resident_values)
         self.post: list[TileOp] = []
         done: set[str] = set()

@@ -272,7 +272,8 @@ class EpiloguePlanner:
             ops.append({"view": view, "staged": op.out in stage_of})
         return {"resident": [{"name": name, "where": where or ("row", name, False)}
                              for name, where in resident.items()],
-                "reduces": [{"out": op.out, "dtype": op.dtype} for op in body if op.opcode == "reduce"],
+                "reduces": [{"out": op.out, "dtype": op.dtype} for op in body if op.opcode == "reduce"]
+                + [{"out": op.attr("var"), "dtype": "float32"} for op in body if op.attr("op") == "moments"],
                 "ops": ops}
 
     def skipped(self, resident: dict[str, tuple[str, str, bool] | None], staged: list[TileOp]) -> set[str]:

@@ -501,6 +501,12 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
                 writes=[t for t in (dst, reduce_res) if isinstance(t, ShapeTensor)],
                 extra=[t for t in (operand0,) if isinstance(t, ShapeTensor)])
 
+    def bn_stats(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
+        rec.add("vector", "bn_stats", (dst, data), main=data)  # one pass over <= 512 elements per partition
+
+    def bn_aggr(dst: ShapeTensor, data: ShapeTensor, **kw: Any) -> None:
+        rec.add("vector", "bn_aggr", (dst, data))
+
     def tensor_partition_reduce(dst: ShapeTensor, op: Any, data: ShapeTensor, **kw: Any) -> None:
         rec.add("gpsimd", "tensor_partition_reduce", (dst, data), main=data)
 
@@ -558,7 +564,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         return call
 
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
-               tensor_reduce, tensor_scalar_reduce, tensor_partition_reduce, nc_matmul, nc_transpose,
+               tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce, nc_matmul, nc_transpose,
                tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
                register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, at_line(fn))

@@ -98,7 +98,8 @@ def test_no_row_groups_when_rows_do_not_divide_or_do_not_fit() -> None:
     _, kernels = _run(_layernorm(768), torch.randn(200, 768))  # 200 rows: not a multiple of 256
     assert LoopRenderer(kernels[0]).row_group_options() == []
     _, kernels = _run(_layernorm(768), torch.randn(1024, 768))
-    with config.patch(row_resident_bytes=4 * 768 * 4 + 64):  # peak 4 tiles (2 + gamma, beta) fits; +1 does not
+    # peak 3 tiles (the row + gamma, beta: the statistics pass keeps no centred copy) fits; +1 row does not
+    with config.patch(row_resident_bytes=3 * 768 * 4 + 64):
         r = LoopRenderer(kernels[0])
         assert r.resident and r.row_group_options() == []
         assert "_rows" not in render_kernel(kernels[0])
