@@ -211,7 +211,15 @@ class MatmulPlanner(EpiloguePlanner):
         kw = min(kb * PMAX, K)
         direct: dict[str, dict[str, Any]] = {}
         banks: list[dict[str, Any]] = []
+        # resident blocks, A transposed straight into SBUF, whole K tiles: A's row tiles arrive pipelined (see the
+        # template), in their own PSUM bank, staged one row tile of all of K at a time (two live)
+        pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
+        if pipe_a:
+            self.held += 2 * K * ITEMSIZE[a.dtype]
         for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):
+            if name == "a" and pipe_a:
+                direct["a"] = {"g": _transpose_group(a.dtype), "dtype": a.dtype, "pipe": True, "bank": False}
+                continue
             if flag and t.direct and op.transposable():
                 new_bank = op.dtype not in [bank["dtype"] for bank in banks]
                 direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name]), "g": _transpose_group(op.dtype),
@@ -228,9 +236,10 @@ class MatmulPlanner(EpiloguePlanner):
             self.held += kb * operand_bytes + bm // PMAX * bn * 4
             if n_chunks > 1:
                 self.acc_src = "part"
-        elif t.resident:
-            variant, n_acc = "resident", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += math.ceil(K / PMAX) * operand_bytes
+        elif t.resident:  # the B block is double-buffered: the next one loads while TensorE works on this one
+            variant = "resident"
+            n_acc = min(PSUM_BANKS - max(1, len(banks) + pipe_a), math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += math.ceil(K / PMAX) * (operand_bytes + bn * ITEMSIZE[b.dtype])
         else:
             variant, n_acc = "streamed", tm * tn
             self.held += kb * operand_bytes
@@ -245,5 +254,5 @@ class MatmulPlanner(EpiloguePlanner):
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m else 1, "split_m": split_m,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + len(banks),
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + len(banks) + pipe_a, "pipe_a": pipe_a,
         }

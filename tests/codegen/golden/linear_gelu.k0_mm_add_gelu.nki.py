@@ -63,7 +63,6 @@ def k0_mm_add_gelu(in0, in1, in2):
     acc3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc = [acc0, acc1, acc2, acc3]
     a_blk = nl.ndarray((128, 3, 128), dtype=nl.float32, buffer=nl.sbuf)
-    b_blk = nl.ndarray((128, 3, 512), dtype=nl.float32, buffer=nl.sbuf)
     t = 0
     for m0 in range(0 + nl.program_id(0) * 128, 130, 128 * nl.num_programs(0)):
         BM = min(128, 130 - m0)
@@ -76,6 +75,7 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=a_blk[0:KW % 128, k0 // 128 + KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
         for n0 in range(0, 700, 512):
             BN = min(512, 700 - n0)
+            b_blk = nl.ndarray((128, 3, 512), dtype=nl.float32, buffer=nl.sbuf)
             v2_blk = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
             f0 = n0
             nisa.dma_copy(dst=v2_blk[0:128, 0:BN], src=in2.ap(pattern=[[0, 128], [1, BN]], offset=f0))
