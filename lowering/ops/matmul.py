@@ -28,7 +28,7 @@ from torch import fx
 
 from neuron_compile.config import config
 from neuron_compile.errors import LoweringError
-from neuron_compile.simulator_limits import PMAX
+from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't b
 SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
 ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg, then Tiles.sg) for the best block configurations
 ROW_GROUP_FINALISTS = 4
+SINGLE_BLOCK_K_TILES = 4  # K tiles (of 128) of a GEMM one block holds (single_block_choice): K <= 512
 _TUNED: dict[str, Any] = {}
 
 
@@ -176,7 +177,7 @@ def single_block_choice(kernel: LoopKernel, cands: list[Tiles]) -> Tiles | None:
     candidate (an operand that can't be loaded strided), the search runs as usual.
     """
     m, n, k = geometry(kernel)
-    if m > PMAX or n > moving_tile(n) or math.ceil(k / PMAX) > 4:
+    if m > PMAX or n > PSUM_BANK_FMAX or math.ceil(k / PMAX) > SINGLE_BLOCK_K_TILES:
         return None
     for t in cands:
         if not (t.ta or t.tb or t.resident or t.split or t.direct) and t.rg == 1 and not t.sg:
