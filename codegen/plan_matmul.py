@@ -214,6 +214,9 @@ class MatmulPlanner(EpiloguePlanner):
         # resident blocks, A transposed straight into SBUF, whole K tiles: A's row tiles arrive pipelined (see the
         # template), in their own PSUM bank, staged one row tile of all of K at a time (two live)
         pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
+        # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
+        # TensorE transposes into two slots while the other two are evicted
+        slots = 4 if (t.resident or t.split) else 2
         if pipe_a:
             self.held += 2 * K * ITEMSIZE[a.dtype]
         for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):
@@ -223,22 +226,24 @@ class MatmulPlanner(EpiloguePlanner):
             if flag and t.direct and op.transposable():
                 new_bank = op.dtype not in [bank["dtype"] for bank in banks]
                 direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name]), "g": _transpose_group(op.dtype),
-                                "dtype": op.dtype, "kw": kw, "bank": new_bank}
-                self.held += direct[name]["lg"] * kw * ITEMSIZE[op.dtype]
+                                "dtype": op.dtype, "kw": kw, "bank": new_bank, "slots": slots}
+                self.held += 2 * direct[name]["lg"] * kw * ITEMSIZE[op.dtype]  # row staging: two live
                 if new_bank:
-                    banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype)})
+                    banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype), "slots": slots})
         tm, tn = bm // PMAX, bn // nt
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
-        if t.split:
-            variant, n_acc = "split", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += kb * operand_bytes + bm // PMAX * bn * 4
+        tp_banks = sum(bank["slots"] // 2 for bank in banks) + pipe_a
+        if t.split:  # the operand chunks are double-buffered: the next ones load while TensorE works on these
+            variant = "split"
+            n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += 2 * kb * operand_bytes + bm // PMAX * bn * 4
             if n_chunks > 1:
                 self.acc_src = "part"
         elif t.resident:  # the B block is double-buffered: the next one loads while TensorE works on this one
             variant = "resident"
-            n_acc = min(PSUM_BANKS - max(1, len(banks) + pipe_a), math.ceil(M / PMAX) * math.ceil(N / nt))
+            n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
             self.held += math.ceil(K / PMAX) * (operand_bytes + bn * ITEMSIZE[b.dtype])
         else:
             variant, n_acc = "streamed", tm * tn
@@ -254,5 +259,5 @@ class MatmulPlanner(EpiloguePlanner):
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m else 1, "split_m": split_m,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + len(banks) + pipe_a, "pipe_a": pipe_a,
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a,
         }

@@ -101,8 +101,10 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
         kb = min(kb, kt)
         held = kt if resident else kb
         partials = bm // PMAX * bn * 4 if split else 0  # the SBUF fp32 partial sums of a block
-        b_bufs = 2 if resident else 1  # a resident B block is double-buffered (plan_matmul)
-        if held * (bm * isa + b_bufs * bn * isb) + partials > budget:
+        # double-buffered (plan_matmul): a resident B block, a split block's operand chunks
+        a_bufs, b_bufs = (1, 2) if resident else (2, 2) if split else (1, 1)
+        blocks = held * (a_bufs * bm * isa + b_bufs * bn * isb) + partials
+        if blocks > budget:
             return
         for ta in flags(a):
             for tb in flags(b):
@@ -110,11 +112,11 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
                 out.setdefault(t.to_attr(), t)
                 kw = min(kb * PMAX, k)
                 pipe_a = resident and ta and a.transposable() and k % PMAX == 0  # two row tiles of all of K
-                staging = ((ta and a.transposable()) * (2 * k if pipe_a else kw * transpose_rows(a.dtype, kw, bm)) * isa
-                           + (tb and b.transposable()) * kw * transpose_rows(b.dtype, kw, bn) * isb)
+                # row staging of the direct transposes, two live per operand
+                staging = 2 * ((ta and a.transposable()) * (k if pipe_a else kw * transpose_rows(a.dtype, kw, bm)) * isa
+                               + (tb and b.transposable()) * kw * transpose_rows(b.dtype, kw, bn) * isb)
                 # fp32 GEMMs are TensorE-bound (4x matmul cost): the scratch pass is never their bottleneck
-                if (resident or split) and staging and max(isa, isb) == 2 \
-                        and held * (bm * isa + b_bufs * bn * isb) + partials + staging <= budget:
+                if (resident or split) and staging and max(isa, isb) == 2 and blocks + staging <= budget:
                     t = replace(t, direct=True)
                     out.setdefault(t.to_attr(), t)
                     if ta and a.transposable() and tb and b.transposable() and m > bm:
