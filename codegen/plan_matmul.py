@@ -53,6 +53,7 @@ PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 PSUM_BANKS = 8  # 16 KiB of PSUM per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
+SPLIT_TRANSPOSE_BANKS = 4  # PSUM banks of the direct transposes of split and resident blocks (their accumulators rotate)
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class MatmulPlanner(EpiloguePlanner):
         pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
         # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
         # TensorE transposes into two slots while the other two are evicted
-        slots = 4 if (t.resident or t.split) else 2
+        slots = 2 * SPLIT_TRANSPOSE_BANKS if (t.resident or t.split) else 2
         if pipe_a:
             self.held += 2 * K * ITEMSIZE[a.dtype]
         for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):

@@ -212,8 +212,9 @@ def test_resident_pipelined_a_transposes(tiles: Tiles, dtype: torch.dtype) -> No
     assert "a_tp[0:128, h, q, 0:NR]" in src and "if j == 0 and NR > 0:" in src
 
 
-# direct transposes of several K tiles per chunk: rotating PSUM slots (four for split and resident blocks, two
-# one-bank tiles), double-buffered operand chunks and row staging. K 1100: chunks of 512, a ragged last one (76).
+# direct transposes of several K tiles per chunk: rotating PSUM slots (two per one-bank tile, SPLIT_TRANSPOSE_BANKS
+# tiles for split and resident blocks, consecutive slots in different banks), double-buffered operand chunks and
+# row staging. K 1100: chunks of 512, a ragged last one (76).
 ROTATING_SLOTS = [
     Tiles(256, 1024, 4, True, True, False, True, True),  # split, both operands transposed straight into SBUF
     Tiles(384, 512, 4, False, True, True, False, True),  # resident, B transposed straight into SBUF per block
@@ -224,7 +225,7 @@ ROTATING_SLOTS = [
 @pytest.mark.parametrize("tiles", ROTATING_SLOTS, ids=lambda t: "-".join(map(str, t.to_attr())))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -> None:
-    from neuron_compile.codegen.plan_matmul import matmul_plan
+    from neuron_compile.codegen.plan_matmul import SPLIT_TRANSPOSE_BANKS, matmul_plan
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(520, 1100, generator=g).to(dtype)
@@ -236,5 +237,5 @@ def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -
     kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
                   if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
     plan = matmul_plan(kernel, 2)
-    slots = 2 if not (tiles.resident or tiles.split) else 4
+    slots = 2 * SPLIT_TRANSPOSE_BANKS if (tiles.resident or tiles.split) else 2
     assert [bank["slots"] for bank in plan["banks"]] == [slots] and plan["psum_banks"] <= 8
