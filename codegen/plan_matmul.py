@@ -200,8 +200,9 @@ class MatmulPlanner(EpiloguePlanner):
             if flag:
                 g = min(TRANSPOSE_ROW_GROUP, math.ceil(op.rows / PMAX))
                 kw = min(TRANSPOSE_K_CHUNK, K)
+                # PSUM tiles of the pass (one bank each): two when the accumulators rotate (resident, split blocks)
                 scratch.append({"name": name, "src": op, "rows": op.rows, "dtype": op.dtype, "g": g, "kw": kw,
-                                "kwt": math.ceil(kw / PMAX)})
+                                "kwt": math.ceil(kw / PMAX), "banks": 2 if (t.resident or t.split) else 1})
         scratched = {s["name"][0] for s in scratch}
         if "a" in scratched:
             a = Operand("a_t", "0", 1, a.rows, a.rows, a.dtype)
@@ -235,7 +236,11 @@ class MatmulPlanner(EpiloguePlanner):
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
+        # PSUM banks besides the accumulators: transposes (and, where the accumulators rotate, the scratch pass's
+        # before the blocks, counted as live: they are the tiles its two banks take from the accumulators)
         tp_banks = sum(bank["slots"] // 2 for bank in banks) + pipe_a
+        if t.resident or t.split:
+            tp_banks += sum(s["banks"] for s in scratch)
         if t.split:  # the operand chunks are double-buffered: the next ones load while TensorE works on these
             variant = "split"
             n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
