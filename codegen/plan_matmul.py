@@ -214,7 +214,7 @@ class MatmulPlanner(EpiloguePlanner):
         direct: dict[str, dict[str, Any]] = {}
         banks: list[dict[str, Any]] = []
         # resident blocks, A transposed straight into SBUF, whole K tiles: A's row tiles arrive pipelined (see the
-        # template), in their own PSUM bank, staged one row tile of all of K at a time (two live)
+        # template), in their own two PSUM banks, staged one row tile of all of K at a time (two live)
         pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
         # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
         # TensorE transposes into two slots while the other two are evicted
@@ -238,7 +238,7 @@ class MatmulPlanner(EpiloguePlanner):
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
         # PSUM banks besides the accumulators: transposes (and, where the accumulators rotate, the scratch pass's
         # before the blocks, counted as live: they are the tiles its two banks take from the accumulators)
-        tp_banks = sum(bank["slots"] // 2 for bank in banks) + pipe_a
+        tp_banks = sum(bank["slots"] // 2 for bank in banks) + 2 * pipe_a
         if t.resident or t.split:
             tp_banks += sum(s["banks"] for s in scratch)
         if t.split:  # the operand chunks are double-buffered: the next ones load while TensorE works on these

@@ -209,7 +209,7 @@ def test_resident_pipelined_a_transposes(tiles: Tiles, dtype: torch.dtype) -> No
     plan = matmul_plan(kernel, 2)
     assert plan["pipe_a"] and plan["psum_banks"] <= 8
     src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
-    assert "a_tp[0:128, h, q, 0:NR]" in src and "if j == 0 and NR > 0:" in src
+    assert "a_tp[h][0:128, q, 0:NR]" in src and "if j == 0 and NR > 0:" in src
 
 
 # direct transposes of several K tiles per chunk: rotating PSUM slots (two per one-bank tile, SPLIT_TRANSPOSE_BANKS
