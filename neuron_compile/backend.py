@@ -26,6 +26,7 @@ from neuron_compile.pipeline import (  # noqa: F401  (the pipeline's names, also
     compile_lowerable,
     compiled_graphs,
     describe_inputs,
+    last_compiled,
     load_artifacts,
     record_stats,
     reset,
@@ -174,7 +175,7 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
             runner = _partial_compiler()(gm, example_inputs, kind)
         else:
             runner = compile_lowerable(gm, example_inputs, kind)
-            rec.add_unit(gm, example_inputs, compiled_graphs()[-1])
+            rec.add_unit(gm, example_inputs, last_compiled())
         return compile_record.finish(rec, gm, runner)
 
 

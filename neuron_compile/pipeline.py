@@ -208,6 +208,11 @@ def compiled_graphs() -> list[dict[str, Any]]:
     return list(_STATS)
 
 
+def last_compiled() -> dict[str, Any]:
+    """The record of the graph compiled last (without copying the whole list)."""
+    return _STATS[-1]
+
+
 def record_stats(stats: dict[str, Any]) -> None:
     """Add a compiled graph's record (the warm start records the graphs it loads)."""
     _STATS.append(stats)
