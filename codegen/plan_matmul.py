@@ -54,6 +54,7 @@ PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 PSUM_BANKS = 8  # 16 KiB of PSUM per partition
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
+SPLIT_TRANSPOSE_BANKS = 4  # PSUM banks of the direct transposes of split and resident blocks (their accumulators rotate)
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,9 @@ class MatmulPlanner(EpiloguePlanner):
             if flag:
                 g = min(TRANSPOSE_ROW_GROUP, math.ceil(op.rows / PMAX))
                 kw = min(TRANSPOSE_K_CHUNK, K)
+                # PSUM tiles of the pass (one bank each): two when the accumulators rotate (resident, split blocks)
                 scratch.append({"name": name, "src": op, "rows": op.rows, "dtype": op.dtype, "g": g, "kw": kw,
-                                "kwt": math.ceil(kw / PMAX)})
+                                "kwt": math.ceil(kw / PMAX), "banks": 2 if (t.resident or t.split) else 1})
         scratched = {s["name"][0] for s in scratch}
         if "a" in scratched:
             a = Operand("a_t", "0", 1, a.rows, a.rows, a.dtype)
@@ -215,26 +217,44 @@ class MatmulPlanner(EpiloguePlanner):
         kw = min(kb * PMAX, K)
         direct: dict[str, dict[str, Any]] = {}
         banks: list[dict[str, Any]] = []
+        # resident blocks, A transposed straight into SBUF, whole K tiles: A's row tiles arrive pipelined (see the
+        # template), in their own two PSUM banks, staged one row tile of all of K at a time (two live)
+        pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
+        # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
+        # TensorE transposes into two slots while the other two are evicted
+        slots = 2 * SPLIT_TRANSPOSE_BANKS if (t.resident or t.split) else 2
+        if pipe_a:
+            self.held += 2 * K * ITEMSIZE[a.dtype]
         for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):
+            if name == "a" and pipe_a:
+                direct["a"] = {"g": _transpose_group(a.dtype), "dtype": a.dtype, "pipe": True, "bank": False}
+                continue
             if flag and t.direct and op.transposable():
                 new_bank = op.dtype not in [bank["dtype"] for bank in banks]
                 direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name]), "g": _transpose_group(op.dtype),
-                                "dtype": op.dtype, "kw": kw, "bank": new_bank}
-                self.held += direct[name]["lg"] * kw * ITEMSIZE[op.dtype]
+                                "dtype": op.dtype, "kw": kw, "bank": new_bank, "slots": slots}
+                self.held += 2 * direct[name]["lg"] * kw * ITEMSIZE[op.dtype]  # row staging: two live
                 if new_bank:
-                    banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype)})
+                    banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype), "slots": slots})
         tm, tn = bm // PMAX, bn // nt
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
-        if t.split:
-            variant, n_acc = "split", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += kb * operand_bytes + bm // PMAX * bn * 4
+        # PSUM banks besides the accumulators: transposes (and, where the accumulators rotate, the scratch pass's
+        # before the blocks, counted as live: they are the tiles its two banks take from the accumulators)
+        tp_banks = sum(bank["slots"] // 2 for bank in banks) + 2 * pipe_a
+        if t.resident or t.split:
+            tp_banks += sum(s["banks"] for s in scratch)
+        if t.split:  # the operand chunks are double-buffered: the next ones load while TensorE works on these
+            variant = "split"
+            n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += 2 * kb * operand_bytes + bm // PMAX * bn * 4
             if n_chunks > 1:
                 self.acc_src = "part"
-        elif t.resident:
-            variant, n_acc = "resident", min(MAX_PSUM_TILES, math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += math.ceil(K / PMAX) * operand_bytes
+        elif t.resident:  # the B block is double-buffered: the next one loads while TensorE works on this one
+            variant = "resident"
+            n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
+            self.held += math.ceil(K / PMAX) * (operand_bytes + bn * ITEMSIZE[b.dtype])
         else:
             variant, n_acc = "streamed", tm * tn
             self.held += kb * operand_bytes
@@ -249,5 +269,5 @@ class MatmulPlanner(EpiloguePlanner):
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m else 1, "split_m": split_m,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + len(banks),
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a,
         }

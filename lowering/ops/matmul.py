@@ -28,7 +28,7 @@ from torch import fx
 
 from neuron_compile.config import config
 from neuron_compile.errors import LoweringError
-from neuron_compile.simulator_limits import PMAX
+from neuron_compile.simulator_limits import PMAX, PSUM_BANK_FMAX
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ SPLIT_MIN_K_TILES = 16  # K-split blocks only pay off when full-K blocks can't b
 SMALL_OPERAND = 128 * 512  # elements: below this a strided load may beat the transpose pass
 ROW_GROUPS = (2, 4, 8, 16)  # epilogue row groups tried (Tiles.rg, then Tiles.sg) for the best block configurations
 ROW_GROUP_FINALISTS = 4
+SINGLE_BLOCK_K_TILES = 4  # K tiles (of 128) of a GEMM one block holds (single_block_choice): K <= 512
 _TUNED: dict[str, Any] = {}
 
 
@@ -100,18 +101,22 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
         kb = min(kb, kt)
         held = kt if resident else kb
         partials = bm // PMAX * bn * 4 if split else 0  # the SBUF fp32 partial sums of a block
-        if held * (bm * isa + bn * isb) + partials > budget:
+        # double-buffered (plan_matmul): a resident B block, a split block's operand chunks
+        a_bufs, b_bufs = (1, 2) if resident else (2, 2) if split else (1, 1)
+        blocks = held * (a_bufs * bm * isa + b_bufs * bn * isb) + partials
+        if blocks > budget:
             return
         for ta in flags(a):
             for tb in flags(b):
                 t = Tiles(bm, bn, kb, ta, tb, resident, split)
                 out.setdefault(t.to_attr(), t)
                 kw = min(kb * PMAX, k)
-                staging = kw * ((ta and a.transposable()) * transpose_rows(a.dtype, kw, bm) * isa
-                                + (tb and b.transposable()) * transpose_rows(b.dtype, kw, bn) * isb)
+                pipe_a = resident and ta and a.transposable() and k % PMAX == 0  # two row tiles of all of K
+                # row staging of the direct transposes, two live per operand
+                staging = 2 * ((ta and a.transposable()) * (k if pipe_a else kw * transpose_rows(a.dtype, kw, bm)) * isa
+                               + (tb and b.transposable()) * kw * transpose_rows(b.dtype, kw, bn) * isb)
                 # fp32 GEMMs are TensorE-bound (4x matmul cost): the scratch pass is never their bottleneck
-                if (resident or split) and staging and max(isa, isb) == 2 \
-                        and held * (bm * isa + bn * isb) + partials + staging <= budget:
+                if (resident or split) and staging and max(isa, isb) == 2 and blocks + staging <= budget:
                     t = replace(t, direct=True)
                     out.setdefault(t.to_attr(), t)
                     if ta and a.transposable() and tb and b.transposable() and m > bm:
@@ -174,7 +179,7 @@ def single_block_choice(kernel: LoopKernel, cands: list[Tiles]) -> Tiles | None:
     candidate (an operand that can't be loaded strided), the search runs as usual.
     """
     m, n, k = geometry(kernel)
-    if m > PMAX or n > moving_tile(n) or math.ceil(k / PMAX) > 4:
+    if m > PMAX or n > PSUM_BANK_FMAX or math.ceil(k / PMAX) > SINGLE_BLOCK_K_TILES:
         return None
     for t in cands:
         if not (t.ta or t.tb or t.resident or t.split or t.direct) and t.rg == 1 and not t.sg:

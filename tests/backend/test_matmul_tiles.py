@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -127,7 +128,8 @@ def test_autotuner_choice_is_in_the_ir_and_candidates_fit() -> None:
     plan = neuron_compile.backend.compiled_graphs()[-1]["plan"]
     kernel = plan.kernels[0]
     cands = mm_rules.candidates(kernel, "trn2")
-    assert Tiles.from_attr(chosen) in cands
+    # blocks are candidates; the epilogue row groups (rg, sg) are tuned afterwards for the best of them
+    assert replace(Tiles.from_attr(chosen), rg=1, sg=0) in cands
     assert len(cands) > 1
     for t in cands:
         assert t.bm % 128 == 0 and t.kb >= 1
@@ -174,3 +176,66 @@ def test_large_k_candidates_include_split_blocks_within_sbuf() -> None:
     budget = LIMITS["trn2"].sbuf_partition_bytes * mm_rules.SBUF_BUDGET_FRACTION
     for t in split:
         assert t.kb * (t.bm + t.bn) * 4 + t.bm // 128 * t.bn * 4 <= budget, t
+
+
+# resident blocks with A transposed straight into SBUF and K a multiple of 128: A's row tiles are pipelined (each
+# transposed between the matmuls of the row tile before it, in groups of K tiles), the B block double-buffered.
+# 700 rows: M blocks of 256 with a ragged last one (188 rows: a 60-row tile); K 640: a last K group of one tile.
+PIPELINED_A = [
+    Tiles(256, 512, 1, True, False, True, False, True),  # B loaded as is
+    Tiles(256, 512, 1, True, True, True, False, True),  # B transposed straight into SBUF too (its own PSUM bank)
+    Tiles(384, 1024, 1, True, True, True, False, True, rg=2),  # two moving tiles per block: transposes at j == 0
+]
+
+
+@pytest.mark.parametrize("tiles", PIPELINED_A, ids=lambda t: "-".join(map(str, t.to_attr())))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_resident_pipelined_a_transposes(tiles: Tiles, dtype: torch.dtype) -> None:
+    from neuron_compile.codegen.plan_matmul import matmul_plan
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(700, 640, generator=g).to(dtype)
+    w = (torch.randn(1100, 640, generator=g) / 8).to(dtype)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w.t() if tiles.tb else x @ w.t().contiguous()
+
+    got = _run_forced(tiles, fn, x, w)
+    want = (x.float() @ w.float().t())
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
+                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
+    plan = matmul_plan(kernel, 2)
+    assert plan["pipe_a"] and plan["psum_banks"] <= 8
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    assert "a_tp[h][0:128, q, 0:NR]" in src and "if j == 0 and NR > 0:" in src
+
+
+# direct transposes of several K tiles per chunk: rotating PSUM slots (two per one-bank tile, SPLIT_TRANSPOSE_BANKS
+# tiles for split and resident blocks, consecutive slots in different banks), double-buffered operand chunks and
+# row staging. K 1100: chunks of 512, a ragged last one (76).
+ROTATING_SLOTS = [
+    Tiles(256, 1024, 4, True, True, False, True, True),  # split, both operands transposed straight into SBUF
+    Tiles(384, 512, 4, False, True, True, False, True),  # resident, B transposed straight into SBUF per block
+    Tiles(256, 512, 4, True, True, False, False, True),  # streamed: two slots
+]
+
+
+@pytest.mark.parametrize("tiles", ROTATING_SLOTS, ids=lambda t: "-".join(map(str, t.to_attr())))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -> None:
+    from neuron_compile.codegen.plan_matmul import SPLIT_TRANSPOSE_BANKS, matmul_plan
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(520, 1100, generator=g).to(dtype)
+    w = (torch.randn(900, 1100, generator=g) / 16).to(dtype)
+    got = _run_forced(tiles, lambda x, w: x @ w.t(), x, w)
+    want = x.float() @ w.float().t()
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
+                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
+    plan = matmul_plan(kernel, 2)
+    slots = 2 * SPLIT_TRANSPOSE_BANKS if (tiles.resident or tiles.split) else 2
+    assert [bank["slots"] for bank in plan["banks"]] == [slots] and plan["psum_banks"] <= 8

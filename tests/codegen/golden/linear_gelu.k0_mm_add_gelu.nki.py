@@ -11,9 +11,11 @@ def k0_mm_add_gelu(in0, in1, in2):
     out0 = nl.ndarray((91000,), dtype=nl.float32, buffer=nl.shared_hbm)
     a_t = nl.ndarray((39000,), dtype=nl.float32, buffer=nl.private_hbm)
     b_t = nl.ndarray((210000,), dtype=nl.float32, buffer=nl.private_hbm)
+    a_t_tp0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    a_t_tp1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    a_t_tp = [a_t_tp0, a_t_tp1]
     a_t_rows = nl.ndarray((128, 2, 300), dtype=nl.float32, buffer=nl.sbuf)
     a_t_cols = nl.ndarray((128, 3, 256), dtype=nl.float32, buffer=nl.sbuf)
-    a_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     for r0 in range(0, 130, 256):
         RW = min(256, 130 - r0)
         for k0 in range(0, 300, 300):
@@ -25,18 +27,24 @@ def k0_mm_add_gelu(in0, in1, in2):
                 KK = min(128, KW - kt)
                 for g4 in range(0, RW, 512):
                     W4 = min(512, RW - g4)
+                    h = ((kt // 128) * 1 + g4 // 512) % 2
                     for g in range(g4, g4 + W4, 128):
                         R = min(128, RW - g)
-                        nisa.nc_transpose(dst=a_t_tp[0:KK, g - g4:g - g4 + R], data=a_t_rows[0:R, g // 128, kt:kt + KK])
-                    nisa.tensor_copy(dst=a_t_cols[0:KK, kt // 128, g4:g4 + W4], src=a_t_tp[0:KK, 0:W4])
+                        nisa.nc_transpose(dst=a_t_tp[h][0:KK, g - g4:g - g4 + R], data=a_t_rows[0:R, g // 128, kt:kt + KK])
+                    if h % 2 == 0:
+                        nisa.tensor_copy(dst=a_t_cols[0:KK, kt // 128, g4:g4 + W4], src=a_t_tp[h][0:KK, 0:W4])
+                    else:
+                        nisa.activation(dst=a_t_cols[0:KK, kt // 128, g4:g4 + W4], op=nl.copy, data=a_t_tp[h][0:KK, 0:W4])
             KF = KW // 128
             if KF > 0:
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, 128], [16640, KF], [1, RW]], offset=k0 * 130 + r0), src=a_t_cols[0:128, 0:KF, 0:RW])
             if KW % 128:
                 nisa.dma_copy(dst=a_t.ap(pattern=[[130, KW % 128], [1, RW]], offset=(k0 + KF * 128) * 130 + r0), src=a_t_cols[0:KW % 128, KF, 0:RW])
+    b_t_tp0 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    b_t_tp1 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    b_t_tp = [b_t_tp0, b_t_tp1]
     b_t_rows = nl.ndarray((128, 6, 300), dtype=nl.float32, buffer=nl.sbuf)
     b_t_cols = nl.ndarray((128, 3, 768), dtype=nl.float32, buffer=nl.sbuf)
-    b_t_tp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     for r0 in range(0, 700, 768):
         RW = min(768, 700 - r0)
         for k0 in range(0, 300, 300):
@@ -48,10 +56,14 @@ def k0_mm_add_gelu(in0, in1, in2):
                 KK = min(128, KW - kt)
                 for g4 in range(0, RW, 512):
                     W4 = min(512, RW - g4)
+                    h = ((kt // 128) * 2 + g4 // 512) % 2
                     for g in range(g4, g4 + W4, 128):
                         R = min(128, RW - g)
-                        nisa.nc_transpose(dst=b_t_tp[0:KK, g - g4:g - g4 + R], data=b_t_rows[0:R, g // 128, kt:kt + KK])
-                    nisa.tensor_copy(dst=b_t_cols[0:KK, kt // 128, g4:g4 + W4], src=b_t_tp[0:KK, 0:W4])
+                        nisa.nc_transpose(dst=b_t_tp[h][0:KK, g - g4:g - g4 + R], data=b_t_rows[0:R, g // 128, kt:kt + KK])
+                    if h % 2 == 0:
+                        nisa.tensor_copy(dst=b_t_cols[0:KK, kt // 128, g4:g4 + W4], src=b_t_tp[h][0:KK, 0:W4])
+                    else:
+                        nisa.activation(dst=b_t_cols[0:KK, kt // 128, g4:g4 + W4], op=nl.copy, data=b_t_tp[h][0:KK, 0:W4])
             KF = KW // 128
             if KF > 0:
                 nisa.dma_copy(dst=b_t.ap(pattern=[[700, 128], [89600, KF], [1, RW]], offset=k0 * 700 + r0), src=b_t_cols[0:128, 0:KF, 0:RW])
@@ -63,7 +75,6 @@ def k0_mm_add_gelu(in0, in1, in2):
     acc3 = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
     acc = [acc0, acc1, acc2, acc3]
     a_blk = nl.ndarray((128, 3, 128), dtype=nl.float32, buffer=nl.sbuf)
-    b_blk = nl.ndarray((128, 3, 512), dtype=nl.float32, buffer=nl.sbuf)
     t = 0
     for m0 in range(0 + nl.program_id(0) * 128, 130, 128 * nl.num_programs(0)):
         BM = min(128, 130 - m0)
@@ -76,6 +87,7 @@ def k0_mm_add_gelu(in0, in1, in2):
                 nisa.dma_copy(dst=a_blk[0:KW % 128, k0 // 128 + KF, 0:BM], src=a_t.ap(pattern=[[130, KW % 128], [1, BM]], offset=0 + (k0 + KF * 128) * 130 + m0 * 1))
         for n0 in range(0, 700, 512):
             BN = min(512, 700 - n0)
+            b_blk = nl.ndarray((128, 3, 512), dtype=nl.float32, buffer=nl.sbuf)
             v2_blk = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
             f0 = n0
             nisa.dma_copy(dst=v2_blk[0:128, 0:BN], src=in2.ap(pattern=[[0, 128], [1, BN]], offset=f0))
