@@ -178,6 +178,15 @@ def test_large_k_candidates_include_split_blocks_within_sbuf() -> None:
         assert t.kb * (t.bm + t.bn) * 4 + t.bm // 128 * t.bn * 4 <= budget, t
 
 
+def _last_matmul_plan() -> dict:
+    """The LNC=2 template plan of the matmul kernel of the graph compiled last."""
+    from neuron_compile.codegen.plan_matmul import matmul_plan
+
+    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
+                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
+    return matmul_plan(kernel, 2)
+
+
 # resident blocks with A transposed straight into SBUF and K a multiple of 128: A's row tiles are pipelined (each
 # transposed between the matmuls of the row tile before it, in groups of K tiles), the B block double-buffered.
 # 700 rows: M blocks of 256 with a ragged last one (188 rows: a 60-row tile); K 640: a last K group of one tile.
@@ -191,8 +200,6 @@ PIPELINED_A = [
 @pytest.mark.parametrize("tiles", PIPELINED_A, ids=lambda t: "-".join(map(str, t.to_attr())))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_resident_pipelined_a_transposes(tiles: Tiles, dtype: torch.dtype) -> None:
-    from neuron_compile.codegen.plan_matmul import matmul_plan
-
     g = torch.Generator().manual_seed(6)
     x = torch.randn(700, 640, generator=g).to(dtype)
     w = (torch.randn(1100, 640, generator=g) / 8).to(dtype)
@@ -204,9 +211,7 @@ def test_resident_pipelined_a_transposes(tiles: Tiles, dtype: torch.dtype) -> No
     want = (x.float() @ w.float().t())
     tol = 2e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
-    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
-                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
-    plan = matmul_plan(kernel, 2)
+    plan = _last_matmul_plan()
     assert plan["pipe_a"] and plan["psum_banks"] <= 8
     src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
     assert "a_tp[h][0:128, q, 0:NR]" in src and "if j == 0 and NR > 0:" in src
@@ -225,7 +230,7 @@ ROTATING_SLOTS = [
 @pytest.mark.parametrize("tiles", ROTATING_SLOTS, ids=lambda t: "-".join(map(str, t.to_attr())))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -> None:
-    from neuron_compile.codegen.plan_matmul import SPLIT_TRANSPOSE_BANKS, matmul_plan
+    from neuron_compile.codegen.plan_matmul import SPLIT_TRANSPOSE_BANKS
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(520, 1100, generator=g).to(dtype)
@@ -234,8 +239,6 @@ def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -
     want = x.float() @ w.float().t()
     tol = 2e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
-    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
-                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
-    plan = matmul_plan(kernel, 2)
+    plan = _last_matmul_plan()
     slots = 2 * SPLIT_TRANSPOSE_BANKS if (tiles.resident or tiles.split) else 2
     assert [bank["slots"] for bank in plan["banks"]] == [slots] and plan["psum_banks"] <= 8
