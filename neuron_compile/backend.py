@@ -211,7 +211,8 @@ def _register_cache_hooks() -> None:
     if config.warm_frames:  # NEURON_COMPILE_WARM_FRAMES=1: warm starts skip Dynamo's capture too
         from neuron_compile import warm_frames
 
-        warm_frames.install()  # hooks into torch.compile, so only when asked for (off: torch untouched)
+        # hooks into torch.compile, so only when asked for (off: torch untouched)
+        warm_frames.install(lambda: neuron_backend)
 
 
 _register_cache_hooks()

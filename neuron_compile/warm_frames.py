@@ -488,8 +488,7 @@ def _patch_guard_pickler() -> None:
 
 
 def _is_neuron(backend: Any) -> bool:
-    from neuron_compile.backend import neuron_backend
-
+    neuron_backend = _OURS[0]()  # handed over by install(): this module does not import the backend
     backend = getattr(backend, "compiler_fn", backend)  # torch.compile's _TorchCompileWrapper
     if isinstance(backend, str):
         try:
@@ -542,11 +541,16 @@ def _context_class() -> type:
 _NeuronOptimizeContext: Any = None
 
 
-def install() -> None:
-    """Wire the package store and the ``torch.compile`` hook in (idempotent; a no-op when torch lacks them)."""
+_OURS: list[Callable[[], Any]] = []  # returns the backend function our packages belong to
+
+
+def install(backend: Callable[[], Any]) -> None:
+    """Wire the package store and the ``torch.compile`` hook in (idempotent; a no-op when torch lacks them).
+    ``backend`` returns the Dynamo backend function whose frames are packaged (the backend calls this at import)."""
     global _NeuronOptimizeContext
     if _ORIGINAL:
         return
+    _OURS[:] = [backend]
     try:
         import torch._dynamo.package as package
         from torch._dynamo import eval_frame
