@@ -82,10 +82,7 @@ def split_scale(k: AttentionKernel) -> tuple[float, float]:
 def head_group(k: AttentionKernel, cap: int | None = None) -> int:
     """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` (at most ``cap``) whose
     rows fit ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
-    csize, osize = _size(k.compute_dtype), _size(k.outputs[0].dtype)
-    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
-    rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
-    other = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) - rows
+    rows, other = _standard_bytes(k)
     best = 1
     for g in range(2, min(k.heads, cap or k.heads) + 1):
         if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
@@ -97,6 +94,13 @@ def rows_bytes(k: AttentionKernel) -> int:
     """Per-partition SBUF of one head's Q, K and V rows (what a group's prefetch keeps a second copy of)."""
     nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
     return (nq * k.d + nk * k.d + nk * k.dv) * _size(k.compute_dtype)
+
+
+def _standard_bytes(k: AttentionKernel) -> tuple[int, int]:
+    """Per-partition SBUF of the standard kernel: (one head's Q/K/V/output rows, the rest of its working set)."""
+    osize = _size(k.outputs[0].dtype)
+    rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * osize
+    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step) - rows
 
 
 def prefetch_fits(k: AttentionKernel, group: int, resident: int) -> bool:
@@ -204,11 +208,8 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1) -> dic
 def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys in 512-key chunks."""
     group = head_group(k)
-    csize, osize = _size(k.compute_dtype), _size(k.outputs[0].dtype)
-    nq, nk = -(-k.sq // PMAX), -(-k.sk // PMAX)
-    rows = (nq * k.d + nk * k.d + nk * k.dv) * csize + nq * k.dv * osize
-    resident = sbuf_bytes(k.sq, k.sk, k.d, k.dv, csize, osize, k.key_step) + (group - 1) * rows  # as head_group
-    p = _common(k, group, resident, grid)
+    rows, other = _standard_bytes(k)
+    p = _common(k, group, other + group * rows, grid)
     masked = k.mask is not None
     s_scale = p["s_scale"]
     p.update({
