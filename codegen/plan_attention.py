@@ -245,19 +245,22 @@ def exact_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     return transposed_plan(k, group, grid) if group else standard_plan(k, grid)
 
 
-def unshifted_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
-    """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun."""
-    p = _common(k, group, sbuf_bytes_u(k, group))
+def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, Any]:
+    """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun; its batches
+    (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
+    grid = split_grid(k, grid)
+    p = _common(k, group, sbuf_bytes_u(k, group), grid)
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)
         "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
-        "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k),
+        "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k, grid),
     })
     return p
 
 
-def plan(k: AttentionKernel) -> dict[str, Any]:
-    """The plan of the kernel that runs: the unshifted one (with the exact rerun) when it applies, else the exact one."""
+def plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
+    """The plan of the kernel that runs on a logical core of ``grid`` physical cores: the unshifted one (with the
+    exact rerun) when it applies, else the exact one, batches spread over ``split_grid(k, grid)`` programs."""
     group = unshifted_group(k)
-    return unshifted_plan(k, group) if group else exact_plan(k)
+    return unshifted_plan(k, group, grid) if group else exact_plan(k, grid)
