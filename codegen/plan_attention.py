@@ -146,7 +146,8 @@ def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
     """Per-partition SBUF of the unshifted kernel with ``group`` heads resident (the fallback runs after it)."""
     out_block = QUERY_BLOCK // PMAX * k.dv * _size(k.outputs[0].dtype)
     checks = 4 * 4 * -(-k.sq // PMAX)  # 1 / l, output row sums and two scratch columns per query tile
-    return group * (head_bytes(k) + out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
+    # two output blocks: a block's last head is evicted (and the block stored) while the next block computes
+    return group * (head_bytes(k) + 2 * out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
 
 
 def unshifted_group(k: AttentionKernel) -> int:
