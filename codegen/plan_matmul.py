@@ -135,6 +135,12 @@ def transpose_rows(dtype: str, kw: int, rows: int) -> int:
     return g * max(1, min(TRANSPOSE_ROWS_BYTES // (g * kw * ITEMSIZE[dtype]), math.ceil(rows / (g * PMAX))))
 
 
+def b_loaded_once(t: Tiles, bn: int, n: int) -> bool:
+    """Resident blocks of a GEMM with one N block (``bn`` covers ``n``): B is the same for every M block, so the kernel
+    loads (and transposes) it once before the M loop and double-buffers the A blocks instead of the B block."""
+    return t.resident and bn >= n
+
+
 def _transpose_group(dtype: str) -> int:
     """Row tiles per direct-transpose group: two groups fill one 2 KiB PSUM bank."""
     return PSUM_BANK_BYTES // (2 * PMAX * ITEMSIZE[dtype])
@@ -237,6 +243,7 @@ class MatmulPlanner(EpiloguePlanner):
                 if new_bank:
                     banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype), "slots": slots})
         tm, tn = bm // PMAX, bn // nt
+        b_once = b_loaded_once(t, bn, N)
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
@@ -254,7 +261,9 @@ class MatmulPlanner(EpiloguePlanner):
         elif t.resident:  # the B block is double-buffered: the next one loads while TensorE works on this one
             variant = "resident"
             n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += math.ceil(K / PMAX) * (operand_bytes + bn * ITEMSIZE[b.dtype])
+            # (one N block: B loaded once and A double-buffered instead)
+            self.held += math.ceil(K / PMAX) * (operand_bytes + (bm * ITEMSIZE[a.dtype] if b_once else
+                                                                 bn * ITEMSIZE[b.dtype]))
         else:
             variant, n_acc = "streamed", tm * tn
             self.held += kb * operand_bytes
@@ -269,5 +278,5 @@ class MatmulPlanner(EpiloguePlanner):
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m else 1, "split_m": split_m,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a,
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
         }
