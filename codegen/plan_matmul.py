@@ -26,7 +26,8 @@ Structure of the kernel, per outer (batch) index:
    row ops over the whole output row.
 
 On a logical core of ``grid`` physical cores the M blocks of an unbatched GEMM are spread cyclically over the
-programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``.
+programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``; a GEMM of fewer M blocks than cores spreads
+its N blocks instead (``split_n``).
 """
 
 from __future__ import annotations
@@ -270,6 +271,8 @@ class MatmulPlanner(EpiloguePlanner):
         hoisted = self.hoist_loads()
         evict = self.eviction(set(hoisted), bn)
         split_m = grid > 1 and k.n_outer == 0 and len(range(0, M, bm)) >= grid
+        # fewer M blocks than cores: the N blocks are spread instead (each core then transposes half of B's rows)
+        split_n = grid > 1 and k.n_outer == 0 and not split_m and len(range(0, N, bn)) >= grid
         return {
             "M": M, "N": N, "K": K, "nt": nt, "bm": bm, "bn": bn, "kb": kb, "kc": kc, "tm": tm, "tn": tn,
             "kt_all": math.ceil(K / PMAX), "n_chunks": n_chunks, "last_k0": (n_chunks - 1) * kc,
@@ -277,6 +280,6 @@ class MatmulPlanner(EpiloguePlanner):
             "outer": list(k.space[:k.n_outer]), "scratch": scratch, "a": a, "b": b, "direct": direct, "banks": banks,
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
-            "grid": grid if split_m else 1, "split_m": split_m,
+            "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
             "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
         }

@@ -275,3 +275,28 @@ def test_resident_single_n_block_loads_b_once(tiles: Tiles, dtype: torch.dtype) 
     assert body.count("b_blk = nl.ndarray") == 1 and body.index("b_blk = nl.ndarray") < body.index("for m0 in"), src
     assert body.index("a_blk = nl.ndarray") > body.index("for m0 in"), src
 
+
+# one M block, several N blocks: the two cores of the logical core take alternate N blocks (split_n), not one core
+# idle. 200 rows (a ragged second row tile), N 1100 in blocks of 512 (a ragged last one), K 640.
+SPLIT_N = [
+    Tiles(256, 512, 1, True, True, True, False, True),  # resident, A pipelined: transposed during each core's first N block
+    Tiles(256, 512, 2, True, True, False),  # streamed, both through the HBM scratch
+    Tiles(256, 512, 1, True, True, False, True, True),  # split K, both transposed straight into SBUF
+]
+
+
+@pytest.mark.parametrize("tiles", SPLIT_N, ids=lambda t: "-".join(map(str, t.to_attr())))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_single_m_block_spreads_n_blocks_over_the_cores(tiles: Tiles, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(200, 640, generator=g).to(dtype)
+    w = (torch.randn(1100, 640, generator=g) / 8).to(dtype)
+    bias = torch.randn(1100, generator=g).to(dtype)
+    got = _run_forced(tiles, lambda x, w, bias: torch.nn.functional.gelu(x @ w.t() + bias), x, w, bias)
+    want = torch.nn.functional.gelu(x.float() @ w.float().t() + bias.float())
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+    plan = _last_matmul_plan()
+    assert plan["split_n"] and not plan["split_m"] and plan["grid"] == 2, plan["grid"]
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    assert "for n0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
