@@ -26,8 +26,9 @@ Structure of the kernel, per outer (batch) index:
    row ops over the whole output row.
 
 On a logical core of ``grid`` physical cores the M blocks of an unbatched GEMM are spread cyclically over the
-programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``; a GEMM of fewer M blocks than cores spreads
-its N blocks instead (``split_n``).
+programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``; a GEMM of fewer M blocks than cores, or
+whose B (the larger operand, N > M) is transposed on TensorE, spreads its N blocks instead (``split_n``; a B scratch
+pass then transposes only the program's own N blocks).
 """
 
 from __future__ import annotations
@@ -270,9 +271,15 @@ class MatmulPlanner(EpiloguePlanner):
             self.held += kb * operand_bytes
         hoisted = self.hoist_loads()
         evict = self.eviction(set(hoisted), bn)
-        split_m = grid > 1 and k.n_outer == 0 and len(range(0, M, bm)) >= grid
-        # fewer M blocks than cores: the N blocks are spread instead (each core then transposes half of B's rows)
-        split_n = grid > 1 and k.n_outer == 0 and not split_m and len(range(0, N, bn)) >= grid
+        # The programs split the M blocks, or the N blocks when there are fewer M blocks than cores or when B, the
+        # larger operand, is transposed on TensorE (each core then transposes its half of B's rows, A on both)
+        spread = grid > 1 and k.n_outer == 0
+        m_ok, n_ok = len(range(0, M, bm)) >= grid, len(range(0, N, bn)) >= grid
+        b_transposed = "b" in scratched or "b" in direct
+        split_n = spread and n_ok and (not m_ok or (b_transposed and N > M))
+        split_m = spread and m_ok and not split_n
+        for s in scratch:
+            s["blocks"] = bn if split_n and s["name"] == "b_t" else 0
         return {
             "M": M, "N": N, "K": K, "nt": nt, "bm": bm, "bn": bn, "kb": kb, "kc": kc, "tm": tm, "tn": tn,
             "kt_all": math.ceil(K / PMAX), "n_chunks": n_chunks, "last_k0": (n_chunks - 1) * kc,

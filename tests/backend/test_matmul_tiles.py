@@ -276,20 +276,24 @@ def test_resident_single_n_block_loads_b_once(tiles: Tiles, dtype: torch.dtype) 
     assert body.index("a_blk = nl.ndarray") > body.index("for m0 in"), src
 
 
-# one M block, several N blocks: the two cores of the logical core take alternate N blocks (split_n), not one core
-# idle. 200 rows (a ragged second row tile), N 1100 in blocks of 512 (a ragged last one), K 640.
+# one M block, several N blocks (200 rows), or several M blocks (300 rows) with B, the larger operand, transposed on
+# TensorE: the two cores of the logical core take alternate N blocks (split_n); a B scratch pass transposes only the
+# program's own N blocks. N 1100 in blocks of 512 (a ragged last one), K 640.
 SPLIT_N = [
-    Tiles(256, 512, 1, True, True, True, False, True),  # resident, A pipelined: transposed during each core's first N block
-    Tiles(256, 512, 2, True, True, False),  # streamed, both through the HBM scratch
-    Tiles(256, 512, 1, True, True, False, True, True),  # split K, both transposed straight into SBUF
+    (200, Tiles(256, 512, 1, True, True, True, False, True)),  # resident, A pipelined: during each core's first N block
+    (200, Tiles(256, 512, 2, True, True, False)),  # streamed, both through the HBM scratch
+    (200, Tiles(256, 512, 1, True, True, False, True, True)),  # split K, both transposed straight into SBUF
+    (300, Tiles(128, 512, 2, True, True, False)),  # three M blocks: B's scratch pass split between the cores
+    (300, Tiles(128, 512, 1, True, True, True, False, True, sb=True)),  # A straight into SBUF, B through the scratch
 ]
 
 
-@pytest.mark.parametrize("tiles", SPLIT_N, ids=lambda t: "-".join(map(str, t.to_attr())))
+@pytest.mark.parametrize(("rows", "tiles"), SPLIT_N, ids=lambda t: "-".join(map(str, t.to_attr()))
+                         if isinstance(t, Tiles) else str(t))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_single_m_block_spreads_n_blocks_over_the_cores(tiles: Tiles, dtype: torch.dtype) -> None:
+def test_gemm_spreads_n_blocks_over_the_cores(rows: int, tiles: Tiles, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(200, 640, generator=g).to(dtype)
+    x = torch.randn(rows, 640, generator=g).to(dtype)
     w = (torch.randn(1100, 640, generator=g) / 8).to(dtype)
     bias = torch.randn(1100, generator=g).to(dtype)
     got = _run_forced(tiles, lambda x, w, bias: torch.nn.functional.gelu(x @ w.t() + bias), x, w, bias)
@@ -300,3 +304,5 @@ def test_single_m_block_spreads_n_blocks_over_the_cores(tiles: Tiles, dtype: tor
     assert plan["split_n"] and not plan["split_m"] and plan["grid"] == 2, plan["grid"]
     src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
     assert "for n0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
+    if any(s["name"] == "b_t" for s in plan["scratch"]):
+        assert "for nb0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
