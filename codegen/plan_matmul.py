@@ -188,6 +188,7 @@ class MatmulPlanner(EpiloguePlanner):
             moments = ls.use_moments(self.rest, self.N)
             self.rest = moments if moments is not None else self.rest
         self.row_dtype: dict[str, str] = {}  # row tiles of values held in a narrow dtype (resident_values)
+        self.pre = {}  # (eviction: pre_added)
         self.post: list[TileOp] = []
         done: set[str] = set()
         for op in self.rest if red else ():  # and every op reading one of theirs

@@ -11,7 +11,7 @@ Where a value lives is a tag the template turns into a tile view: ``blk`` (a hoi
 ``grp`` (its row group's ``[128, RG, BN]`` load tile; ``column``: one value per row, used broadcast), ``stage``
 (the ``[128, SG, BN]`` staging tile of a store), ``row`` (a ``[128, BN]`` row tile of a value the row ops read).
 It reads the planner's state: ``k``, ``mm``, ``rest``, ``loop``, ``M``/``N``, ``t`` (tiles), ``nt``, ``acc_src``,
-``held``, ``post``, ``chunk_ops`` and ``row_dtype``.
+``held``, ``post``, ``chunk_ops``, ``row_dtype`` and ``pre`` (set by ``eviction``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class EpiloguePlanner:
     post: list[TileOp]
     chunk_ops: list[TileOp]
     row_dtype: dict[str, str]
+    pre: dict[str, tuple[TileOp, str, str]]  # residual adds of a bias add, the residual + bias added per group
 
     def _row_constant_load(self, op: TileOp) -> bool:
         if op.opcode != "load" or op.kind != "full":  # a (P, 1) value stays a per-row load
@@ -130,7 +131,7 @@ class EpiloguePlanner:
         tiles = math.ceil(min(self.t.bm, _ceil_to(self.M, PMAX)) / PMAX)
         rg = max(1, min(self.t.rg, tiles))
         load_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped) \
-            + 4 * len({x for _, x, _ in getattr(self, "pre", {}).values()})  # fp32 residual + bias group tiles
+            + 4 * len({x for _, x, _ in self.pre.values()})  # fp32 residual + bias group tiles
         store_row = sum(ITEMSIZE.get(op.attr("dst_dtype"), 4) for op in staged)
         if not grouped:
             rg = min(rg, self.t.sg or rg)  # stores only: the store group is the group
@@ -216,7 +217,7 @@ class EpiloguePlanner:
                           "stage_copy": mm.out in stage_of and mm.out in row_dst})
         engines = self.epilogue_engines(in_place)
         skipped = self.skipped(resident, staged)
-        pre = getattr(self, "pre", {})
+        pre = self.pre
         skip = {a.out for a, _, _ in pre.values()}
         for x, _ in sorted({(x, bias) for _, x, bias in pre.values()}):
             items.append({"kind": "alias", "out": f"{x}b", "where": "grp", "column": False, "stage_copy": False})
