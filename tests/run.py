@@ -36,6 +36,22 @@ def test_files(root: Path = TESTS) -> list[str]:
     return sorted(p.relative_to(root.parent).as_posix() for p in root.rglob("test_*.py"))
 
 
+def select(pytest_args: list[str]) -> tuple[list[str], list[str]]:
+    """(test files to deal out, the other pytest arguments). Paths among the arguments (test files or folders,
+    relative to the repository) narrow the files to theirs; a node id (``file::test``) is not split: it stays
+    an argument and one process runs it (no files are dealt out)."""
+    repo = TESTS.parent
+    paths = [a for a in pytest_args if not a.startswith("-") and "::" not in a and (repo / a).exists()]
+    options = [a for a in pytest_args if a not in paths]
+    if any("::" in a for a in options):
+        return [], pytest_args
+    files = test_files()
+    if paths:
+        roots = [(repo / p).resolve() for p in paths]
+        files = [f for f in files if any((repo / f).resolve().is_relative_to(r) for r in roots)]
+    return files, options
+
+
 def load_durations(path: Path = DURATIONS) -> dict[str, float]:
     """Recorded seconds per test file, or ``{}`` when the file is missing or unreadable (shards then count files)."""
     try:
@@ -109,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"-j/--jobs must be at least 1, got {args.jobs}")
-    files = test_files()
-    groups = shard(files, load_durations(), args.jobs)
-    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
+    files, options = select(args.pytest_args)
+    groups = shard(files, load_durations(), args.jobs) if files else [[]]
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     lock = threading.Lock()
     start = time.monotonic()

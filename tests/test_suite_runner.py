@@ -38,6 +38,17 @@ def test_every_test_module_of_the_suite_is_in_a_shard():
     assert sorted(f for g in groups for f in g) == files
 
 
+def test_paths_narrow_the_files_and_node_ids_run_in_one_process():
+    run = _runner()
+    files, options = run.select(["-x", "tests/cache", "tests/test_examples.py", "-k", "remote"])
+    assert options == ["-x", "-k", "remote"]
+    assert "tests/cache/test_cache_remote.py" in files and "tests/test_examples.py" in files
+    assert all(f.startswith("tests/cache/") or f == "tests/test_examples.py" for f in files)
+    node = "tests/test_suite_runner.py::test_bad_job_count_is_refused"
+    assert run.select(["-q", node]) == ([], ["-q", node])
+    assert run.select([]) == (run.test_files(), [])
+
+
 def test_two_shards_run_report_and_fail_together(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
