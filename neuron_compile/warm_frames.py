@@ -504,6 +504,22 @@ def _is_neuron(backend: Any) -> bool:
     return backend is neuron_backend or getattr(backend, "func", None) is neuron_backend
 
 
+def _eligible(backend: Any) -> bool:
+    """Whether this compile's frames may be packaged and loaded: the cache is on, and neither check mode,
+    eager fallback nor debug dumps are asked for (globally or in ``torch.compile(options=...)``): those
+    need the backend to run on every graph, as the warm-start path itself does (``warm_start.warm_key``)."""
+    from neuron_compile.cache.store import CacheStore
+    from neuron_compile.config import config
+
+    options = dict(getattr(backend, "kwargs", {}).get("options") or {})
+    try:
+        with config.patch(**{k: v for k, v in options.items() if k in ("check", "fallback", "debug_dir")}):
+            needs_graphs = bool(config.check) or config.fallback == "eager" or bool(config.debug_dir)
+    except Exception:  # a bad option: the backend reports it, as without warm frames
+        return False
+    return not needs_graphs and CacheStore.default() is not None
+
+
 def _scoped(callback: Any) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         with _precompile_scope():
@@ -518,9 +534,7 @@ def _optimize(*args: Any, **kwargs: Any) -> Any:
     backend = kwargs.get("backend", args[0] if args else None)
     if not enabled() or not _is_neuron(backend) or kwargs.get("disable") or torch._dynamo.config.caching_precompile:
         return original(*args, **kwargs)
-    from neuron_compile.cache.store import CacheStore
-
-    if CacheStore.default() is None:  # no cache to keep packages in: torch.compile as usual
+    if not _eligible(backend):
         return original(*args, **kwargs)
     from torch._dynamo.eval_frame import OptimizeContext
 

@@ -249,7 +249,7 @@ def portable_guards(guards: list[Any], builder: Any) -> list[Any]:
             continue
         try:
             out.append(_replacement(guard, builder))
-        except Unfingerprintable as exc:
+        except Exception as exc:  # Unfingerprintable, or the value can't even be read: not packaged either way
             raise Unfingerprintable(f"guard {guard.create_fn_name()} on {guard.name} can't be checked in another "
                                     f"process ({exc})") from exc
     return out

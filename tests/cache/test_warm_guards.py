@@ -117,3 +117,24 @@ def test_frame_whose_guard_has_no_fingerprint_is_not_packaged(cache_root: Path,
     assert "dynamo-frame" not in kinds and "dynamo-inference" in kinds
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("can't be checked in another process" in r.getMessage() for r in caplog.records)
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3 + 1
+
+
+def test_check_mode_compiles_are_never_packaged(cache_root: Path) -> None:
+    """Check mode (here through ``torch.compile(options=...)``) needs the backend on every graph: its
+    frames are neither packaged nor loaded, so a later check-mode run still checks."""
+    import neuron_compile.backend  # noqa: F401
+    from neuron_compile import warm_frames
+
+    if not warm_frames._ORIGINAL:
+        pytest.skip("warm frames are not installed in this process (NEURON_COMPILE_WARM_FRAMES=0)")
+    torch._dynamo.reset()
+    x = torch.randn(3, 5)
+    got = torch.compile(_scaled, backend="neuron", dynamic=False, options={"check": True})(x)
+    torch.testing.assert_close(got, _scaled(x))
+    torch._dynamo.reset()
+    kinds = [json.loads(p.read_text())["key_parts"]["kind"] for p in (cache_root / "entries").glob("*/manifest.json")]
+    assert kinds == ["inference"]  # the ATen entry only: no warm-start entry, no Dynamo package
