@@ -103,17 +103,18 @@ def _standard_bytes(k: AttentionKernel) -> tuple[int, int]:
     return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step) - rows
 
 
-def prefetch_fits(k: AttentionKernel, group: int, resident: int) -> bool:
-    """Whether the next group's rows (loaded while this group computes) fit beside the ``resident`` bytes."""
-    return resident + group * rows_bytes(k) <= SBUF_BUDGET
+def prefetch_fits(k: AttentionKernel, group: int, resident: int, extra: int = 0) -> bool:
+    """Whether the next group's rows (loaded while this group computes), and ``extra`` bytes a variant prepares
+    from them ahead, fit beside the ``resident`` bytes."""
+    return resident + group * rows_bytes(k) + extra <= SBUF_BUDGET
 
 
-def _fitting(k: AttentionKernel, cap: int, size: Any) -> int:
+def _fitting(k: AttentionKernel, cap: int, size: Any, extra: Any = None) -> int:
     """The largest divisor of ``heads`` up to ``cap`` whose ``size(k, group)`` fits the SBUF budget together with a
     prefetched second copy of the group's rows when there is a next group (one group for every head of a single
     batch needs none), else the largest that fits without."""
     fits = [g for g in range(cap, 0, -1) if k.heads % g == 0 and size(k, g) <= SBUF_BUDGET]
-    ahead = [g for g in fits if k.batch * k.heads <= g or prefetch_fits(k, g, size(k, g))]
+    ahead = [g for g in fits if k.batch * k.heads <= g or prefetch_fits(k, g, size(k, g), extra(k, g) if extra else 0)]
     return (ahead or fits or [0])[0]
 
 
@@ -146,7 +147,14 @@ def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
     """Per-partition SBUF of the unshifted kernel with ``group`` heads resident (the fallback runs after it)."""
     out_block = QUERY_BLOCK // PMAX * k.dv * _size(k.outputs[0].dtype)
     checks = 4 * 4 * -(-k.sq // PMAX)  # 1 / l, output row sums and two scratch columns per query tile
-    return group * (head_bytes(k) + out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
+    # two output blocks: a block's last head is evicted (and the block stored) while the next block computes
+    return group * (head_bytes(k) + 2 * out_block + checks) + 2 * QUERY_BLOCK * _size(k.compute_dtype) + 64
+
+
+def transposed_ahead_bytes(k: AttentionKernel, group: int) -> int:
+    """Per-partition SBUF of the next group's Q^T and K^T, which the unshifted kernel transposes (from the prefetched
+    rows) during this group's last query block."""
+    return group * (k.sq + k.sk) * _size(k.compute_dtype)
 
 
 def unshifted_group(k: AttentionKernel) -> int:
@@ -156,7 +164,7 @@ def unshifted_group(k: AttentionKernel) -> int:
     if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS \
             or k.compute_dtype not in ("bfloat16", "float32"):
         return 0
-    return _fitting(k, head_group(k), sbuf_bytes_u)
+    return _fitting(k, head_group(k), sbuf_bytes_u, transposed_ahead_bytes)
 
 
 def attention_plan(k: AttentionKernel) -> dict[str, object]:
@@ -188,14 +196,14 @@ def split_grid(k: AttentionKernel, grid: int) -> int:
     return grid if grid > 1 and k.batch >= grid else 1
 
 
-def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1) -> dict[str, Any]:
+def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra: int = 0) -> dict[str, Any]:
     """What every variant shares: the head group, its row loads (one group ahead when the next group's rows fit
     beside the ``resident`` bytes and there is a next group), the transposes of Q and K, the output store, and
     the launch grid its batch loop spreads over."""
     ob, oh, os_, od = k.out_strides
     return {
         "group": group, "grid": grid,
-        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident),
+        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident, extra),
         "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
         "tg": TRANSPOSE_GROUP[_size(k.compute_dtype)],
         "rows": {"q": _load("q_rows", k.q, k.sq, k.d), "k": _load("k_rows", k.k, k.sk, k.d),
@@ -245,19 +253,22 @@ def exact_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     return transposed_plan(k, group, grid) if group else standard_plan(k, grid)
 
 
-def unshifted_plan(k: AttentionKernel, group: int) -> dict[str, Any]:
-    """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun."""
-    p = _common(k, group, sbuf_bytes_u(k, group))
+def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, Any]:
+    """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun; its batches
+    (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
+    grid = split_grid(k, grid)
+    p = _common(k, group, sbuf_bytes_u(k, group), grid, transposed_ahead_bytes(k, group))
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)
         "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
-        "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k),
+        "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k, grid),
     })
     return p
 
 
-def plan(k: AttentionKernel) -> dict[str, Any]:
-    """The plan of the kernel that runs: the unshifted one (with the exact rerun) when it applies, else the exact one."""
+def plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
+    """The plan of the kernel that runs on a logical core of ``grid`` physical cores: the unshifted one (with the
+    exact rerun) when it applies, else the exact one, batches spread over ``split_grid(k, grid)`` programs."""
     group = unshifted_group(k)
-    return unshifted_plan(k, group) if group else exact_plan(k)
+    return unshifted_plan(k, group, grid) if group else exact_plan(k, grid)

@@ -26,7 +26,9 @@ Structure of the kernel, per outer (batch) index:
    row ops over the whole output row.
 
 On a logical core of ``grid`` physical cores the M blocks of an unbatched GEMM are spread cyclically over the
-programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``.
+programs (``split_m``): program ``i`` runs M blocks ``i, i + grid, ...``; a GEMM of fewer M blocks than cores, or
+whose B (the larger operand, N > M) is transposed on TensorE, spreads its N blocks instead (``split_n``; a B scratch
+pass then transposes only the program's own N blocks).
 """
 
 from __future__ import annotations
@@ -135,6 +137,12 @@ def transpose_rows(dtype: str, kw: int, rows: int) -> int:
     return g * max(1, min(TRANSPOSE_ROWS_BYTES // (g * kw * ITEMSIZE[dtype]), math.ceil(rows / (g * PMAX))))
 
 
+def b_loaded_once(t: Tiles, bn: int, n: int) -> bool:
+    """Resident blocks of a GEMM with one N block (``bn`` covers ``n``): B is the same for every M block, so the kernel
+    loads (and transposes) it once before the M loop and double-buffers the A blocks instead of the B block."""
+    return t.resident and bn >= n
+
+
 def _transpose_group(dtype: str) -> int:
     """Row tiles per direct-transpose group: two groups fill one 2 KiB PSUM bank."""
     return PSUM_BANK_BYTES // (2 * PMAX * ITEMSIZE[dtype])
@@ -180,6 +188,7 @@ class MatmulPlanner(EpiloguePlanner):
             moments = ls.use_moments(self.rest, self.N)
             self.rest = moments if moments is not None else self.rest
         self.row_dtype: dict[str, str] = {}  # row tiles of values held in a narrow dtype (resident_values)
+        self.pre = {}  # (eviction: pre_added)
         self.post: list[TileOp] = []
         done: set[str] = set()
         for op in self.rest if red else ():  # and every op reading one of theirs
@@ -237,6 +246,7 @@ class MatmulPlanner(EpiloguePlanner):
                 if new_bank:
                     banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype), "slots": slots})
         tm, tn = bm // PMAX, bn // nt
+        b_once = b_loaded_once(t, bn, N)
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
@@ -254,13 +264,23 @@ class MatmulPlanner(EpiloguePlanner):
         elif t.resident:  # the B block is double-buffered: the next one loads while TensorE works on this one
             variant = "resident"
             n_acc = min(PSUM_BANKS - max(1, tp_banks), math.ceil(M / PMAX) * math.ceil(N / nt))
-            self.held += math.ceil(K / PMAX) * (operand_bytes + bn * ITEMSIZE[b.dtype])
+            # (one N block: B loaded once and A double-buffered instead)
+            self.held += math.ceil(K / PMAX) * (operand_bytes + (bm * ITEMSIZE[a.dtype] if b_once else
+                                                                 bn * ITEMSIZE[b.dtype]))
         else:
             variant, n_acc = "streamed", tm * tn
             self.held += kb * operand_bytes
         hoisted = self.hoist_loads()
         evict = self.eviction(set(hoisted), bn)
-        split_m = grid > 1 and k.n_outer == 0 and len(range(0, M, bm)) >= grid
+        # The programs split the M blocks, or the N blocks when there are fewer M blocks than cores or when B, the
+        # larger operand, is transposed on TensorE (each core then transposes its half of B's rows, A on both)
+        spread = grid > 1 and k.n_outer == 0
+        m_ok, n_ok = len(range(0, M, bm)) >= grid, len(range(0, N, bn)) >= grid
+        b_transposed = "b" in scratched or "b" in direct
+        split_n = spread and n_ok and (not m_ok or (b_transposed and N > M))
+        split_m = spread and m_ok and not split_n
+        for s in scratch:
+            s["blocks"] = bn if split_n and s["name"] == "b_t" else 0
         return {
             "M": M, "N": N, "K": K, "nt": nt, "bm": bm, "bn": bn, "kb": kb, "kc": kc, "tm": tm, "tn": tn,
             "kt_all": math.ceil(K / PMAX), "n_chunks": n_chunks, "last_k0": (n_chunks - 1) * kc,
@@ -268,6 +288,6 @@ class MatmulPlanner(EpiloguePlanner):
             "outer": list(k.space[:k.n_outer]), "scratch": scratch, "a": a, "b": b, "direct": direct, "banks": banks,
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
-            "grid": grid if split_m else 1, "split_m": split_m,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a,
+            "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
         }

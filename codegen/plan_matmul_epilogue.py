@@ -11,7 +11,7 @@ Where a value lives is a tag the template turns into a tile view: ``blk`` (a hoi
 ``grp`` (its row group's ``[128, RG, BN]`` load tile; ``column``: one value per row, used broadcast), ``stage``
 (the ``[128, SG, BN]`` staging tile of a store), ``row`` (a ``[128, BN]`` row tile of a value the row ops read).
 It reads the planner's state: ``k``, ``mm``, ``rest``, ``loop``, ``M``/``N``, ``t`` (tiles), ``nt``, ``acc_src``,
-``held``, ``post``, ``chunk_ops`` and ``row_dtype``.
+``held``, ``post``, ``chunk_ops``, ``row_dtype`` and ``pre`` (set by ``eviction``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class EpiloguePlanner:
     post: list[TileOp]
     chunk_ops: list[TileOp]
     row_dtype: dict[str, str]
+    pre: dict[str, tuple[TileOp, str, str]]  # residual adds of a bias add, the residual + bias added per group
 
     def _row_constant_load(self, op: TileOp) -> bool:
         if op.opcode != "load" or op.kind != "full":  # a (P, 1) value stays a per-row load
@@ -81,6 +82,7 @@ class EpiloguePlanner:
         staged = self.staged_stores()
         grouped = self.row_loads(hoisted)
         grouped_names = {op.out for op in grouped}
+        self.pre = self.pre_added(hoisted, grouped_names, {op.args[0] for op in staged})
         if self.post:  # fp32 rows of the row ops (chunk values they read, their own live tiles)
             resident = self.resident_values(staged, hoisted, grouped_names)
             body = [op for op in self.post if not any(op is st for st in staged)]
@@ -92,6 +94,8 @@ class EpiloguePlanner:
             "rg": rg, "sg": sg,
             "grouped": [{"out": op.out, "width": 1 if self.column(op) else bn, "dtype": _load_dtype(op),
                          "dma": self.group_dma(op, load=True)} for op in grouped],
+            "pre_added": [{"out": f"{x}b", "src": x, "bias": bias, "width": bn} for x, bias in
+                          sorted({(x, bias) for _, x, bias in self.pre.values()})],
             "staged": [{"name": op.args[0], "dtype": op.attr("dst_dtype"), "dma": self.group_dma(op, load=False)}
                        for op in staged],
             "rows": [{"name": name, "dtype": self.row_dtype.get(name) or self.loop.dtypes.get(name, "float32")}
@@ -126,7 +130,8 @@ class EpiloguePlanner:
 
         tiles = math.ceil(min(self.t.bm, _ceil_to(self.M, PMAX)) / PMAX)
         rg = max(1, min(self.t.rg, tiles))
-        load_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped)
+        load_row = sum(ITEMSIZE.get(_load_dtype(op), 4) for op in grouped) \
+            + 4 * len({x for _, x, _ in self.pre.values()})  # fp32 residual + bias group tiles
         store_row = sum(ITEMSIZE.get(op.attr("dst_dtype"), 4) for op in staged)
         if not grouped:
             rg = min(rg, self.t.sg or rg)  # stores only: the store group is the group
@@ -151,6 +156,38 @@ class EpiloguePlanner:
             if v in computed and v not in seen and (v == self.mm.out or self.producer(v).opcode != "select"):
                 seen.add(v)
                 out.append(op)
+        return out
+
+    def pre_added(self, hoisted: set[str], grouped: set[str], stored: set[str]) -> dict[str, tuple[TileOp, str, str]]:
+        """``{r.out: (a, x, bias)}`` for a residual add ``r = x + a`` (either order) of a bias add ``a = acc + bias``
+        (fp32 adds, ``bias`` a hoisted row-constant load, ``x`` a row-varying group load, ``a`` read by ``r`` alone).
+        The kernel adds ``x + bias`` once per row group on GpSimd, before the group's tiles are ready, and each tile's
+        epilogue is one VectorE add reading the accumulator: the tile's chain loses an instruction and a cross-engine
+        hop. (fp32 addition reassociated: within an ulp of fp32, far below the bf16/fp16 rounding of the result.)"""
+        mm = self.mm
+        users: dict[str, list[TileOp]] = {}
+        for op in self.rest:
+            for arg in op.args:
+                if isinstance(arg, str):
+                    users.setdefault(arg, []).append(op)
+        if len(users.get(mm.out, [])) != 1 or mm.out in stored:
+            return {}
+        out: dict[str, tuple[TileOp, str, str]] = {}
+        a = users[mm.out][0]
+        if not (a.opcode == "tensor_tensor" and a.attr("op") == "add" and a.kind == "full" and a.dtype == "float32"
+                and len(a.args) == 2 and mm.out in a.args and a in self.chunk_ops):
+            return {}
+        bias = a.args[1] if a.args[0] == mm.out else a.args[0]
+        if bias not in hoisted or a.out in stored or len(users.get(a.out, [])) != 1:
+            return {}
+        r = users[a.out][0]
+        if not (r.opcode == "tensor_tensor" and r.attr("op") == "add" and r.kind == "full" and r.dtype == "float32"
+                and len(r.args) == 2 and a.out in r.args and r in self.chunk_ops):
+            return {}
+        x = r.args[1] if r.args[0] == a.out else r.args[0]
+        if x not in grouped or x == a.out or self.column(self.producer(x)):
+            return {}
+        out[r.out] = (a, x, bias)
         return out
 
     def producer(self, name: str) -> TileOp:
@@ -180,9 +217,19 @@ class EpiloguePlanner:
                           "stage_copy": mm.out in stage_of and mm.out in row_dst})
         engines = self.epilogue_engines(in_place)
         skipped = self.skipped(resident, staged)
+        pre = self.pre
+        skip = {a.out for a, _, _ in pre.values()}
+        for x, _ in sorted({(x, bias) for _, x, bias in pre.values()}):
+            items.append({"kind": "alias", "out": f"{x}b", "where": "grp", "column": False, "stage_copy": False})
         for op in self.chunk_ops:
             view = self.loop.view(op)
             view["engine"] = engines.get(op.out)
+            if op.out in pre:  # (acc + bias) + x as acc + (x + bias): x + bias added per group, off the tile's chain
+                _, x, _ = pre[op.out]
+                view["args"] = [mm.out, f"{x}b"]
+                view["engine"] = None  # reads PSUM: VectorE
+            if op.out in skip:
+                continue
             if op.out in hoisted:
                 items.append({"kind": "alias", "out": op.out, "where": "blk", "stage_copy": False})
             elif op.out in grouped:

@@ -2,9 +2,9 @@
 
 :mod:`plan_attention` chooses the variant and computes its plan (plain data, the launch grid included); the
 variant's template, ``templates/attention_{standard,transposed,unshifted}.nki.j2`` (shared pieces in
-``_attention_macros.nki.j2``), writes the body, which ``attention.nki.j2`` (the frame) wraps into the kernel. The
-body stays a string of its own because the code generator compares the unshifted kernel (one core: it branches on
-an on-chip check) with the exact one spread over the launch grid before wrapping.
+``_attention_macros.nki.j2``), writes the body, which ``attention.nki.j2`` (the frame) wraps into the kernel. On
+a logical core of two physical cores every variant spreads its batches over both; the unshifted kernel's programs
+exchange their on-chip check (``nisa.sendrecv``) so both take the same runtime path.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from neuron_compile.codegen.plan_attention import (
     exact_plan,
     plan,
     split_grid,
-    unshifted_group,
 )
 from neuron_compile.codegen.render import environment
 from neuron_compile.lowering.ir import AttentionKernel
@@ -36,9 +35,10 @@ def _render(k: AttentionKernel, p: dict[str, Any]) -> str:
     return text.removesuffix("\n")
 
 
-def attention_body(k: AttentionKernel) -> str:
-    """The unshifted kernel with the exact one as its checked rerun when it applies, else the exact one (one core)."""
-    return _render(k, plan(k))
+def attention_body(k: AttentionKernel, grid: int = 1) -> str:
+    """The unshifted kernel with the exact one as its checked rerun when it applies, else the exact one; batches
+    spread over ``split_grid(k, grid)`` programs."""
+    return _render(k, plan(k, grid))
 
 
 def exact_attention_body(k: AttentionKernel, grid: int = 1) -> str:
@@ -48,18 +48,9 @@ def exact_attention_body(k: AttentionKernel, grid: int = 1) -> str:
 
 
 def attention_body_grid(k: AttentionKernel, grid: int) -> tuple[str, int]:
-    """(body, launch grid) on a logical core of ``grid`` physical cores. The unshifted kernel branches on an on-chip
-    check, and both cores of a logical core must take the same runtime path (NKI 0.6 runtime loops), so it runs on
-    one core; the exact kernel spreads its batches over the grid: take whichever the cost model estimates faster."""
-    from neuron_compile.codegen.render import _estimate, _wrap  # imports this module
-
+    """(body, launch grid) on a logical core of ``grid`` physical cores: the unshifted kernel when it applies, else
+    the exact one, batches spread over the grid. The unshifted kernel branches on an on-chip check, and both cores
+    of a logical core must take the same runtime path (NKI 0.6 runtime loops): its programs exchange their flags
+    (nisa.sendrecv) and rerun together."""
     split = split_grid(k, grid)
-    if not unshifted_group(k):
-        return exact_attention_body(k, split), split
-    one = attention_body(k)
-    if split == 1:
-        return one, 1
-    two = exact_attention_body(k, split)
-    if _estimate(k, _wrap(k, one, 1)) <= _estimate(k, _wrap(k, two, split)):
-        return one, 1
-    return two, split
+    return attention_body(k, split), split

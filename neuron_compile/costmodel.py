@@ -194,6 +194,14 @@ DMA_ISSUE_QUEUES = {2: 1, 3: 2, 4: 2}
 # overlaps other transfers: a lone 32 KiB transfer on one engine takes 1416 ns of engine time ("NKI DMA overview",
 # Example 1), i.e. its bytes at 23 B/ns.
 DMA_START_LATENCY_NS = DMA_FIXED_NS
+# Cross-core synchronisation of an LNC2 launch. nisa.core_barrier writes a semaphore on the other core and waits for
+# the peer's ("nki.isa.core_barrier": "remote semaphore update" then "local semaphore wait"): no figure is
+# published; assumed to take one cross-engine semaphore-to-start latency (DMABW's ~1300 ns) on its engine.
+# nisa.sendrecv moves its tile to the peer core by DMA ("nki.isa.sendrecv": "using DMA engines"): costed as an
+# SBUF-to-SBUF dma_copy of that tile (issue, start latency, bytes). In both, a program cannot pass the instruction
+# before its peer reaches it: instruction_stream couples the programs' schedules at every such instruction.
+CORE_BARRIER_NS = DMA_START_LATENCY_NS
+SYNC_INSTRUCTIONS = ("core_barrier", "sendrecv")
 # Kernel launch and final drain: not documented; assumed one DMA start latency + a semaphore round per kernel.
 KERNEL_LAUNCH_NS = DMA_FIXED_NS + 2 * SEMAPHORE_NS
 # Double buffering: a tile allocated inside a loop rotates among this many physical buffers of its allocation site
@@ -515,6 +523,8 @@ def _estimate(records: Iterable[InstructionRecord] | Mapping[InstructionRecord, 
             if rec.instruction == "nc_matmul" and "is_transpose" not in rec.flags:
                 k = rec.shapes[1][0] * (2 if "double_row" in rec.flags else 1)
                 out.executed_flops += 2 * k * rec.partitions * rec.free_size * count
+        elif rec.instruction == "core_barrier":
+            busy[eng] += CORE_BARRIER_NS * count
         else:
             ghz = {"vector": hw.vector_ghz, "scalar": hw.scalar_ghz, "gpsimd": hw.gpsimd_ghz}.get(rec.engine,
                                                                                                   hw.vector_ghz)

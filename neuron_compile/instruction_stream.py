@@ -540,6 +540,13 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
     def nc_n_gather(dst: ShapeTensor, data: ShapeTensor, indices: ShapeTensor, **kw: Any) -> None:
         rec.add("gpsimd", "nc_n_gather", (dst, data, indices), main=dst)  # per-partition gather: one pass over dst
 
+    def sendrecv(src: ShapeTensor, dst: ShapeTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
+                 **kw: Any) -> None:
+        rec.add("dma", "sendrecv", (dst, src))  # the tile moves to the peer core by DMA (costmodel.SYNC_INSTRUCTIONS)
+
+    def core_barrier(data: ShapeTensor, cores: Any, engine: Any = None, **kw: Any) -> None:
+        rec.add(_engine_name(engine, "gpsimd"), "core_barrier", (data,), writes=())
+
     def register_alloc(x: int | None = None) -> ShapeRegister:
         rec.add("sequencer", "register_alloc", ())
         return ShapeRegister(0 if x is None else int(x))
@@ -566,7 +573,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
     for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce, nc_matmul, nc_transpose,
                tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
-               register_alloc, register_move, register_load, register_store):
+               sendrecv, core_barrier, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, at_line(fn))
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 
@@ -672,6 +679,10 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
                 out.segments.append(rec.record_counts(seg))
         if sched is not None:
             out.schedules.append(sched.result())
+    if not first_program:
+        from neuron_compile.scheduler import couple_programs
+
+        couple_programs(out.schedules)
     return out
 
 

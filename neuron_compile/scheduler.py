@@ -75,6 +75,7 @@ class Schedule:
     scheduled: int = 0  # instructions scheduled one by one
     skipped: int = 0  # loop iterations moved forward by their period instead
     timeline: list[tuple[str, float, float, str, int]] | None = None  # (queue, start, end, instruction, line)
+    sync_ns: list[float] = field(default_factory=list)  # end of each core_barrier / sendrecv, in program order
 
 
 class _Lane:
@@ -200,6 +201,7 @@ class Scheduler:
         self.hbm = _Lane()
         self.busy: dict[str, float] = dict.fromkeys(COMPUTE + ("dma", "hbm"), 0.0)
         self.end = 0.0
+        self.sync: list[float] = []  # ends of the cross-core synchronising instructions (Schedule.sync_ns)
         self.regions: dict[Any, _Region] = {}
         # allocation state
         self.psum_banks: list[Any] = [None] * PSUM_BANKS  # live Alloc (weak) per bank
@@ -369,12 +371,16 @@ class Scheduler:
             self._trace("sequencer", start, end, rec, line)
             return
         if engine == "dma":
-            self._dma(rec, boxes_r, boxes_w, line, queue)
+            end = self._dma(rec, boxes_r, boxes_w, line, queue)
+            if rec.instruction in cm.SYNC_INSTRUCTIONS:
+                self.sync.append(end)
             return
         if engine not in self.free:
             engine = "vector"
         if engine == "tensor":
             dur = cm.matmul_cycles(self.hw, rec) / self.ghz["tensor"]
+        elif rec.instruction == "core_barrier":
+            dur = cm.CORE_BARRIER_NS
         else:
             dur = cm.engine_cycles(self.hw, rec) / self.ghz[engine]
         start = max(self.free[engine], self._ready(boxes_r, boxes_w, engine))
@@ -386,9 +392,11 @@ class Scheduler:
         self._record(boxes_r, end, engine, False)
         self._record(boxes_w, end, engine, True)
         self._trace(engine, start, end, rec, line)
+        if rec.instruction in cm.SYNC_INSTRUCTIONS:
+            self.sync.append(end)
 
     def _dma(self, rec: InstructionRecord, boxes_r: list[Any], boxes_w: list[Any], line: int,
-             queue: str | None = None) -> None:
+             queue: str | None = None) -> float:
         hw = self.hw
         if queue not in self.dma_queues:  # no engine= given: the compiler's choice, the first free queue
             queue = min(self.dma_queues, key=lambda q: self.free[q])
@@ -422,6 +430,7 @@ class Scheduler:
         self._record(boxes_r, end, "dma", False)
         self._record(boxes_w, end, "dma", True)
         self._trace(queue, issue, end, rec, line)  # from its trigger to its last byte
+        return end
 
     @staticmethod
     def _first_on_chip(boxes: list[Any]) -> int | None:
@@ -479,4 +488,20 @@ class Scheduler:
             self.busy[e] += b * iterations
 
     def result(self) -> Schedule:
-        return Schedule(self.target, self.end, dict(self.busy), self.scheduled, self.skipped, self.timeline)
+        return Schedule(self.target, self.end, dict(self.busy), self.scheduled, self.skipped, self.timeline,
+                        list(self.sync))
+
+
+def couple_programs(schedules: list[Schedule]) -> None:
+    """The programs of an LNC2 launch meet at every core_barrier / sendrecv (the n-th of one core with the n-th of
+    the other): a program that arrives first waits for its peer. Each program was scheduled alone, so after the
+    n-th meeting its remaining work is shifted by how much later the peer got there (taken as delaying everything
+    after it: an upper bound; it only ever adds time). Makespans are updated in place."""
+    if len(schedules) != 2 or not all(s.sync_ns for s in schedules):
+        return
+    shift = [0.0, 0.0]
+    for own0, own1 in zip(schedules[0].sync_ns, schedules[1].sync_ns, strict=False):
+        met = max(own0 + shift[0], own1 + shift[1])
+        shift = [met - own0, met - own1]
+    for s, d in zip(schedules, shift, strict=True):
+        s.makespan_ns += d

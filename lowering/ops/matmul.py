@@ -102,7 +102,8 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
         held = kt if resident else kb
         partials = bm // PMAX * bn * 4 if split else 0  # the SBUF fp32 partial sums of a block
         # double-buffered (plan_matmul): a resident B block, a split block's operand chunks
-        a_bufs, b_bufs = (1, 2) if resident else (2, 2) if split else (1, 1)
+        # (resident with one N block: B once, the A blocks double-buffered)
+        a_bufs, b_bufs = ((2, 1) if bn >= n else (1, 2)) if resident else (2, 2) if split else (1, 1)
         blocks = held * (a_bufs * bm * isa + b_bufs * bn * isb) + partials
         if blocks > budget:
             return

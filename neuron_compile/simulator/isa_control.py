@@ -21,6 +21,7 @@ import numpy as np
 
 from neuron_compile.errors import SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import checks as C
+from neuron_compile.simulator import lnc as _lnc
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.language import NKIObject
 from neuron_compile.simulator.tensor import PSUM, NkiTensor
@@ -160,9 +161,10 @@ def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
 
 # ------------------------------------------------------------------------------ LNC synchronisation
 
-_SEQUENTIAL_LNC = ("the bundled simulator runs the programs of kernel[2] one after the other, so it cannot "
-                   "exchange data or wait between them; run LNC2 kernels that synchronise with AWS's nki.simulate "
-                   "(it runs the two cores as threads) or on a device")
+_SEQUENTIAL_LNC = ("the launch ran its programs one after the other because the kernel's code does not name "
+                   "nisa.core_barrier / nisa.sendrecv where the simulator looks (the kernel function, its nested "
+                   "functions and module-level functions it calls by name); call them from there so both programs "
+                   "run as threads")
 
 
 def _lnc_checks(api: str) -> None:
@@ -184,14 +186,20 @@ def core_barrier(data: NkiTensor, cores: Any, engine: Any = None, name: str | No
     if removed:
         C.removed_kwargs(api, removed)
     C.tensor(api, "data", data)
-    C.resolve_engine(api, _engine.gpsimd if engine is None else engine, ("gpsimd", "vector", "scalar", "sync",
-                                                                          "tensor"), "gpsimd")
+    eng = C.resolve_engine(api, _engine.gpsimd if engine is None else engine, ("gpsimd", "vector", "scalar", "sync",
+                                                                                "tensor"), "gpsimd")
     if tuple(int(c) for c in cores) != (0, 1):
         raise SimulatorConstraintError(api, "cores", tuple(cores), "(0, 1), the only supported core set")
     if data.buffer is not SHARED_HBM:
         raise SimulatorConstraintError(api, "data", f"nl.{data.buffer.value}", "a tensor in nl.shared_hbm")
     _lnc_checks(api)
-    raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")
+    peer = _lnc.current_peer()
+    if peer is None:
+        raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")
+    rv, pid, other = peer
+    rv.meet(pid, "core_barrier", None, other)
+    if _trace.ACTIVE is not None:
+        _trace.record(eng, "core_barrier", (data,))
 
 
 def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
@@ -219,4 +227,18 @@ def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: 
             raise SimulatorConstraintError(api, "src", f"{pf[1] * src.itemsize} B/partition",
                                            f"<= {limit} B per partition with dma_engine=gpsimd_dma")
     _lnc_checks(api)
-    raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")
+    peer = _lnc.current_peer()
+    if peer is None:
+        raise SimulatorError(f"{api}: {_SEQUENTIAL_LNC}")
+    rv, pid, other = peer
+    if int(send_to_rank) != other or int(recv_from_rank) != other:
+        raise SimulatorConstraintError(api, "send_to_rank/recv_from_rank", (int(send_to_rank), int(recv_from_rank)),
+                                       f"the peer core ({other}) for both on program {pid} of an LNC2 launch")
+    got = rv.meet(pid, "sendrecv", (np.array(C.raw(src), copy=True), src.shape, src.dtype), other)
+    values, shape, dtype = got
+    if shape != src.shape or dtype != src.dtype:
+        raise SimulatorConstraintError(api, "src", f"{src.shape} {src.dtype} on program {pid}",
+                                       f"the same shape and dtype as the peer's src ({shape} {dtype})")
+    C.write_raw(dst, values)
+    if _trace.ACTIVE is not None:
+        _trace.record("dma", "sendrecv", (dst, src))

@@ -2,7 +2,7 @@
 
 NumPy arrays and CPU torch tensors become HBM tensors (copies); other arguments pass through. The
 kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
-run one after the other). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
+run one after the other, or as two threads when an LNC2 kernel synchronises its cores: simulator/lnc.py). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
 kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
 comes back as the caller's own object). HBM arguments the kernel wrote are copied back into the
 caller's arrays. On-chip capacity is strict (over-budget allocations raise) for the backend's own
@@ -25,6 +25,7 @@ from threadpoolctl import ThreadpoolController
 
 from neuron_compile.errors import RemovedAPIError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
+from neuron_compile.simulator import lnc as _lnc
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.tensor import (
@@ -157,6 +158,28 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
+def _run_sequential(fn: Callable[..., Any], cargs: list[Any], ckw: dict[str, Any], grid: tuple[int, ...],
+                    programs: int, strict_capacity: bool) -> Any:
+    """The programs one after the other (program 0's result); program i > 0 replays program 0's shared_hbm
+    allocations (the same storages)."""
+    result = None
+    shared: list[Any] = []
+    for pid in range(programs):
+        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid, strict_capacity=strict_capacity)
+        st.shared_replay = shared if pid else None
+        _state.push(st)
+        try:
+            with single_threaded_blas():
+                out = fn(*cargs, **ckw)
+            check_capacity(getattr(fn, "__name__", "kernel"))
+        finally:
+            _state.pop(st)
+        if pid == 0:
+            result = out
+            shared = st.shared
+    return result
+
+
 def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], grid: tuple[int, ...] = (),
         strict_capacity: bool = False, resident: bool = False) -> Any:
     """Simulate ``fn(*args, **kwargs)`` and return its results converted to the caller's array kind.
@@ -170,21 +193,12 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     as_torch = any(a.torch for a in conv)
     if _trace.ACTIVE is not None:
         _trace.mark_kernel(getattr(fn, "__name__", "kernel"))
-    result = None
-    shared: list[Any] = []
-    for pid in range(math.prod(grid) if grid else 1):
-        st = _state.SimState(program_id=(pid,) if grid else (), grid=grid, strict_capacity=strict_capacity)
-        st.shared_replay = shared if pid else None
-        _state.push(st)
-        try:
-            with single_threaded_blas():
-                out = fn(*cargs, **ckw)
-            check_capacity(getattr(fn, "__name__", "kernel"))
-        finally:
-            _state.pop(st)
-        if pid == 0:
-            result = out
-            shared = st.shared
+    programs = math.prod(grid) if grid else 1
+    if programs == 2 and _lnc.synchronises(fn):
+        with single_threaded_blas():
+            result = _lnc.run_programs(fn, cargs, ckw, grid, strict_capacity, check_capacity)
+    else:
+        result = _run_sequential(fn, cargs, ckw, grid, programs, strict_capacity)
     for a in conv:
         if a.tensor.storage.written:
             _write_back(a)

@@ -3,11 +3,14 @@
 A fresh :class:`SimState` is pushed by every ``simulate`` call, so capacity accounting and the
 ScalarE/VectorE accumulator registers (REFERENCE 3.5) never leak between kernels. Code running
 outside any simulation (unit tests calling ``nisa`` directly) uses a default process-wide state.
+The stack is per thread: the two programs of a synchronising LNC2 launch run as threads
+(simulator/lnc.py), each with its own state.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +18,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # The instruction clock: advanced by every nisa instruction issued by kernel code and every on-chip
-# allocation; a storage's views stamp it on access, so [allocation tick, last-use tick] is its lifetime.
+# allocation; a storage's views stamp it on access, so [allocation tick, last-use tick] is its lifetime. Programs
+# running as threads share it: ticks stay monotonic, so each program's own lifetimes keep their order (all the
+# capacity sweep reads); `CLOCK[0] += 1` makes no call, so CPython does not switch threads inside it.
 CLOCK = [0]
 
 
@@ -68,28 +73,37 @@ class SimState:
         self.lifetimes: list[Lifetime] = []
         # Per-engine PRNG state (nisa.rng / dropout / rand2 / rand_set_state), seeded lazily.
         self.rng_state: dict[str, object] = {}
-        # LNC peers: (barrier, exchange dict) shared by the programs of one kernel[n] launch.
+        # The lnc.Rendezvous shared by the two programs of a threaded LNC2 launch (None otherwise).
         self.peers: object = None
 
 
 _DEFAULT = SimState()
-_STACK: list[SimState] = [_DEFAULT]
+_LOCAL = threading.local()
+
+
+def _stack() -> list[SimState]:
+    try:
+        return _LOCAL.stack  # type: ignore[no-any-return]
+    except AttributeError:
+        _LOCAL.stack = [_DEFAULT]
+        return _LOCAL.stack  # type: ignore[no-any-return]
 
 
 def current() -> SimState:
-    return _STACK[-1]
+    return _stack()[-1]
 
 
 def push(s: SimState) -> None:
-    _STACK.append(s)
+    _stack().append(s)
 
 
 def pop(s: SimState) -> None:
-    if _STACK[-1] is s:
-        _STACK.pop()
+    stack = _stack()
+    if stack[-1] is s:
+        stack.pop()
     else:  # defensive: unwinding out of order
-        _STACK.remove(s)
+        stack.remove(s)
 
 
 def in_kernel() -> bool:
-    return len(_STACK) > 1
+    return len(_stack()) > 1

@@ -672,6 +672,19 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
             if nbytes_pp > budget:
                 raise SimulatorConstraintError(api, "shape", shp, f"{buf.value.upper()} bytes per partition <= {budget} "
                                                f"on {lim.name}", f"allocation '{label}' alone needs {nbytes_pp} B/partition")
+    if buf is SHARED_HBM and _state.in_kernel() and _state.current().peers is not None:
+        # threaded LNC2 launch: the i-th shared_hbm allocation of either program is one storage
+        cur = _state.current()
+        n = math.prod(shp)
+
+        def make() -> Storage:
+            return Storage(np.full(n, _dt.sentinel(info) if fill is None else fill, dtype=info.np_dtype), shp, buf,
+                           info, label)
+
+        shared = cur.peers.shared_storage(  # type: ignore[attr-defined]
+            len(cur.shared), make, lambda prev: prev.shape == shp and prev.dtype == info.name)
+        cur.shared.append(shared)
+        return NkiTensor(shared, 0, shp, _contig(shp), info, label)
     if buf is SHARED_HBM and _state.in_kernel():
         cur = _state.current()
         replay = cur.shared_replay

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,14 @@ class Trace:
 
 
 ACTIVE: Trace | None = None
+# A thread's own record list while the programs of an LNC2 launch run as threads (simulator/lnc.py): each program
+# records into its own, and the launch appends them in program order, as the sequential path records them.
+_LOCAL = threading.local()
+
+
+def set_thread_trace(t: Trace | None) -> None:
+    """Record this thread's instructions into ``t`` instead of :data:`ACTIVE` (None: back to ACTIVE)."""
+    _LOCAL.trace = t
 
 
 @contextlib.contextmanager
@@ -83,7 +92,7 @@ def trace() -> Iterator[Trace]:
 def record(engine: str, instruction: str, operands: Sequence[Any], main: Any = None,
            flags: tuple[str, ...] = ()) -> None:
     """Append a record built from the tensor operands (non-tensors are skipped)."""
-    t = ACTIVE
+    t = getattr(_LOCAL, "trace", None) or ACTIVE
     if t is None:
         return
     tensors = [o for o in operands if hasattr(o, "storage")]

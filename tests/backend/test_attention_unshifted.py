@@ -34,8 +34,8 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def single_core() -> Iterator[None]:
-    """The unshifted kernel runs on one core (both cores of a logical core must take the same runtime path; with LNC=2
-    the code generator may pick the exact kernel on both instead): these tests pin LNC=1."""
+    """These tests pin LNC=1 (one program: one register_load, one trace); the kernel on both cores of an LNC=2
+    logical core, its programs agreeing on the rerun, is tested in test_attention_two_core.py."""
     with config.patch(lnc=1):
         yield
 

@@ -26,8 +26,31 @@ def test_residual_add_after_the_bias_add_runs_on_gpsimd_with_eager_values() -> N
     (src,) = [s for name, s in g["sources"] if "mm" in name]
     tts = re.findall(r"nisa\.tensor_tensor\(.*", src)
     assert len(tts) == 2, tts
-    # the bias add reads the PSUM accumulator: never GpSimd; the residual add reads SBUF tiles only
+    # the add reading the PSUM accumulator: never GpSimd; the residual + bias add (once per row group, SBUF tiles
+    # only) on GpSimd
     (acc,) = re.findall(r"(\w+) = acc\[", src)  # the epilogue's name for the PSUM tile
     reads_psum = [t for t in tts if re.search(rf"data[12]={acc}\b", t)]
     assert len(reads_psum) == 1 and "gpsimd" not in reads_psum[0], tts
     assert any("engine=nisa.engine.gpsimd" in t for t in tts), tts
+
+
+def test_residual_and_bias_add_once_per_row_group_ragged_bf16() -> None:
+    """``r + (x @ w + b)`` as ``acc + (r + b)``: ``r + b`` per row group (fp32, GpSimd, a ragged last group of 72
+    rows), then one VectorE add per tile reading the accumulator; bf16 results as eager's within bf16 rounding."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(200, 96, generator=g).to(torch.bfloat16), torch.randn(96, 640, generator=g).to(torch.bfloat16)
+    bias, r = torch.randn(640, generator=g).to(torch.bfloat16), torch.randn(200, 640, generator=g).to(torch.bfloat16)
+
+    def f(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return r + (x @ w + bias)
+
+    torch._dynamo.reset()
+    with config.patch(cache=False, target="trn2"), torch.no_grad():
+        got = torch.compile(f, backend="neuron", dynamic=False)(x, w, bias, r)
+    want = r.float() + (x.float() @ w.float() + bias.float())
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+    (src,) = [s for name, s in backend.compiled_graphs()[-1]["sources"] if "mm" in name]
+    pre = re.findall(r"nisa\.tensor_tensor\(dst=(\w+)b_grp\[0:Q, .*data1=(\w+)_grp\[0:Q.*engine=nisa\.engine\.gpsimd\)", src)
+    assert len(pre) == 1 and pre[0][0] == pre[0][1], src
+    (acc,) = re.findall(r"(\w+) = acc\[", src)
+    assert re.search(rf"nisa\.tensor_tensor\(dst=\w+, data1={acc}, data2={pre[0][0]}b, op=nl\.add\)", src), src

@@ -242,3 +242,67 @@ def test_direct_transposes_rotate_psum_slots(tiles: Tiles, dtype: torch.dtype) -
     plan = _last_matmul_plan()
     slots = 2 * SPLIT_TRANSPOSE_BANKS if (tiles.resident or tiles.split) else 2
     assert [bank["slots"] for bank in plan["banks"]] == [slots] and plan["psum_banks"] <= 8
+
+
+# resident blocks whose one N block holds all of N: B is loaded (and transposed) once, before the M loop, and the A
+# blocks are double-buffered. 700 rows: several M blocks per core and a ragged last one; N 300 within one block.
+B_ONCE = [
+    Tiles(256, 512, 1, True, True, True, False, True),  # A pipelined, B transposed straight into SBUF once
+    Tiles(128, 512, 2, True, True, True),  # both through the HBM scratch
+    Tiles(256, 512, 1, False, False, True),  # both loaded as they are (strided)
+]
+
+
+@pytest.mark.parametrize("tiles", B_ONCE, ids=lambda t: "-".join(map(str, t.to_attr())))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_resident_single_n_block_loads_b_once(tiles: Tiles, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(700, 640, generator=g).to(dtype)
+    w = (torch.randn(300, 640, generator=g) / 8).to(dtype)
+    bias = torch.randn(300, generator=g).to(dtype)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w.t() + bias) if tiles.tb else x @ w.t().contiguous() + bias
+
+    got = _run_forced(tiles, fn, x, w, bias)
+    want = fn(x.float(), w.float(), bias.float())
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+    assert _last_matmul_plan()["b_once"]
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    body = src[src.index("def "):]
+    # one B block, allocated before the M loop; an A block allocated per M block
+    assert body.count("b_blk = nl.ndarray") == 1 and body.index("b_blk = nl.ndarray") < body.index("for m0 in"), src
+    assert body.index("a_blk = nl.ndarray") > body.index("for m0 in"), src
+
+
+# one M block, several N blocks (200 rows), or several M blocks (300 rows) with B, the larger operand, transposed on
+# TensorE: the two cores of the logical core take alternate N blocks (split_n); a B scratch pass transposes only the
+# program's own N blocks. N 1100 in blocks of 512 (a ragged last one), K 640.
+SPLIT_N = [
+    (200, Tiles(256, 512, 1, True, True, True, False, True)),  # resident, A pipelined: during each core's first N block
+    (200, Tiles(256, 512, 2, True, True, False)),  # streamed, both through the HBM scratch
+    (200, Tiles(256, 512, 1, True, True, False, True, True)),  # split K, both transposed straight into SBUF
+    (300, Tiles(128, 512, 2, True, True, False)),  # three M blocks: B's scratch pass split between the cores
+    (300, Tiles(128, 512, 1, True, True, True, False, True, sb=True)),  # A straight into SBUF, B through the scratch
+]
+
+
+@pytest.mark.parametrize(("rows", "tiles"), SPLIT_N, ids=lambda t: "-".join(map(str, t.to_attr()))
+                         if isinstance(t, Tiles) else str(t))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemm_spreads_n_blocks_over_the_cores(rows: int, tiles: Tiles, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(rows, 640, generator=g).to(dtype)
+    w = (torch.randn(1100, 640, generator=g) / 8).to(dtype)
+    bias = torch.randn(1100, generator=g).to(dtype)
+    got = _run_forced(tiles, lambda x, w, bias: torch.nn.functional.gelu(x @ w.t() + bias), x, w, bias)
+    want = torch.nn.functional.gelu(x.float() @ w.float().t() + bias.float())
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol * 10, rtol=tol)
+    plan = _last_matmul_plan()
+    assert plan["split_n"] and not plan["split_m"] and plan["grid"] == 2, plan["grid"]
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    assert "for n0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
+    if any(s["name"] == "b_t" for s in plan["scratch"]):
+        assert "for nb0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
