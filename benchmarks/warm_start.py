@@ -3,9 +3,10 @@
 For each workload a fresh process runs the first call twice per backend on one cache folder:
 ``cold`` (empty cache) then ``warm`` (the cache the cold run filled). The first call is what a user
 waits for: ``torch.compile(...)`` itself (with warm frames the cache is read there) + Dynamo capture +
-(AOTAutograd + compile | cache load) + the first run. ``--warm-frames`` adds a ``neuron+frames`` row:
-neuron with ``NEURON_COMPILE_WARM_FRAMES=1`` (a warm start skips Dynamo's capture; the "frames
-traced warm" column is 0 when it did).
+(AOTAutograd + compile | cache load) + the first run. The ``neuron`` row runs with the default settings
+(warm frames on: a warm start skips Dynamo's capture, the "frames traced warm" column is 0 when it
+did); ``--frames-off`` adds a ``neuron-noframes`` row with ``NEURON_COMPILE_WARM_FRAMES=0`` (Dynamo
+captures every frame, the AOTAutograd warm path rebuilds each graph).
 
 Workloads: ``quickstart`` (examples/quickstart.py's GPT, inference under no_grad), ``train``
 (examples/train.py's GPT + cross-entropy: the first training step, forward and backward, and an
@@ -18,7 +19,7 @@ Also printed: the second call (the run alone: kernels on the bundled simulator f
 code for Inductor) and the warm first call minus it (capture + cache load), since on the simulator
 a larger model's first call is mostly its run.
 
-Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor] [--warm-frames]``
+Run: ``python benchmarks/warm_start.py [--repeat 2] [--workloads quickstart,train,gpt2] [--no-inductor] [--frames-off]``
 """
 
 from __future__ import annotations
@@ -137,16 +138,16 @@ def run_child(workload: str, backend: str, env: dict[str, str]) -> dict:
 def measure(workload: str, backend: str, repeat: int) -> tuple[dict, dict]:
     """Best (lowest first call) cold and warm runs over ``repeat`` fresh cache folders.
 
-    ``neuron+frames``: neuron with ``NEURON_COMPILE_WARM_FRAMES=1`` (warm starts skip Dynamo's capture)."""
-    frames = backend == "neuron+frames"
-    backend = "neuron" if frames else backend
+    ``neuron-noframes``: neuron with ``NEURON_COMPILE_WARM_FRAMES=0`` (warm starts capture every frame)."""
+    frames_off = backend == "neuron-noframes"
+    backend = "neuron" if frames_off else backend
     colds, warms = [], []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as tmp:
             env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_COMPILE_")}
             env.update(NEURON_COMPILE_CACHE_DIR=str(Path(tmp) / "neuron"), TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
-            if frames:
-                env["NEURON_COMPILE_WARM_FRAMES"] = "1"
+            if frames_off:
+                env["NEURON_COMPILE_WARM_FRAMES"] = "0"
             colds.append(run_child(workload, backend, env))
             warms.append(run_child(workload, backend, env))
     return min(colds, key=lambda d: d["first_call_s"]), min(warms, key=lambda d: d["first_call_s"])
@@ -157,17 +158,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workloads", default="quickstart,train,gpt2")
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--warm-frames", action="store_true",
-                        help="also run neuron with NEURON_COMPILE_WARM_FRAMES=1 (row neuron+frames)")
+    parser.add_argument("--frames-off", action="store_true",
+                        help="also run neuron with NEURON_COMPILE_WARM_FRAMES=0 (row neuron-noframes)")
     args = parser.parse_args()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if importlib.util.find_spec("transformers") is None:
         for w in [w for w in workloads if w == "gpt2" or w.startswith("zoo:")]:
             print(f"{w}: skipped (transformers is not installed: pip install transformers)")
             workloads.remove(w)
-    backends = ["neuron"] + (["neuron+frames"] if args.warm_frames else []) + ([] if args.no_inductor else ["inductor"])
+    backends = ["neuron"] + (["neuron-noframes"] if args.frames_off else []) + ([] if args.no_inductor else ["inductor"])
     print(f"first call in a fresh process, best of {args.repeat}; cold = empty cache, warm = the cache the cold run filled")
-    header = (f"{'workload':18} {'backend':13} {'cold':>8} {'warm':>8} {'warm/cold':>9} {'run':>7} "
+    header = (f"{'workload':18} {'backend':15} {'cold':>8} {'warm':>8} {'warm/cold':>9} {'run':>7} "
               f"{'warm-run':>8} {'AOT calls warm':>15} {'frames traced warm':>19} {'graphs warm (hit/whole)':>24}")
     print(header)
     verdicts = []
@@ -175,7 +176,7 @@ def main() -> int:
         rows = {b: measure(workload, b, args.repeat) for b in backends}
         for backend, (cold, warm) in rows.items():
             hits = f"{warm['hits']}/{warm['whole']} of {warm['graphs']}" if backend != "inductor" else "-"
-            print(f"{workload:18} {backend:13} {cold['first_call_s']:7.2f}s {warm['first_call_s']:7.2f}s "
+            print(f"{workload:18} {backend:15} {cold['first_call_s']:7.2f}s {warm['first_call_s']:7.2f}s "
                   f"{warm['first_call_s'] / cold['first_call_s']:8.2f}x {warm['second_call_s']:6.2f}s "
                   f"{warm['first_call_s'] - warm['second_call_s']:7.2f}s {warm['aot_calls']:>15} "
                   f"{warm['frames_traced']:>19} {hits:>24}", flush=True)
@@ -192,10 +193,10 @@ def main() -> int:
             startup = (n_warm["first_call_s"] - n_warm["second_call_s"]) / max(
                 i_warm["first_call_s"] - i_warm["second_call_s"], 1e-9)
             line += f"; without the run itself (first - second call) {startup:.2f}x"
-        if "neuron+frames" in rows:
-            f_cold, f_warm = rows["neuron+frames"]
+        if "neuron-noframes" in rows:
+            f_cold, f_warm = rows["neuron-noframes"]
             fr = f_warm["first_call_s"] / f_cold["first_call_s"]
-            line += f"\n  with warm_frames: warm/cold {fr:.2f}x ({'met' if fr <= 0.5 else 'MISSED'})"
+            line += f"\n  with warm frames off: warm/cold {fr:.2f}x ({'met' if fr <= 0.5 else 'MISSED'})"
             if "inductor" in rows:
                 fv = f_warm["first_call_s"] / rows["inductor"][1]["first_call_s"]
                 line += f"; / Inductor warm {fv:.2f}x ({'met' if fv <= 0.75 else 'MISSED'})"

@@ -208,10 +208,10 @@ def _register_cache_hooks() -> None:
     from neuron_compile.cache import remote
 
     remote.set_verifier(verify_entry_by_recompiling)  # unsigned remote entries are verified this way
-    if config.warm_frames:  # NEURON_COMPILE_WARM_FRAMES=1: warm starts skip Dynamo's capture too
+    if config.warm_frames:  # on by default: warm starts skip Dynamo's capture too (NEURON_COMPILE_WARM_FRAMES=0: off)
         from neuron_compile import warm_frames
 
-        # hooks into torch.compile, so only when asked for (off: torch untouched)
+        # hooks into torch.compile (knob off: torch untouched)
         warm_frames.install(lambda: neuron_backend)
 
 

@@ -82,9 +82,9 @@ _knob("cache", bool, True, "Use the persistent artifact cache.")
 _knob("cache_dir", str, "", "Cache root (default $XDG_CACHE_HOME/neuron-compile or ~/.cache/neuron-compile).")
 _knob("cache_lock_timeout", float, 600.0, "Seconds to wait for another process compiling the same graph.",
       bounds=(0.0, 86400.0), unit="seconds")
-_knob("warm_frames", bool, False, "Warm starts skip Dynamo's capture too (torch's caching precompile, stored in "
-      "our cache); torch then checks no guard it can't serialize (object identity, class, closure), see "
-      "neuron_compile.warm_frames. Read when neuron_compile is imported (set NEURON_COMPILE_WARM_FRAMES=1).")
+_knob("warm_frames", bool, True, "Warm starts skip Dynamo's capture too (torch's caching precompile, stored in "
+      "our cache; identity guards torch can't serialize are kept as fingerprints, see neuron_compile.warm_guards). "
+      "Read when neuron_compile is imported (NEURON_COMPILE_WARM_FRAMES=0 turns it off).")
 _knob("cache_allow_shared", bool, False, "Accept a cache directory writable by other users (team caches).")
 _knob("remote_cache", str, "", "A shared cache tier behind the local one: redis://host:port/db (empty: none).")
 _knob("remote_cache_timeout", float, 2.0, "Seconds a remote cache operation may take before the remote is "

@@ -1,4 +1,4 @@
-"""Warm frames: a warm fresh process skips Dynamo's capture too (opt-in, ``NEURON_COMPILE_WARM_FRAMES=1``).
+"""Warm frames: a warm fresh process skips Dynamo's capture too (on by default; ``NEURON_COMPILE_WARM_FRAMES=0`` turns it off).
 
 :mod:`neuron_compile.warm_start` rebuilds a whole Dynamo graph's callable from the cache without
 AOTAutograd, but Dynamo still captures the model's Python first: for a Hugging Face GPT-2 that is
@@ -21,15 +21,16 @@ packages as ``dynamo-frame`` entries of our cache (manifest, key = function iden
 file's sha256 + torch/Python/neuron-compile versions + codegen knobs; a corrupt entry is
 quarantined with one WARNING and the frame traced as usual) and hands anything else to torch's.
 
-Why opt-in: with ``caching_precompile`` on, torch drops every guard it can't serialize
-(``CheckFunctionManager.__init__`` in ``torch/_dynamo/guards.py``, the ``guard_filter_fn`` built
-under ``if torch._dynamo.config.caching_precompile:``: ``ID_MATCH``, ``CLASS_MATCH``,
-``CLOSURE_MATCH``, ``DICT_VERSION`` and guards derived from them) from the guards it *checks*, in
-the compiling process and in every process that loads the package. Tensor, shape, dtype, constant
-and global-state guards stay, and a package is refused when any source it inlined changed; but
-swapping a submodule for one of another class, or a global function for another, after compiling
-is no longer seen. Turning it on is therefore the user's call. It is scoped to ``torch.compile``
-calls whose backend is ``neuron``; other backends in the same process keep every guard.
+Guards: with ``caching_precompile`` on, torch drops every guard it can't serialize (object identity:
+``ID_MATCH``, ``CLASS_MATCH``, ``CLOSURE_MATCH``, ``DICT_VERSION``... in ``CheckFunctionManager.__init__``,
+torch/_dynamo/guards.py), in the compiling process and in every process that loads the package, so a
+rebound global function or a monkeypatched torch function went unseen. :mod:`neuron_compile.warm_guards`
+undoes that in our scope: the compiling process keeps every guard, each identity guard is packaged as a
+fingerprint (module/class/builtin by name, function by code hash, defaults and closure) checked on every
+call of the loading process, and a frame with a guard no fingerprint can stand for is not packaged
+(traced in every process). That is what makes warm frames safe to have on by default. They apply only to
+``torch.compile`` calls whose backend is ``neuron`` while the cache is on; other backends in the same
+process are untouched.
 """
 
 from __future__ import annotations
@@ -351,7 +352,10 @@ class NeuronDynamoCache:
         except ValueError as exc:
             log.info("neuron: Dynamo package of %s not stored: %s", entry.fn_name, exc)
             return
-        codes = [c for c in entry.codes if not c.bypassed and c.guarded_codes]
+        if any(c.bypassed for c in entry.codes):  # a frame torch (or warm_guards) could not package
+            log.info("neuron: Dynamo package of %s not stored: a frame of it can't be packaged", entry.fn_name)
+            return
+        codes = [c for c in entry.codes if c.guarded_codes]
         if not codes:
             log.debug("warm frames: nothing of %s can be packaged", key.short)
             return
@@ -500,6 +504,22 @@ def _is_neuron(backend: Any) -> bool:
     return backend is neuron_backend or getattr(backend, "func", None) is neuron_backend
 
 
+def _eligible(backend: Any) -> bool:
+    """Whether this compile's frames may be packaged and loaded: the cache is on, and neither check mode,
+    eager fallback nor debug dumps are asked for (globally or in ``torch.compile(options=...)``): those
+    need the backend to run on every graph, as the warm-start path itself does (``warm_start.warm_key``)."""
+    from neuron_compile.cache.store import CacheStore
+    from neuron_compile.config import config
+
+    options = dict(getattr(backend, "kwargs", {}).get("options") or {})
+    try:
+        with config.patch(**{k: v for k, v in options.items() if k in ("check", "fallback", "debug_dir")}):
+            needs_graphs = bool(config.check) or config.fallback == "eager" or bool(config.debug_dir)
+    except Exception:  # a bad option: the backend reports it, as without warm frames
+        return False
+    return not needs_graphs and CacheStore.default() is not None
+
+
 def _scoped(callback: Any) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         with _precompile_scope():
@@ -513,6 +533,8 @@ def _optimize(*args: Any, **kwargs: Any) -> Any:
     original = _ORIGINAL["optimize"]
     backend = kwargs.get("backend", args[0] if args else None)
     if not enabled() or not _is_neuron(backend) or kwargs.get("disable") or torch._dynamo.config.caching_precompile:
+        return original(*args, **kwargs)
+    if not _eligible(backend):
         return original(*args, **kwargs)
     from torch._dynamo.eval_frame import OptimizeContext
 
@@ -571,20 +593,19 @@ def install(backend: Callable[[], Any]) -> None:
         _patch_guard_pickler()
     except (ImportError, AttributeError) as exc:
         log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
-    logging.getLogger("torch._dynamo.guards").addFilter(_DroppedGuards())
+    from neuron_compile import warm_guards
+
+    warm_guards.install(_in_scope)
+    logging.getLogger("torch._dynamo.output_graph").addFilter(_Bypassed())
 
 
-class _DroppedGuards(logging.Filter):
-    """torch logs one WARNING per guard its precompile drops; in our scope that is the documented cost of
-    ``warm_frames`` (module docstring), logged once per process at INFO instead."""
-
-    said = False
+class _Bypassed(logging.Filter):
+    """torch logs "Detected a package bypass" at WARNING when a frame can't be packaged (in our scope: a
+    guard with no fingerprint, :mod:`neuron_compile.warm_guards`); that frame is then traced in every
+    process, as without warm frames, which is not the user's problem: one INFO line instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not _in_scope() or "is dropped with caching_precompile=True" not in str(record.msg):
+        if not _in_scope() or not str(record.msg).startswith("Detected a package bypass"):
             return True
-        if not _DroppedGuards.said:
-            _DroppedGuards.said = True
-            log.info("neuron: warm_frames: torch's precompile does not check guards it can't serialize "
-                     "(ID/CLASS/CLOSURE match), e.g. %s", record.getMessage())
+        log.info("neuron: a frame is not packaged (traced in every process): %s", record.getMessage())
         return False

@@ -40,7 +40,9 @@ def test_metrics_per_graph_with_cache_miss_then_hit() -> None:
 
 def test_metrics_of_a_whole_graph_cache_hit() -> None:
     x, w = torch.randn(4, 16), torch.randn(16, 8)
-    with torch.no_grad():
+    # The AOTAutograd warm path: with warm frames the second compile would load the Dynamo package
+    # instead and never call the backend.
+    with torch.no_grad(), config.patch(warm_frames=False):
         torch.compile(small, backend="neuron", dynamic=False)(x, w)
         torch._dynamo.reset()
         out = torch.compile(small, backend="neuron", dynamic=False)(x, w)
