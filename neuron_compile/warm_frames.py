@@ -60,6 +60,14 @@ KIND = "dynamo-frame"
 
 _scope = threading.local()
 _ORIGINAL: dict[str, Any] = {}
+# torch releases whose Dynamo internals the repairs here and in warm_guards were written against and tested with;
+# with any other torch a warm start takes the AOT path (always right, it just traces the frame again)
+VERIFIED_TORCH = ("2.13.",)
+
+
+def supported(version: str | None = None) -> bool:
+    """Whether warm frames may be installed with torch ``version`` (default: the installed one)."""
+    return (torch.__version__ if version is None else version).startswith(VERIFIED_TORCH)
 _loaded_graphs: list[str] = []  # backend ids installed from the cache in this process (tests, benchmark)
 
 
@@ -572,6 +580,10 @@ def install(backend: Callable[[], Any]) -> None:
     global _NeuronOptimizeContext
     if _ORIGINAL:
         return
+    if not supported():
+        log.info("warm frames are off with torch %s (verified with %s): warm starts trace the frame again",
+                 torch.__version__, ", ".join(v + "x" for v in VERIFIED_TORCH))
+        return
     _OURS[:] = [backend]
     try:
         import torch._dynamo.package as package
@@ -595,7 +607,14 @@ def install(backend: Callable[[], Any]) -> None:
         log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
     from neuron_compile import warm_guards
 
-    warm_guards.install(_in_scope)
+    try:
+        warm_guards.install(_in_scope)
+    except (ImportError, AttributeError) as exc:  # without its guard repairs a package could skip a guard: undo
+        log.info("warm frames are off: torch's guard builder is not the one they were written for (%s)", exc)
+        package.DynamoCache = _ORIGINAL.pop("DynamoCache")
+        torch._dynamo.optimize = _ORIGINAL.pop("optimize")
+        _ORIGINAL.clear()
+        return
     logging.getLogger("torch._dynamo.output_graph").addFilter(_Bypassed())
 
 

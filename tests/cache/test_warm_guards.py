@@ -138,3 +138,11 @@ def test_check_mode_compiles_are_never_packaged(cache_root: Path) -> None:
     torch._dynamo.reset()
     kinds = [json.loads(p.read_text())["key_parts"]["kind"] for p in (cache_root / "entries").glob("*/manifest.json")]
     assert kinds == ["inference"]  # the ATen entry only: no warm-start entry, no Dynamo package
+
+
+def test_warm_frames_only_with_the_torch_they_were_verified_with():
+    from neuron_compile import warm_frames
+
+    assert warm_frames.supported("2.13.0+cpu") and warm_frames.supported("2.13.1")
+    assert not warm_frames.supported("2.14.0") and not warm_frames.supported("2.12.1+cpu")
+    assert warm_frames.supported() == torch.__version__.startswith("2.13.")
