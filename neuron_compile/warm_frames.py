@@ -153,7 +153,9 @@ def frame_key(fn: Any) -> Any:
     from neuron_compile.config import config
 
     inner = torch._dynamo.eval_frame.innermost_fn(fn)
-    code = inner.__code__
+    code = getattr(inner, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None  # a builtin (torch.compile(torch.mm)) or another callable without Python code: no package
     try:
         source_sha = hashlib.sha256(Path(code.co_filename).read_bytes()).hexdigest()
     except OSError:
@@ -552,7 +554,16 @@ def _optimize(*args: Any, **kwargs: Any) -> Any:
         return ctx
     ctx.callback = _scoped(ctx.callback)
     ctx.__class__ = _NeuronOptimizeContext
+    ctx.neuron_plain = lambda: original(*args, **kwargs)  # the same compile without a package (see below)
     return ctx
+
+
+def _has_python_code(fn: Any) -> bool:
+    """Whether what ``torch.compile`` wraps (a function, or a module's forward) is Python code a package can be
+    tied to; torch's caching precompile fails on anything else (``torch.compile(torch.mm)``: a builtin)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    inner = torch._dynamo.eval_frame.innermost_fn(target)
+    return isinstance(getattr(inner, "__code__", None), types.CodeType)
 
 
 def _context_class() -> type:
@@ -562,6 +573,8 @@ def _context_class() -> type:
         """An ``OptimizeContext`` whose wrapping of a function (package load) runs in the precompile scope."""
 
         def __call__(self, fn: Any) -> Any:
+            if not _has_python_code(fn):  # nothing to package: the ordinary compile, traced in every process
+                return self.neuron_plain()(fn)
             with _precompile_scope():
                 return super().__call__(fn)
 

@@ -146,3 +146,24 @@ def test_warm_frames_only_with_the_torch_they_were_verified_with():
     assert warm_frames.supported("2.13.0+cpu") and warm_frames.supported("2.13.1")
     assert not warm_frames.supported("2.14.0") and not warm_frames.supported("2.12.1+cpu")
     assert warm_frames.supported() == torch.__version__.startswith("2.13.")
+
+
+def test_builtins_compile_without_a_package(cache_root: Path) -> None:
+    """``torch.compile(torch.mm)``: a builtin has no Python code to tie a package to (torch's caching precompile
+    fails on it with AttributeError: no ``__code__``), so it compiles the ordinary way, and a Python function
+    compiled next to it is still packaged."""
+    import neuron_compile.backend  # noqa: F401
+    from neuron_compile import warm_frames
+
+    if not warm_frames._ORIGINAL:
+        pytest.skip("warm frames are not installed in this process (NEURON_COMPILE_WARM_FRAMES=0)")
+    torch._dynamo.reset()
+    a, b = torch.randn(130, 70), torch.randn(70, 90)
+    torch.testing.assert_close(torch.compile(torch.mm, backend="neuron", dynamic=False)(a, b), a @ b,
+                               rtol=1e-4, atol=1e-4)
+    gelu = torch.nn.functional.gelu
+    torch.testing.assert_close(torch.compile(gelu, backend="neuron", dynamic=False)(a), gelu(a), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.compile(_scaled, backend="neuron", dynamic=False)(a), _scaled(a))
+    torch._dynamo.reset()
+    kinds = sorted(json.loads(p.read_text())["key_parts"]["kind"] for p in (cache_root / "entries").glob("*/manifest.json"))
+    assert kinds.count("dynamo-frame") == 1 and kinds.count("dynamo-inference") == 3, kinds
