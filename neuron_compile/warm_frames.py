@@ -152,10 +152,10 @@ def frame_key(fn: Any) -> Any:
     )
     from neuron_compile.config import config
 
-    inner = torch._dynamo.eval_frame.innermost_fn(fn)
-    code = getattr(inner, "__code__", None)
-    if not isinstance(code, types.CodeType):
+    if not _has_python_code(fn):
         return None  # a builtin (torch.compile(torch.mm)) or another callable without Python code: no package
+    inner = torch._dynamo.eval_frame.innermost_fn(fn)
+    code = inner.__code__
     try:
         source_sha = hashlib.sha256(Path(code.co_filename).read_bytes()).hexdigest()
     except OSError:

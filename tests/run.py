@@ -85,27 +85,27 @@ def _pump(i: int, proc: subprocess.Popen[str], lock: threading.Lock, ended: dict
     ended[i] = time.monotonic()
 
 
-def _totals(xml: Path) -> dict[str, float]:
-    """Counts and time of one shard's JUnit report (zeros when pytest died before writing it)."""
-    out = {"tests": 0.0, "failures": 0.0, "errors": 0.0, "skipped": 0.0}
+def _report(xml: Path) -> ET.Element | None:
+    """One shard's JUnit report, or None when pytest died before writing it."""
     try:
-        root = ET.parse(xml).getroot()
+        return ET.parse(xml).getroot()
     except (OSError, ET.ParseError):
-        return out
-    for suite in root.iter("testsuite"):
+        return None
+
+
+def _totals(root: ET.Element | None) -> dict[str, float]:
+    """Counts of one shard's JUnit report (zeros without a report)."""
+    out = {"tests": 0.0, "failures": 0.0, "errors": 0.0, "skipped": 0.0}
+    for suite in [] if root is None else root.iter("testsuite"):
         for k in out:
             out[k] += float(suite.get(k, 0) or 0)
     return out
 
 
-def _file_times(xml: Path) -> dict[str, float]:
+def _file_times(root: ET.Element | None) -> dict[str, float]:
     """Seconds per test file (setup + call + teardown of its tests) from one shard's JUnit report."""
     times: dict[str, float] = {}
-    try:
-        root = ET.parse(xml).getroot()
-    except (OSError, ET.ParseError):
-        return times
-    for case in root.iter("testcase"):
+    for case in [] if root is None else root.iter("testcase"):
         mod = (case.get("classname") or "").split(".")
         # classname is the dotted module path (plus the class for tests in a class): find the test_*.py part
         for cut in range(len(mod), 0, -1):
@@ -154,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                     proc.kill()
                     proc.wait()
         wall = time.monotonic() - start
-        totals = [_totals(x) for x in reports]
+        parsed = [_report(x) for x in reports]
+        totals = [_totals(r) for r in parsed]
         if args.record:
             times: dict[str, float] = {}
-            for x in reports:
-                times.update(_file_times(x))
+            for r in parsed:
+                times.update(_file_times(r))
             DURATIONS.write_text(json.dumps({f: round(t, 1) for f, t in sorted(times.items())}, indent=1) + "\n")
     count = {k: int(sum(t[k] for t in totals)) for k in ("tests", "failures", "errors", "skipped")}
     passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
