@@ -202,10 +202,11 @@ def test_reductions_over_an_empty_dim_give_the_identity_like_eager(fn):
 @pytest.mark.parametrize("fn", [lambda t: t.sum(0), lambda t: t.amax(0), lambda t: t.max(0).indices,
                                 lambda t: t.var(0), lambda t: t.var(0, correction=0), lambda t: torch.softmax(t, 0),
                                 lambda t: t.argmax(), lambda t: t.logsumexp(0), lambda t: t.view(1) * 2,
-                                lambda t: t.any()],
+                                lambda t: t.any(), lambda t: t.transpose(0, 0) + 1, lambda t: t.t() * 2,
+                                lambda t: t.permute(()) - 1],
                          ids=["sum", "amax", "max_indices", "var", "var_c0", "softmax", "argmax", "logsumexp",
-                              "view", "any"])
-def test_reductions_of_0d_tensors_match_eager(fn):
+                              "view", "any", "transpose", "t", "permute"])
+def test_reductions_and_views_of_0d_tensors_match_eager(fn):
     x = torch.tensor(3.5)
     torch.testing.assert_close(_compile(fn)(x), fn(x), equal_nan=True)
 
