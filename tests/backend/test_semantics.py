@@ -230,3 +230,9 @@ def test_activation_of_a_constant_matches_eager(fn):
     """A ScalarE function of a value folded to a constant (one-step logspace, a fill) is computed, not refused."""
     x = torch.randn(4)
     torch.testing.assert_close(_compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3.5, float("inf"), float("-inf")])
+def test_dist_matches_eager(p):
+    a, b = torch.randn(3, 5), torch.randn(5)
+    torch.testing.assert_close(_compile(lambda x, y: torch.dist(x, y, p))(a, b), torch.dist(a, b, p))

@@ -19,7 +19,6 @@ _SEGMENT = "segment_reduce (ragged segments given by data): no lowering rule"
 _AA = "antialiased bilinear resampling: no lowering rule"
 _ASSCATTER = "as_strided_scatter (arbitrary strided writes): no lowering rule"
 _COMPLEX = "a cast to a complex dtype (complex numbers are out of scope)"
-_DIST = "aten.dist: no lowering rule (torch.linalg.vector_norm(a - b) lowers)"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
 _3D = "3-D convolution / pooling / grid sampling: only 1-D and 2-D spatial kernels exist"
@@ -44,7 +43,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "cdouble": _COMPLEX,
     "cfloat": _COMPLEX,
     "chalf": _COMPLEX,
-    "dist": _DIST,
     "frexp": _BITS,
     "nextafter": _BITS,
     "gcd": _GCD,
