@@ -39,6 +39,7 @@ import contextlib
 import dis
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import pickle
@@ -524,6 +525,31 @@ def _patch_inlined_source() -> None:
     CompilePackage.add_inlined_source = add_inlined_source
 
 
+
+def _patch_user_function() -> None:
+    """A function Dynamo compiles as a frame of its own inside a package (after a graph break) is recorded by
+    its qualified name (``CompilePackage._add_user_function``); torch raises ``PackageError`` when the name
+    can't be resolved (a function reached through a property: Hugging Face's ``self.loss_function``). In our
+    scope that frame is recorded as bypassed instead, so the package is not stored and the model compiles
+    as without warm frames."""
+    from torch._dynamo.package import CompilePackage, PackageError
+
+    original = CompilePackage._add_user_function
+
+    def _add_user_function(self: Any, code: types.CodeType) -> None:
+        try:
+            original(self, code)
+        except PackageError as exc:
+            if not _in_scope():
+                raise
+            log.info("neuron: a frame is not packaged (traced in every process): %s", exc)
+            module = inspect.getmodule(code)
+            self._add_function(code, module.__name__ if module is not None else "<unknown>")
+            self._codes[code].bypassed = True
+
+    CompilePackage._add_user_function = _add_user_function
+
+
 # --------------------------------------------------------------------------------------------
 # Wiring
 
@@ -645,6 +671,10 @@ def install(backend: Callable[[], Any]) -> None:
         _patch_guard_pickler()
     except (ImportError, AttributeError) as exc:
         log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
+    try:
+        _patch_user_function()
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames: graph breaks into unnamed functions fail to compile with this torch (%s)", exc)
     try:
         _patch_inlined_source()
     except (ImportError, AttributeError) as exc:
