@@ -367,7 +367,8 @@ class NeuronDynamoCache:
         except ValueError as exc:
             log.info("neuron: Dynamo package of %s not stored: %s", entry.fn_name, exc)
             return
-        if any(c.bypassed for c in entry.codes):  # a frame torch (or warm_guards) could not package
+        if getattr(package, "_neuron_unstorable", False) or any(c.bypassed for c in entry.codes):
+            # a frame torch (or warm_guards) could not package
             log.info("neuron: Dynamo package of %s not stored: a frame of it can't be packaged", entry.fn_name)
             return
         codes = [c for c in entry.codes if c.guarded_codes]
@@ -503,27 +504,37 @@ def _patch_guard_pickler() -> None:
 
 
 
-def _patch_inlined_source() -> None:
-    """torch records the source of every function a frame traced (``CompilePackage.add_inlined_source``) and
-    raises when it can't be read: code typed into ``python -`` or a REPL, ``exec``'d strings, a file edited
-    since it was imported. Without warm frames such code compiles; in our scope the frame is not packaged
-    instead (traced in every process, one INFO line), as for any frame a package can't stand for."""
+# What a compiling frame records into its package (torch/_dynamo/convert_frame.py, output_graph.py,
+# symbolic_convert.py call these); a failure there is a failure to package, never a failure to compile.
+_RECORDERS = ("add_guarded_code", "add_inlined_source", "update_device_type", "add_resume_function",
+              "add_import_source", "add_backend_id")
+
+
+def _patch_recorders() -> None:
+    """In our scope, a package that can't record a frame (torch raising from one of :data:`_RECORDERS`: the
+    source of code typed into ``python -`` or ``exec``'d, a file edited since it was imported, ...) leaves that
+    frame unpackaged (the package is then not stored: traced in every process, one INFO line) and the compile
+    goes on as without warm frames."""
     from torch._dynamo.package import CompilePackage
 
-    original = CompilePackage.add_inlined_source
+    def guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def record(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(self, *args, **kwargs)
+            except Exception as exc:
+                if not _in_scope():
+                    raise
+                log.info("neuron: a frame is not packaged (traced in every process): %s failed (%s: %s)", name,
+                         type(exc).__name__, exc)
+                self._neuron_unstorable = True
+                if getattr(self, "_current_entry", None) is not None:
+                    self._current_entry.bypassed = True
+                return None
 
-    def add_inlined_source(self: Any, sources: list[types.CodeType]) -> None:
-        try:
-            original(self, sources)
-        except (OSError, TypeError, AssertionError) as exc:
-            if not _in_scope():
-                raise
-            log.info("neuron: a frame is not packaged (traced in every process): the source of a function it "
-                     "traced can't be read (%s: %s)", type(exc).__name__, exc)
-            self.bypass_current_entry()
+        return record
 
-    CompilePackage.add_inlined_source = add_inlined_source
-
+    for name in _RECORDERS:
+        setattr(CompilePackage, name, guarded(name, getattr(CompilePackage, name)))
 
 
 def _patch_user_function() -> None:
@@ -676,9 +687,9 @@ def install(backend: Callable[[], Any]) -> None:
     except (ImportError, AttributeError) as exc:
         log.debug("warm frames: graph breaks into unnamed functions fail to compile with this torch (%s)", exc)
     try:
-        _patch_inlined_source()
+        _patch_recorders()
     except (ImportError, AttributeError) as exc:
-        log.debug("warm frames: frames whose source can't be read fail to compile with this torch (%s)", exc)
+        log.debug("warm frames: a frame torch can't package fails to compile with this torch (%s)", exc)
     from neuron_compile import warm_guards
 
     try:

@@ -23,8 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import importlib, sys, tempfile, torch
     from pathlib import Path
-
-import pytest
     import neuron_compile  # noqa: F401
 
     exec("def scaled(x):\\n    return x.cos() * 2\\n")  # no source file
