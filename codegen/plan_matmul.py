@@ -305,6 +305,5 @@ class MatmulPlanner(EpiloguePlanner):
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
             "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
-            "b_fill": b_fill, "m_first": f"0 + nl.program_id(0) * {bm}" if split_m else "0",
-            "m_step": f"{bm} * nl.num_programs(0)" if split_m else str(bm),
+            "b_fill": b_fill,
         }
