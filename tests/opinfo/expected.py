@@ -26,8 +26,6 @@ _3D = "3-D convolution / pooling / grid sampling: only 1-D and 2-D spatial kerne
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
-_ADAPTIVE_MAX = "adaptive max pooling whose output size does not divide the input (windows of varying size)"
-_BILINEAR = "aten._trilinear (nn.functional.bilinear): no lowering rule"
 _LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
 _PDIST = "pdist (the upper triangle of a pairwise distance matrix): no lowering rule"
 _NONZERO = "nonzero_static: no lowering rule"
@@ -70,9 +68,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "histogramdd": _HIST,
     "igamma": _IGAMMA,
     "igammac": _IGAMMA,
-    "nn.functional.adaptive_max_pool1d": _ADAPTIVE_MAX,
-    "nn.functional.adaptive_max_pool2d": _ADAPTIVE_MAX,
-    "nn.functional.bilinear": _BILINEAR,
     "nn.functional.linear_cross_entropy.chunked": _LCE,
     "nn.functional.linear_cross_entropy.chunked_none": _LCE,
     "nn.functional.pdist": _PDIST,
