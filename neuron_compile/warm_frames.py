@@ -140,8 +140,10 @@ def record_graph(gm: torch.fx.GraphModule, warm_digest: str) -> None:
 
 
 def frame_key(fn: Any) -> Any:
-    """The key of ``fn``'s package: which function (qualname, first line, file and its sha256), versions, knobs."""
+    """The key of ``fn``'s package: which function (qualname, first line, file and its sha256, its code), versions,
+    knobs."""
     import neuron_compile
+    from neuron_compile import warm_guards
     from neuron_compile.cache.key import (
         SCHEMA_VERSION,
         CacheKey,
@@ -168,8 +170,10 @@ def frame_key(fn: Any) -> Any:
         "python": platform.python_version(),
         "target": config.target,
         "codegen": json.loads(json.dumps(codegen_snapshot(), sort_keys=True, default=str)),
+        # the code itself too: lambdas written on one line share qualname, line and file
         "function": {"module": inner.__module__, "qualname": inner.__qualname__, "line": code.co_firstlineno,
-                     "file": Path(code.co_filename).name, "file_sha256": source_sha},
+                     "file": Path(code.co_filename).name, "file_sha256": source_sha,
+                     "code_sha256": warm_guards.code_hash(code)},
     }
     return CacheKey(digest=digest_of(parts), parts=parts)
 

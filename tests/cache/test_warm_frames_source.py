@@ -1,8 +1,9 @@
-"""Warm frames and code whose source can't be read (neuron_compile.warm_frames._patch_inlined_source).
+"""Warm frames and the code they stand for (neuron_compile.warm_frames).
 
-torch's frame packages record the source of every function a frame traced and raise when it can't be read.
-Such code compiles and runs as without warm frames (the frame is just not packaged), in a cold and in a
-warm process: a script piped into ``python -``, a function made by ``exec``, a module edited since import.
+A package is keyed on its function's code, not only its name and line: lambdas written on one line share
+both. torch's frame packages record the source of every function a frame traced and raise when it can't be
+read; such code compiles and runs as without warm frames (the frame is just not packaged), in a cold and in
+a warm process: a script piped into ``python -``, a function made by ``exec``, a module edited since import.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import importlib, sys, tempfile, torch
     from pathlib import Path
+
+import pytest
     import neuron_compile  # noqa: F401
 
     exec("def scaled(x):\\n    return x.cos() * 2\\n")  # no source file
@@ -40,6 +45,17 @@ SCRIPT = textwrap.dedent("""
         torch.testing.assert_close(got, fn(x))
     print("MATCHES EAGER")
 """)
+
+
+def test_lambdas_on_one_line_get_their_own_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    fns = [lambda t: t + 1, lambda t: t * 3, lambda t: t - 2, lambda t: t + 1]  # same name, line and file
+    x = torch.arange(6.0)
+    for fn in fns:
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x))
 
 
 def _run(args: list[str], cache: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
