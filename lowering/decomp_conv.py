@@ -347,6 +347,59 @@ def _unbatched_only(op: Any, nsp: int) -> Callable[..., Any]:
     return fn
 
 
+def _triple(v: Any, default: list[int]) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not v:
+        return default
+    return [int(x) for x in (v * 3 if len(v) == 1 else v)]
+
+
+def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, stride: Any, padding: Any,
+                      ceil_mode: bool, count_pad: bool, divisor: int | None) -> torch.Tensor:
+    """avg_pool3d (or its backward when ``go`` is given) whose window is trivial along one spatial dim (kernel 1,
+    stride 1, no padding, as LocalResponseNorm's channel window is): that dim joins the channels and the rest is
+    avg_pool2d, whose rule exists. NotImplemented otherwise (then refused by name)."""
+    if x.dim() == 4:
+        out = _avg_pool3d_as_2d(x.unsqueeze(0), None if go is None else go.unsqueeze(0), kernel, stride, padding,
+                                ceil_mode, count_pad, divisor)
+        return out if out is NotImplemented else out.squeeze(0)
+    ks = _triple(kernel, [])
+    st = _triple(stride, ks)
+    pad = _triple(padding, [0, 0, 0])
+    trivial = [d for d in (2, 1, 0) if ks[d] == 1 and st[d] == 1 and pad[d] == 0]
+    if x.dim() != 5 or not trivial:
+        return NotImplemented
+    d = trivial[0]
+    keep = [i for i in range(3) if i != d]
+    perm = [0, 1, 2 + d, 2 + keep[0], 2 + keep[1]]
+    inv = [perm.index(i) for i in range(5)]
+
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        t = t.permute(perm)
+        return t.reshape(t.shape[0], t.shape[1] * t.shape[2], t.shape[3], t.shape[4])
+
+    def unfold(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        p = like.permute(perm)
+        return t.reshape(p.shape[0], p.shape[1], p.shape[2], t.shape[2], t.shape[3]).permute(inv)
+
+    k2, s2, p2 = [ks[i] for i in keep], [st[i] for i in keep], [pad[i] for i in keep]
+    if go is None:
+        y = aten.avg_pool2d.default(fold(x), k2, s2, p2, ceil_mode, count_pad, divisor)
+        return unfold(y, x)
+    gi = aten.avg_pool2d_backward.default(fold(go), fold(x), k2, s2, p2, ceil_mode, count_pad, divisor)
+    return unfold(gi, x)
+
+
+def _avg_pool3d(x: torch.Tensor, kernel: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+                count_pad: bool = True, divisor: int | None = None) -> torch.Tensor:
+    return _avg_pool3d_as_2d(x, None, kernel, stride, padding, ceil_mode, count_pad, divisor)
+
+
+def _avg_pool3d_backward(go: torch.Tensor, x: torch.Tensor, kernel: Any, stride: Any, padding: Any,
+                         ceil_mode: bool, count_pad: bool, divisor: int | None) -> torch.Tensor:
+    return _avg_pool3d_as_2d(x, go, kernel, stride, padding, ceil_mode, count_pad, divisor)
+
+
 def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = {
         aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
@@ -355,6 +408,8 @@ def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
         aten._adaptive_avg_pool3d_backward.default: _batched(3, _adaptive_avg_pool_backward),
         aten.avg_pool2d.default: _unbatched_only(aten.avg_pool2d.default, 2),
         aten.avg_pool2d_backward.default: _unbatched_only(aten.avg_pool2d_backward.default, 2),
+        aten.avg_pool3d.default: _avg_pool3d,
+        aten.avg_pool3d_backward.default: _avg_pool3d_backward,
     }
     for mode, ac, fwd, bwd in (
             ("nearest", None, aten.upsample_nearest2d, aten.upsample_nearest2d_backward),

@@ -4,7 +4,8 @@ Forward and backward through ``torch.compile(backend="neuron")`` on the simulato
 stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), average pooling
 (count_include_pad, divisor_override, ceil_mode, 1-D), adaptive max and average pooling (1-D/2-D, non-divisible
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
-bicubic; size or scale_factor), group_norm, bf16 autocast, and the refusal of 3-D pooling by name.
+bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling with one trivial dim (and
+LocalResponseNorm, which uses it), and the refusal of other 3-D pooling by name.
 """
 
 from __future__ import annotations
@@ -160,6 +161,37 @@ def test_pool3d_is_refused_by_name() -> None:
     with pytest.raises(Exception) as info:
         torch.compile(lambda x: F.max_pool3d(x, 2), backend="neuron")(torch.randn(1, 2, 4, 4, 4))
     assert "max_pool3d" in str(H.unsupported(info.value))
+
+
+AVG_POOL3D_TRIVIAL_DIM = [
+    dict(kernel_size=(2, 1, 1), stride=1),  # LocalResponseNorm's window over channels
+    dict(kernel_size=(1, 3, 2), stride=(1, 2, 1), padding=(0, 1, 0), ceil_mode=True),
+    dict(kernel_size=(3, 1, 2), stride=(2, 1, 2), count_include_pad=False, padding=(1, 0, 1)),
+    dict(kernel_size=(2, 2, 1), stride=(1, 1, 1), divisor_override=3),
+]
+
+
+@pytest.mark.parametrize("kw", AVG_POOL3D_TRIVIAL_DIM, ids=[f"avg3d_{i}" for i in range(len(AVG_POOL3D_TRIVIAL_DIM))])
+def test_avg_pool3d_with_a_trivial_dim_runs_as_2d(kw: dict[str, Any]) -> None:
+    ks = H.check_grads(lambda x: F.avg_pool3d(x, **kw), torch.randn(2, 3, 6, 7, 5))
+    assert sorted(k.mode for k in ks if k.family == "pool") == ["avg", "avg_backward"]
+
+
+def test_avg_pool3d_unbatched_with_a_trivial_dim() -> None:
+    H.check_grads(lambda x: F.avg_pool3d(x, (2, 1, 1), 1), torch.randn(3, 6, 7, 5))
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (2, 5, 7, 6), (1, 5, 4, 7, 3)], ids=["1d", "2d", "3d"])
+def test_local_response_norm_forward_and_grads_match_eager(shape: tuple[int, ...]) -> None:
+    H.check_grads(lambda x: F.local_response_norm(x, 2, alpha=1e-2, beta=0.75, k=1.5), torch.randn(*shape))
+
+
+def test_avg_pool3d_pooling_every_dim_is_refused_by_name() -> None:
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: F.avg_pool3d(x, 2), backend="neuron")(torch.randn(1, 2, 4, 4, 4))
+    exc = H.unsupported(info.value)
+    assert exc.unsupported[0].startswith("aten.avg_pool3d.default(float32[1, 2, 4, 4, 4], [2, 2, 2]")
+    assert "no lowering rule" in exc.unsupported[0]
 
 
 def test_rendered_pool_kernels_use_only_current_nki_api() -> None:
