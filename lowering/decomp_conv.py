@@ -358,7 +358,7 @@ def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, str
                       ceil_mode: bool, count_pad: bool, divisor: int | None) -> torch.Tensor:
     """avg_pool3d (or its backward when ``go`` is given) whose window is trivial along one spatial dim (kernel 1,
     stride 1, no padding, as LocalResponseNorm's channel window is): that dim joins the channels and the rest is
-    avg_pool2d, whose rule exists. NotImplemented otherwise (then refused by name)."""
+    avg_pool2d, whose rule exists; any other window runs as two avg_pool2d passes (:func:`_avg_pool3d_separable`)."""
     if x.dim() == 4:
         out = _avg_pool3d_as_2d(x.unsqueeze(0), None if go is None else go.unsqueeze(0), kernel, stride, padding,
                                 ceil_mode, count_pad, divisor)
@@ -367,8 +367,10 @@ def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, str
     st = _triple(stride, ks)
     pad = _triple(padding, [0, 0, 0])
     trivial = [d for d in (2, 1, 0) if ks[d] == 1 and st[d] == 1 and pad[d] == 0]
-    if x.dim() != 5 or not trivial:
+    if x.dim() != 5:
         return NotImplemented
+    if not trivial:
+        return _avg_pool3d_separable(x, go, ks, st, pad, ceil_mode, count_pad, divisor)
     d = trivial[0]
     keep = [i for i in range(3) if i != d]
     perm = [0, 1, 2 + d, 2 + keep[0], 2 + keep[1]]
@@ -388,6 +390,25 @@ def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, str
         return unfold(y, x)
     gi = aten.avg_pool2d_backward.default(fold(go), fold(x), k2, s2, p2, ceil_mode, count_pad, divisor)
     return unfold(gi, x)
+
+
+def _avg_pool3d_separable(x: torch.Tensor, go: torch.Tensor | None, ks: list[int], st: list[int], pad: list[int],
+                          ceil_mode: bool, count_pad: bool, divisor: int | None) -> torch.Tensor:
+    """avg_pool3d as two avg_pool2d passes: (H, W) on [N, C*D, H, W], then D on [N, C, D, OH*OW]. The window is a
+    box, so its divisor (counting padding or not, clipped by ceil_mode) is the product of the per-dim ones; with
+    divisor_override the first pass sums (divisor 1) and the second divides."""
+    n, c, d, h, w = x.shape
+    first = ([ks[1], ks[2]], [st[1], st[2]], [pad[1], pad[2]], ceil_mode, count_pad, 1 if divisor else None)
+    second = ([ks[0], 1], [st[0], 1], [pad[0], 0], ceil_mode, count_pad, divisor)
+    x1 = x.reshape(n, c * d, h, w)
+    y1 = aten.avg_pool2d.default(x1, *first)
+    oh, ow = y1.shape[2], y1.shape[3]
+    z = y1.reshape(n, c, d, oh * ow)
+    if go is None:
+        y = aten.avg_pool2d.default(z, *second)
+        return y.reshape(n, c, y.shape[2], oh, ow)
+    gz = aten.avg_pool2d_backward.default(go.reshape(n, c, go.shape[2], oh * ow), z, *second)
+    return aten.avg_pool2d_backward.default(gz.reshape(n, c * d, oh, ow), x1, *first).reshape(x.shape)
 
 
 def _avg_pool3d(x: torch.Tensor, kernel: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,

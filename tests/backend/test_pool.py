@@ -4,8 +4,8 @@ Forward and backward through ``torch.compile(backend="neuron")`` on the simulato
 stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), average pooling
 (count_include_pad, divisor_override, ceil_mode, 1-D), adaptive max and average pooling (1-D/2-D, non-divisible
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
-bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling with one trivial dim (and
-LocalResponseNorm, which uses it), and the refusal of other 3-D pooling by name.
+bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling (one trivial dim, or
+two 2-D passes; LocalResponseNorm and lp_pool3d use it), and the refusal of 3-D max pooling by name.
 """
 
 from __future__ import annotations
@@ -186,12 +186,22 @@ def test_local_response_norm_forward_and_grads_match_eager(shape: tuple[int, ...
     H.check_grads(lambda x: F.local_response_norm(x, 2, alpha=1e-2, beta=0.75, k=1.5), torch.randn(*shape))
 
 
-def test_avg_pool3d_pooling_every_dim_is_refused_by_name() -> None:
-    with pytest.raises(Exception) as info:
-        torch.compile(lambda x: F.avg_pool3d(x, 2), backend="neuron")(torch.randn(1, 2, 4, 4, 4))
-    exc = H.unsupported(info.value)
-    assert exc.unsupported[0].startswith("aten.avg_pool3d.default(float32[1, 2, 4, 4, 4], [2, 2, 2]")
-    assert "no lowering rule" in exc.unsupported[0]
+AVG_POOL3D = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(3, 2, 2), stride=(2, 1, 2), padding=(1, 1, 0), ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=(2, 3, 2), stride=2, padding=1, divisor_override=5),
+]
+
+
+@pytest.mark.parametrize("kw", AVG_POOL3D, ids=[f"avg3d_sep_{i}" for i in range(len(AVG_POOL3D))])
+def test_avg_pool3d_runs_as_two_2d_passes(kw: dict[str, Any]) -> None:
+    H.check_grads(lambda x: F.avg_pool3d(x, **kw), torch.randn(2, 3, 7, 6, 5))
+
+
+def test_lp_pool3d_forward_and_grads_match_eager() -> None:
+    H.check_grads(lambda x: F.lp_pool3d(x, 2.0, 2, 2), torch.randn(1, 2, 5, 6, 4))
 
 
 def test_rendered_pool_kernels_use_only_current_nki_api() -> None:
