@@ -421,6 +421,26 @@ def _avg_pool3d_backward(go: torch.Tensor, x: torch.Tensor, kernel: Any, stride:
     return _avg_pool3d_as_2d(x, go, kernel, stride, padding, ceil_mode, count_pad, divisor)
 
 
+def _replication_pad_backward(go: torch.Tensor, x: torch.Tensor, padding: Any) -> torch.Tensor:
+    """replication_padNd_backward: per padded dim (last first), the gradient of the replicated edge rows is summed
+    into the first / last input row. Negative (cropping) padding is left to the rule lookup (refused by name)."""
+    pads = [int(p) for p in padding]
+    if any(p < 0 for p in pads):
+        return NotImplemented
+    g = go
+    for i in range(len(pads) // 2):
+        dim, lo, hi = x.dim() - 1 - i, pads[2 * i], pads[2 * i + 1]
+        n = x.shape[dim]
+        if n == 1:
+            g = g.sum(dim, keepdim=True)
+            continue
+        head = g.narrow(dim, 0, lo + 1).sum(dim, keepdim=True)
+        tail = g.narrow(dim, lo + n - 1, hi + 1).sum(dim, keepdim=True)
+        parts = [head, g.narrow(dim, lo + 1, n - 2), tail] if n > 2 else [head, tail]
+        g = torch.cat(parts, dim)
+    return g
+
+
 def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = {
         aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
@@ -431,6 +451,9 @@ def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
         aten.avg_pool2d_backward.default: _unbatched_only(aten.avg_pool2d_backward.default, 2),
         aten.avg_pool3d.default: _avg_pool3d,
         aten.avg_pool3d_backward.default: _avg_pool3d_backward,
+        aten.replication_pad1d_backward.default: _replication_pad_backward,
+        aten.replication_pad2d_backward.default: _replication_pad_backward,
+        aten.replication_pad3d_backward.default: _replication_pad_backward,
     }
     for mode, ac, fwd, bwd in (
             ("nearest", None, aten.upsample_nearest2d, aten.upsample_nearest2d_backward),

@@ -5,7 +5,8 @@ stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), av
 (count_include_pad, divisor_override, ceil_mode, 1-D), adaptive max and average pooling (1-D/2-D, non-divisible
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
 bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling (one trivial dim, or
-two 2-D passes; LocalResponseNorm and lp_pool3d use it), and the refusal of 3-D max pooling by name.
+two 2-D passes; LocalResponseNorm and lp_pool3d use it), replication padding
+(its backward sums the edge gradients), and the refusal of 3-D max pooling by name.
 """
 
 from __future__ import annotations
@@ -259,3 +260,10 @@ def test_adaptive_max_pool_any_output_size(shape: tuple[int, ...], out: tuple[in
     torch._dynamo.reset()
     got = torch.compile(lambda t: pool(t, out, return_indices=True)[1], backend="neuron", dynamic=False)(x)
     assert torch.equal(got, pool(x, out, return_indices=True)[1])
+
+
+@pytest.mark.parametrize("shape,pad", [((2, 3, 5), (2, 1)), ((2, 3, 4, 6), (1, 2, 0, 3)), ((2, 3, 1, 2), (2, 1, 3, 1)),
+                                       ((1, 2, 3, 4, 2), (1, 1, 2, 0, 1, 2)), ((3, 4, 5), (0, 2, 1, 1))],
+                         ids=["1d", "2d", "2d_size1_size2", "3d", "unbatched_2d"])
+def test_replication_pad_forward_and_grads_match_eager(shape: tuple[int, ...], pad: tuple[int, ...]) -> None:
+    H.check_grads(lambda x: F.pad(x, pad, mode="replicate"), torch.randn(*shape))
