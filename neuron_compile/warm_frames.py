@@ -317,6 +317,8 @@ def _rebuild_each(inner: Any, dynamo: Any, get_builtins_dict: Any, SerializedCod
         for guarded in code_entry.guarded_codes:
             state = load_guards_state(guarded.guards_state)
             scope = dict(modules[code_entry.python_module].__dict__)
+            for alias, module_name in code_entry.import_sources.items():  # what install() puts there first
+                scope.setdefault(alias, importlib.import_module(module_name))
             name = state.output_graph.name_of_builtins_dict_key_in_fglobals
             if name and name not in scope:
                 scope[name] = get_builtins_dict(scope)
