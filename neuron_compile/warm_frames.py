@@ -501,6 +501,29 @@ def _patch_guard_pickler() -> None:
     GuardsStatePickler.reducer_override = reducer_override
 
 
+
+def _patch_inlined_source() -> None:
+    """torch records the source of every function a frame traced (``CompilePackage.add_inlined_source``) and
+    raises when it can't be read: code typed into ``python -`` or a REPL, ``exec``'d strings, a file edited
+    since it was imported. Without warm frames such code compiles; in our scope the frame is not packaged
+    instead (traced in every process, one INFO line), as for any frame a package can't stand for."""
+    from torch._dynamo.package import CompilePackage
+
+    original = CompilePackage.add_inlined_source
+
+    def add_inlined_source(self: Any, sources: list[types.CodeType]) -> None:
+        try:
+            original(self, sources)
+        except (OSError, TypeError, AssertionError) as exc:
+            if not _in_scope():
+                raise
+            log.info("neuron: a frame is not packaged (traced in every process): the source of a function it "
+                     "traced can't be read (%s: %s)", type(exc).__name__, exc)
+            self.bypass_current_entry()
+
+    CompilePackage.add_inlined_source = add_inlined_source
+
+
 # --------------------------------------------------------------------------------------------
 # Wiring
 
@@ -622,6 +645,10 @@ def install(backend: Callable[[], Any]) -> None:
         _patch_guard_pickler()
     except (ImportError, AttributeError) as exc:
         log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
+    try:
+        _patch_inlined_source()
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames: frames whose source can't be read fail to compile with this torch (%s)", exc)
     from neuron_compile import warm_guards
 
     try:

@@ -220,3 +220,12 @@ def test_argmax_without_dim_flattens(fn):
 def test_empty_contraction_matmul_is_zeros():
     a, b = torch.randn(3, 0), torch.randn(0, 4)
     torch.testing.assert_close(_compile(lambda x, y: x @ y)(a, b), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("fn", [lambda t: torch.logspace(2, 3, 1) * t, lambda t: torch.logspace(1, 3, 1, base=2.0) + t,
+                                lambda t: t * torch.full((4,), 0.5).sigmoid(), lambda t: torch.ones(4).exp() - t],
+                         ids=["logspace_one_step", "logspace_base2", "sigmoid_of_full", "exp_of_ones"])
+def test_activation_of_a_constant_matches_eager(fn):
+    """A ScalarE function of a value folded to a constant (one-step logspace, a fill) is computed, not refused."""
+    x = torch.randn(4)
+    torch.testing.assert_close(_compile(fn)(x), fn(x))
