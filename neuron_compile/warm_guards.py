@@ -343,7 +343,9 @@ class IdentityCheck:
 
     @staticmethod
     def _mutable(value: Any) -> tuple[Any, ...]:
-        if isinstance(value, types.FunctionType):
+        # ``type(...) is``: isinstance would read ``__class__`` through a config's own __getattribute__ on
+        # every call (10.6 us per guard for a transformers config, 0.5 us this way)
+        if type(value) is types.FunctionType:
             return (value.__code__, value.__defaults__, value.__kwdefaults__)
         return ()
 
