@@ -601,7 +601,12 @@ def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], ou
         portable = portable_guards(guards, builder)
         _keep_builtins(manager, [g for g in guards if _is_identity(g)], output_graph)
         _keep_installed_modules(manager, guards, output_graph)
-        return serialize(manager, builder, portable, output_graph)
+        try:
+            return serialize(manager, builder, portable, output_graph)
+        except TypeError as exc:  # torch's refusal of a guard on a local class ("defined in local scope")
+            local = re.match(r"Type (<class '[^']*'>)", str(exc))
+            raise Unfingerprintable(f"a guard on a {local.group(1) if local else 'value'} can't be saved: "
+                                    f"{'its class is defined in local scope' if local else exc}") from exc
     except Unfingerprintable as exc:
         # torch's own way out (raising PackageError) ends in an AssertionError in convert_frame when the
         # guards state is None; bypassing the package entry and returning bytes that are never stored does not.
@@ -612,7 +617,10 @@ def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], ou
         output_graph.bypass_package(f"neuron: {exc}")
         if not entry.bypassed:
             raise torch._dynamo.exc.PackageError(f"neuron: {exc}") from exc
-        return serialize(manager, builder, [g for g in guards if not _is_identity(g)], output_graph)
+        try:
+            return serialize(manager, builder, [g for g in guards if not _is_identity(g)], output_graph)
+        except TypeError:  # a local class again: the entry is bypassed, so these bytes are never read or stored
+            return b""
 
 
 # --------------------------------------------------------------------------------------------

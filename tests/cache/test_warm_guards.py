@@ -277,3 +277,32 @@ def test_state_guards_keep_identity_relations() -> None:
                                            _Frame(a=_Holder(_Config()), b=_Holder(_Config(hidden=4))))) == 2
     with pytest.raises(Unfingerprintable, match=r"a _Config whose identity is used at /src/model.py:137"):
         warm_guards.portable_guards([_id_guard("a", "value", used_in="/src/model.py")], _Frame(a=_Holder(_Config())))
+
+
+def test_local_class_model_compiles_without_a_package(cache_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A model whose class is defined in a function: torch refuses to save its type guard (TypeError "defined in
+    local scope", which crashed the compile); the frame is not packaged (one INFO line) and the result is eager's."""
+    import neuron_compile.backend  # noqa: F401
+    from neuron_compile import warm_frames
+
+    if not warm_frames._ORIGINAL:
+        pytest.skip("warm frames are not installed in this process (NEURON_COMPILE_WARM_FRAMES=0)")
+
+    class Local(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.lin(x)) * 2
+
+    torch._dynamo.reset()
+    caplog.set_level(logging.INFO)
+    model, x = Local().eval(), torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="neuron", dynamic=False)(x), model(x))
+    torch._dynamo.reset()
+    kinds = [json.loads(p.read_text())["key_parts"]["kind"] for p in (cache_root / "entries").glob("*/manifest.json")]
+    assert "dynamo-frame" not in kinds
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("Local'> can't be saved: its class is defined in local scope" in r.getMessage() for r in caplog.records)
