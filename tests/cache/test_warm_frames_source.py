@@ -1,8 +1,10 @@
-"""Warm frames and code whose source can't be read (neuron_compile.warm_frames._patch_inlined_source).
+"""Warm frames and the code they stand for (neuron_compile.warm_frames).
 
-torch's frame packages record the source of every function a frame traced and raise when it can't be read.
-Such code compiles and runs as without warm frames (the frame is just not packaged), in a cold and in a
-warm process: a script piped into ``python -``, a function made by ``exec``, a module edited since import.
+A package is keyed on its function's code, not only its name and line: lambdas written on one line share
+both. torch's frame packages record the source of every function a frame traced and raise when it can't be
+read; such code compiles and runs as without warm frames (the frame is just not packaged), in a cold and in
+a warm process: a script piped into ``python -``, a function made by ``exec``, a module edited since import;
+so does a frame torch can't name (a property getter with a graph break).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +45,34 @@ SCRIPT = textwrap.dedent("""
         torch.testing.assert_close(got, fn(x))
     print("MATCHES EAGER")
 """)
+
+
+def test_lambdas_on_one_line_get_their_own_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    fns = [lambda t: t + 1, lambda t: t * 3, lambda t: t - 2, lambda t: t + 1]  # same name, line and file
+    x = torch.arange(6.0)
+    for fn in fns:
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x))
+
+
+class _Scaled(torch.nn.Module):
+    @property
+    def scale(self) -> torch.Tensor:  # Dynamo compiles the getter as a frame of its own (after the graph break)
+        torch._dynamo.graph_break()
+        return torch.full((3,), 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 1) * self.scale
+
+
+def test_graph_break_inside_a_property_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch can't name a property getter's frame for a package (Hugging Face's ``self.loss_function``): that
+    frame is not packaged, the model compiles and matches eager."""
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(torch.compile(_Scaled(), backend="neuron", dynamic=False)(x), _Scaled()(x))
 
 
 def _run(args: list[str], cache: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
