@@ -149,7 +149,22 @@ def fingerprint(value: Any, depth: int = _DEPTH) -> tuple[Any, ...]:
         return ("enum", *_named(type(value)), value.name)
     if isinstance(value, _PRIMITIVES):
         return ("const", type(value).__name__, repr(value))
+    named = _typing_name(value)
+    if named is not None:
+        return ("named", *named)
     return state_fingerprint(value)
+
+
+def _typing_name(value: Any) -> tuple[str, str] | None:
+    """(module, name) of a ``typing`` singleton (``typing.Any``, ``typing.Optional``: a ``_SpecialForm`` has
+    no qualified name but is its module's attribute), else None."""
+    if type(value).__module__ not in ("typing", "typing_extensions"):
+        return None
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "_name", None) or getattr(value, "__name__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or module not in sys.modules:
+        return None
+    return (module, name) if getattr(sys.modules[module], name, None) is value else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,10 +409,13 @@ _NOT_FOUND = object()
 
 
 def _by_name(fp: tuple[Any, ...]) -> Any:
-    """The object of this process a class, enum member or module fingerprint names (no import), else _NOT_FOUND."""
+    """The object of this process a class, enum member, typing singleton or module fingerprint names (no import),
+    else _NOT_FOUND."""
     try:
         if fp[0] == "module":
             found = sys.modules.get(fp[1], _NOT_FOUND)
+        elif fp[0] == "named" and fp[1] in sys.modules:
+            found = getattr(sys.modules[fp[1]], fp[2])
         elif fp[0] in ("class", "enum") and fp[1] in sys.modules:
             found = _resolve(fp[1], fp[2])
             found = getattr(found, fp[3]) if fp[0] == "enum" else found

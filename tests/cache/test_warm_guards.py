@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import threading
+import typing
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,10 @@ def test_fingerprints_tell_objects_apart() -> None:
     assert not matches(_make(2, torch.tanh), fingerprint(_make(2, torch.relu)))
     # CLOSURE_MATCH's meaning: the code only.
     assert matches(_make(3, torch.tanh), warm_guards.function_code_fp(_make(2, torch.relu)))
+    # typing singletons (huggingface_hub's validators key a dict by them: whisper): named by their module
+    assert fingerprint(typing.Optional) == ("named", "typing", "Optional")
+    assert matches(typing.Union, fingerprint(typing.Union)) and not matches(typing.Union, fingerprint(typing.Optional))
+    assert warm_guards._by_name(fingerprint(typing.Union)) is typing.Union
 
 
 def test_what_has_no_fingerprint() -> None:
