@@ -14,7 +14,11 @@ Structure of the kernel, per outer (batch) index:
    tile, evicted four at a time, and written once to an HBM scratch ``[K, rows]`` with runs of
    ``rows_per_group x itemsize`` bytes (``scratch``). Every element is transposed exactly once, never by
    an element-strided DMA. With ``Tiles.direct`` the transposes go straight into the SBUF blocks
-   (``direct``: row DMAs of ``lg`` row tiles, ``g`` transposes per half of a one-bank PSUM tile).
+   (``direct``: row DMAs of ``lg`` row tiles, ``g`` transposes per half of a one-bank PSUM tile). Resident
+   blocks with A straight into SBUF and B through the scratch (``Tiles.sb``) fill B's scratch during each
+   program's first M block instead of in a pass before it (``b_fill``): there each N block of B is transposed
+   straight into its SBUF block, used at once and stored; the later M blocks load it back. A pipelined A (``pipe_a``)
+   loads the next M block's first row tile during the first N block of the one before (``a_next``).
 2. *Blocked GEMM* (``variant``): for each ``(BM, BN)`` output block and each ``KB``-tile chunk of K, one
    DMA loads the stationary block ``aT [128, KB, BM]`` and one the moving block ``b [128, KB, BN]`` (both in
    their storage dtype); TensorE accumulates every ``128 x NT`` output tile over all of K in its own PSUM
@@ -73,7 +77,8 @@ class Tiles:
     direct: bool = False  # ta/tb transposes go straight into the SBUF blocks (no HBM scratch round trip)
     rg: int = 1  # row tiles per epilogue group: one DMA per group loads a row-varying operand (a residual)
     sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
-    sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block)
+    sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block; resident
+    # blocks fill it during the program's first M block)
 
     def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool]:
         return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg,
@@ -217,6 +222,14 @@ class MatmulPlanner(EpiloguePlanner):
                 scratch.append({"name": name, "src": op, "rows": op.rows, "dtype": op.dtype, "g": g, "kw": kw,
                                 "kwt": math.ceil(kw / PMAX), "banks": 2 if (t.resident or t.split) else 1})
         scratched = {s["name"][0] for s in scratch}
+        b_once = b_loaded_once(t, bn, N)
+        # B's scratch filled during the program's first M block (resident blocks, A straight into SBUF): each N block of
+        # B is transposed straight into its SBUF block there, used at once and stored into the scratch, which the later
+        # M blocks read; no prologue pass holds TensorE up before the first matmul
+        b_fill = None
+        if "b" in scratched and t.resident and t.direct and not b_once and K % PMAX == 0:
+            b_fill = b
+            scratch = [s for s in scratch if s["name"] != "b_t"]
         if "a" in scratched:
             a = Operand("a_t", "0", 1, a.rows, a.rows, a.dtype)
         if "b" in scratched:
@@ -234,19 +247,21 @@ class MatmulPlanner(EpiloguePlanner):
         slots = 2 * SPLIT_TRANSPOSE_BANKS if (t.resident or t.split) else 2
         if pipe_a:
             self.held += 2 * K * ITEMSIZE[a.dtype]
-        for name, op, flag in (("a", a, t.ta), ("b", b, t.tb)):
+        for name, op, flag in (("a", a, t.ta), ("b", b, t.tb), ("b_fill", b_fill, b_fill is not None)):
             if name == "a" and pipe_a:
                 direct["a"] = {"g": _transpose_group(a.dtype), "dtype": a.dtype, "pipe": True, "bank": False}
                 continue
-            if flag and t.direct and op.transposable():
+            if flag and op is not None and t.direct and op.transposable():
                 new_bank = op.dtype not in [bank["dtype"] for bank in banks]
-                direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name]), "g": _transpose_group(op.dtype),
+                # the fill's bank takes the two banks the scratch pass had (a PE transpose group fills one while the
+                # other is evicted)
+                slots = 4 if name == "b_fill" and new_bank else slots
+                direct[name] = {"lg": transpose_rows(op.dtype, kw, block_rows[name[0]]), "g": _transpose_group(op.dtype),
                                 "dtype": op.dtype, "kw": kw, "bank": new_bank, "slots": slots}
                 self.held += 2 * direct[name]["lg"] * kw * ITEMSIZE[op.dtype]  # row staging: two live
                 if new_bank:
                     banks.append({"dtype": op.dtype, "g": _transpose_group(op.dtype), "slots": slots})
         tm, tn = bm // PMAX, bn // nt
-        b_once = b_loaded_once(t, bn, N)
         kc = kb * PMAX
         n_chunks = math.ceil(K / kc)
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
@@ -290,4 +305,5 @@ class MatmulPlanner(EpiloguePlanner):
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
             "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
+            "b_fill": b_fill,
         }

@@ -165,9 +165,9 @@ class ProgramBuilder:
         """ScalarE ``func(x * scale + bias)``; ``func`` from the activation table."""
         if func not in ACTIVATIONS:
             raise self.fail(f"{func} is not an activation-table function")
-        if not isinstance(x, TileVal):
-            raise self.fail(f"activation {func} of a constant")
         self._no_int(f"activation {func}")
+        if not isinstance(x, TileVal):  # a constant operand (a scalar fill folded away): computed on ScalarE too
+            x = self.as_tile(self.coerce(x))
         x = self.cast(x, "float32")
         if (isinstance(scale, TileVal) and scale.kind == "full") or (isinstance(bias, TileVal) and bias.kind == "full"):
             x = self.affine(x, scale, bias)

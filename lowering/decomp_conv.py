@@ -214,17 +214,47 @@ def _adaptive_windows(x: torch.Tensor, output_size: Any) -> list[int] | None:
 
 
 def _adaptive_max_pool2d(x: torch.Tensor, output_size: Any) -> Any:
-    """adaptive_max_pool2d with an output size that divides the input: max pooling with kernel = stride."""
+    """adaptive_max_pool2d: max pooling with kernel = stride when the output size divides the input, else the
+    windows gathered (:func:`_adaptive_max_gathered`)."""
+    if any(int(o) <= 0 for o in output_size) or not x.dtype.is_floating_point:
+        return NotImplemented
     k = _adaptive_windows(x, output_size)
     if k is None:
-        return NotImplemented
+        return _adaptive_max_gathered(x, [int(o) for o in output_size])
     return _max_pool2d_with_indices(x, k, k, [0, 0], [1, 1], False)
+
+
+def _adaptive_window_rows(size: int, out: int, device: Any) -> tuple[torch.Tensor, int]:
+    """Input positions of each output's adaptive window [out, K] (window i spans floor(i*size/out) to
+    ceil((i+1)*size/out); shorter windows repeat their last position, which leaves the max and its first
+    position unchanged) and K, the longest window."""
+    longest = max(-(-(i + 1) * size // out) - (i * size) // out for i in range(out))
+    i = torch.arange(out, device=device).unsqueeze(1)
+    start = (i * size) // out
+    end = ((i + 1) * size + out - 1) // out
+    return torch.minimum(start + torch.arange(longest, device=device).unsqueeze(0), end - 1), longest
+
+
+def _adaptive_max_gathered(x: torch.Tensor, out: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """adaptive_max_pool2d for any output size: every window's elements gathered ([..., oh, ow, kh*kw], rows
+    then columns in row-major order), their max, and its flat input position (h * W + w) as the indices."""
+    (h, w), (oh, ow) = x.shape[-2:], out
+    rows, kh = _adaptive_window_rows(int(h), oh, x.device)
+    cols, kw = _adaptive_window_rows(int(w), ow, x.device)
+    lead = list(x.shape[:-2])
+    win = x.index_select(-2, rows.reshape(-1)).index_select(-1, cols.reshape(-1))  # [..., oh*kh, ow*kw]
+    win = win.reshape(*lead, oh, kh, ow, kw).movedim(-3, -2).reshape(*lead, oh, ow, kh * kw)
+    values, pick = win.max(-1)
+    flat = (rows.view(oh, 1, kh, 1) * int(w) + cols.view(1, ow, 1, kw)).reshape(oh, ow, kh * kw)
+    indices = flat.expand(*lead, oh, ow, kh * kw).gather(-1, pick.unsqueeze(-1)).squeeze(-1)
+    return values, indices
 
 
 def _adaptive_max_pool2d_backward(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> Any:
     k = _adaptive_windows(x, go.shape[-2:])
-    if k is None:
-        return NotImplemented
+    if k is None:  # each output's gradient added at its max's input position
+        flat = go.new_zeros(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+        return flat.scatter_add(-1, indices.flatten(-2), go.flatten(-2)).view(x.shape)
     return _max_pool2d_with_indices_backward(go, x, k, k, [0, 0], [1, 1], False, indices)
 
 

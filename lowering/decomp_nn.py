@@ -102,7 +102,20 @@ def masked_softmax(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None, 
     return probs.masked_fill(m.all(d, keepdim=True), 0.0)
 
 
+def trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: list[int], expand2: list[int],
+              expand3: list[int], sumdim: list[int], unroll_dim: int = 1) -> torch.Tensor:
+    """aten._trilinear (nn.Bilinear and its gradients): the three inputs, each unsqueezed at its ``expand`` dims
+    to a common rank, multiplied and summed over ``sumdim``; one einsum, so it lowers to matmuls.
+    ``unroll_dim`` only picks the eager loop order."""
+    rank = i1.dim() + len(expand1)
+    letters = [chr(ord("a") + d) for d in range(rank)]
+    subs = ["".join(letters[d] for d in range(rank) if d not in set(e)) for e in (expand1, expand2, expand3)]
+    out = "".join(letters[d] for d in range(rank) if d not in set(sumdim))
+    return torch.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3)
+
+
 NN: dict[Any, Any] = {
+    aten._trilinear.default: trilinear,
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,
     aten._masked_softmax.default: masked_softmax,

@@ -162,7 +162,13 @@ def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -
     return _zeros(x.shape, dtype, x)
 
 
+def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
+    """aten.dist: the p-norm of the broadcast difference."""
+    return torch.linalg.vector_norm(a - b, float(p))
+
+
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.dist.default: _dist,
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty,
     aten.empty_permuted.default: _empty,

@@ -6,6 +6,7 @@ where (the user's source line when known) and how to fix it or opt out.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -113,4 +114,16 @@ def source_line(node: Any) -> str:
                 return f"{path}:{lineno}: {code}".rstrip(": ")
             except ValueError:
                 return loc
-    return "<unknown source line>"
+    return _module_location(node) or "<unknown source line>"
+
+
+def _module_location(node: Any) -> str | None:
+    """Where a node without a stack trace comes from: Dynamo records none inside torch's own modules
+    (``torch.compile(nn.Bilinear(...))``), but it does record the module the op ran in."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}  # fwd_: a backward op
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    name = re.sub(r"^L\['([^']*)'\]", r"\1", str(path))
+    kind = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+    return f"module {name} ({kind}: torch's own code, no user source line)"

@@ -640,9 +640,10 @@ def _compiled(source: str, name: str) -> Any:
 
 def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int, target: str | None = None,
                 grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True,
-                first_program: bool = False) -> Stream:
+                first_program: bool = False, budget_ns: float = math.inf) -> Stream:
     """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program
-    (``first_program``: program 0 only, see :func:`kernel_time_ns`)."""
+    (``first_program``: program 0 only, see :func:`kernel_time_ns`; ``budget_ns``: the scheduler raises
+    :class:`~neuron_compile.scheduler.OverBudget` once a program's makespan passes it)."""
     from neuron_compile.config import config
     from neuron_compile.scheduler import Alloc, Scheduler
 
@@ -653,6 +654,8 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
     grid = max(grid, _declared_grid(source))
     for pid in range(1 if first_program else grid):
         sched = Scheduler(target, timeline=timeline) if schedule else None
+        if sched is not None:
+            sched.budget_ns = budget_ns
         rec = _Recorder(sched, fast=fast and not timeline)
         nki, nl, isa = _namespaces(rec, loaded_flag, (pid, grid))
         subs = {"nki": nki, "nki.language": nl, "nki.isa": isa}
@@ -707,17 +710,24 @@ def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, 
                          loaded_flag, target, 1, timeline, exact)
 
 
-def kernel_time_ns(kernel: Any, target: str | None = None) -> float:
+def kernel_time_ns(kernel: Any, target: str | None = None, budget_ns: float = math.inf) -> float:
     """The scheduled time of ``kernel`` (as ``estimate(kernel_stream(kernel)).time_ns``) for tuners ranking
     candidates: only program 0 of a launch grid is scheduled. The codegen splits a loop cyclically (the attention,
     loop, index and matmul plans: program ``i`` runs iterations ``i, i + grid, ...``), so program 0 runs the most
     iterations (``ceil(n / grid)``, and program 1 the ragged last one when ``n`` is even) on an identical core: it is
-    the slowest program, whose makespan is the kernel's."""
+    the slowest program, whose makespan is the kernel's.
+
+    ``budget_ns``: a candidate whose makespan passes it stops being scheduled there and gets ``math.inf`` (its time
+    would be larger still: the makespan only grows, and the estimate adds the launch to it)."""
     from neuron_compile.codegen.render import render_kernel
     from neuron_compile.costmodel import estimate
+    from neuron_compile.scheduler import OverBudget
 
-    stream = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], 0, target,
-                         first_program=True)
+    try:
+        stream = _run_source(render_kernel(kernel), kernel.name, [(a.numel, a.dtype) for a in kernel.inputs], 0,
+                             target, first_program=True, budget_ns=budget_ns)
+    except OverBudget:
+        return math.inf
     return estimate(stream, stream.target).time_ns
 
 

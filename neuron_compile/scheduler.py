@@ -177,6 +177,11 @@ class _Region:
         self.writes: list[_Access] = []
 
 
+class OverBudget(Exception):
+    """Scheduling stopped: the program's makespan passed its ``budget_ns`` (a tuner's candidate that can no longer
+    beat the ones it has; the makespan only grows as instructions are scheduled)."""
+
+
 class Scheduler:
     """List scheduler state for one program of one kernel (``cores``: physical cores sharing the HBM ceiling)."""
 
@@ -201,6 +206,7 @@ class Scheduler:
         self.hbm = _Lane()
         self.busy: dict[str, float] = dict.fromkeys(COMPUTE + ("dma", "hbm"), 0.0)
         self.end = 0.0
+        self.budget_ns = math.inf  # OverBudget once the makespan passes this (kernel_time_ns's budget)
         self.sync: list[float] = []  # ends of the cross-core synchronising instructions (Schedule.sync_ns)
         self.regions: dict[Any, _Region] = {}
         # allocation state
@@ -355,6 +361,8 @@ class Scheduler:
               queue: str | None = None) -> None:
         """Schedule one instruction (program order) on its queue (``queue``: a DMA's issue queue, when the kernel
         chose its engine: ``engine=nisa.engine.sync`` -> dma_q0, ``scalar`` -> dma_q1)."""
+        if self.end > self.budget_ns:
+            raise OverBudget(f"makespan {self.end:.0f} ns passed the budget of {self.budget_ns:.0f} ns")
         self.scheduled += 1
         engine = rec.engine
         boxes_r = [b for t in reads for b in self._regions(t)]

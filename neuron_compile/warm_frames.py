@@ -39,6 +39,7 @@ import contextlib
 import dis
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import pickle
@@ -140,8 +141,10 @@ def record_graph(gm: torch.fx.GraphModule, warm_digest: str) -> None:
 
 
 def frame_key(fn: Any) -> Any:
-    """The key of ``fn``'s package: which function (qualname, first line, file and its sha256), versions, knobs."""
+    """The key of ``fn``'s package: which function (qualname, first line, file and its sha256, its code), versions,
+    knobs."""
     import neuron_compile
+    from neuron_compile import warm_guards
     from neuron_compile.cache.key import (
         SCHEMA_VERSION,
         CacheKey,
@@ -168,8 +171,10 @@ def frame_key(fn: Any) -> Any:
         "python": platform.python_version(),
         "target": config.target,
         "codegen": json.loads(json.dumps(codegen_snapshot(), sort_keys=True, default=str)),
+        # the code itself too: lambdas written on one line share qualname, line and file
         "function": {"module": inner.__module__, "qualname": inner.__qualname__, "line": code.co_firstlineno,
-                     "file": Path(code.co_filename).name, "file_sha256": source_sha},
+                     "file": Path(code.co_filename).name, "file_sha256": source_sha,
+                     "code_sha256": warm_guards.code_hash(code)},
     }
     return CacheKey(digest=digest_of(parts), parts=parts)
 
@@ -362,7 +367,8 @@ class NeuronDynamoCache:
         except ValueError as exc:
             log.info("neuron: Dynamo package of %s not stored: %s", entry.fn_name, exc)
             return
-        if any(c.bypassed for c in entry.codes):  # a frame torch (or warm_guards) could not package
+        if getattr(package, "_neuron_unstorable", False) or any(c.bypassed for c in entry.codes):
+            # a frame torch (or warm_guards) could not package
             log.info("neuron: Dynamo package of %s not stored: a frame of it can't be packaged", entry.fn_name)
             return
         codes = [c for c in entry.codes if c.guarded_codes]
@@ -497,6 +503,64 @@ def _patch_guard_pickler() -> None:
     GuardsStatePickler.reducer_override = reducer_override
 
 
+
+# What a compiling frame records into its package (torch/_dynamo/convert_frame.py, output_graph.py,
+# symbolic_convert.py call these); a failure there is a failure to package, never a failure to compile.
+_RECORDERS = ("add_guarded_code", "add_inlined_source", "update_device_type", "add_resume_function",
+              "add_import_source", "add_backend_id")
+
+
+def _patch_recorders() -> None:
+    """In our scope, a package that can't record a frame (torch raising from one of :data:`_RECORDERS`: the
+    source of code typed into ``python -`` or ``exec``'d, a file edited since it was imported, ...) leaves that
+    frame unpackaged (the package is then not stored: traced in every process, one INFO line) and the compile
+    goes on as without warm frames."""
+    from torch._dynamo.package import CompilePackage
+
+    def guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def record(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(self, *args, **kwargs)
+            except Exception as exc:
+                if not _in_scope():
+                    raise
+                log.info("neuron: a frame is not packaged (traced in every process): %s failed (%s: %s)", name,
+                         type(exc).__name__, exc)
+                self._neuron_unstorable = True
+                if getattr(self, "_current_entry", None) is not None:
+                    self._current_entry.bypassed = True
+                return None
+
+        return record
+
+    for name in _RECORDERS:
+        setattr(CompilePackage, name, guarded(name, getattr(CompilePackage, name)))
+
+
+def _patch_user_function() -> None:
+    """A function Dynamo compiles as a frame of its own inside a package (after a graph break) is recorded by
+    its qualified name (``CompilePackage._add_user_function``); torch raises ``PackageError`` when the name
+    can't be resolved (a function reached through a property: Hugging Face's ``self.loss_function``). In our
+    scope that frame is recorded as bypassed instead, so the package is not stored and the model compiles
+    as without warm frames."""
+    from torch._dynamo.package import CompilePackage, PackageError
+
+    original = CompilePackage._add_user_function
+
+    def _add_user_function(self: Any, code: types.CodeType) -> None:
+        try:
+            original(self, code)
+        except PackageError as exc:
+            if not _in_scope():
+                raise
+            log.info("neuron: a frame is not packaged (traced in every process): %s", exc)
+            module = inspect.getmodule(code)
+            self._add_function(code, module.__name__ if module is not None else "<unknown>")
+            self._codes[code].bypassed = True
+
+    CompilePackage._add_user_function = _add_user_function
+
+
 # --------------------------------------------------------------------------------------------
 # Wiring
 
@@ -618,6 +682,14 @@ def install(backend: Callable[[], Any]) -> None:
         _patch_guard_pickler()
     except (ImportError, AttributeError) as exc:
         log.debug("warm frames: decorated functions' guards stay unpicklable with this torch (%s)", exc)
+    try:
+        _patch_user_function()
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames: graph breaks into unnamed functions fail to compile with this torch (%s)", exc)
+    try:
+        _patch_recorders()
+    except (ImportError, AttributeError) as exc:
+        log.debug("warm frames: a frame torch can't package fails to compile with this torch (%s)", exc)
     from neuron_compile import warm_guards
 
     try:

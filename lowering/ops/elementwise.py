@@ -155,20 +155,36 @@ def lower_logical_not(ctx, node, a):
     return ctx.b.binary("equal", a, 0.0)
 
 
-@register_lowering(aten.bitwise_not.default, family="elementwise",
-                   check=lambda n: None if _dtype(n) == torch.bool else "bitwise_not on integers is not supported")
+def _bitwise_check(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    if d == torch.bool:
+        return None
+    if d is None or d.is_floating_point or d.is_complex:
+        return f"bitwise ops of {d} tensors (torch allows them on integers and bools only)"
+    return _int_arith(node)
+
+
+@register_lowering(aten.bitwise_not.default, family="elementwise", check=_bitwise_check)
 def lower_bitwise_not(ctx, node, a):
-    """aten.bitwise_not on bool: logical not."""
-    return ctx.b.binary("equal", a, 0.0)
+    """aten.bitwise_not: logical not of bools; ``~x`` of integers as ``x ^ -1`` in int32 (exact: NeuronCores hold
+    integers as sign-extended int32, whose low bits are the int64 ones; narrow results wrap like torch)."""
+    if _dtype(node) == torch.bool:
+        return ctx.b.binary("equal", a, 0.0)
+    return ctx.b.binary("bitwise_xor", a, -1)
 
 
-@register_lowering(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor, family="elementwise",
-                   check=lambda n: None if _dtype(n) == torch.bool else "bitwise ops on integers are not supported")
-def lower_bitwise_bool(ctx, node, a, b):
-    """aten.bitwise_and/or/xor on bool tensors: logical ops."""
-    op = {aten.bitwise_and.Tensor: "logical_and", aten.bitwise_or.Tensor: "logical_or",
-          aten.bitwise_xor.Tensor: "logical_xor"}[node.target]
-    return ctx.b.binary(op, a, b)
+_BITWISE_OPS = {aten.bitwise_and.Tensor: "and", aten.bitwise_and.Scalar: "and", aten.bitwise_or.Tensor: "or",
+                aten.bitwise_or.Scalar: "or", aten.bitwise_xor.Tensor: "xor", aten.bitwise_xor.Scalar: "xor"}
+
+
+@register_lowering(*_BITWISE_OPS, family="elementwise", check=_bitwise_check)
+def lower_bitwise(ctx, node, a, b):
+    """aten.bitwise_and/or/xor: logical ops on bools; on integers the int32 ALU ops, exact (the result of two
+    int32-range values stays in that range, so no int64 overflow guard is needed)."""
+    op = _BITWISE_OPS[node.target]
+    if _dtype(node) == torch.bool:
+        return ctx.b.binary(f"logical_{op}", a, b)
+    return ctx.b.binary(f"bitwise_{op}", a, b)
 
 
 def _act(func: str, scale: float = 1.0):

@@ -150,12 +150,20 @@ def _with_tiles(kernel: LoopKernel, tiles: Tiles) -> LoopKernel:
     return replace(kernel, ops=ops)
 
 
-def _score(kernel: LoopKernel, tiles: Tiles, target: str) -> float:
+def _score(kernel: LoopKernel, tiles: Tiles, target: str, budget_ns: float = math.inf) -> float:
+    """The candidate's estimated time, or ``math.inf`` once its schedule passes ``budget_ns`` (it can't be picked)."""
     from neuron_compile.instruction_stream import kernel_time_ns
 
-    ns = kernel_time_ns(_with_tiles(kernel, tiles), target)
+    ns = kernel_time_ns(_with_tiles(kernel, tiles), target, budget_ns)
     log.debug("%s: tiles %s -> %.1f us", kernel.name, tiles, ns / 1e3)
     return ns
+
+
+def _finalist_budget(scored: list[tuple[float, Tiles]]) -> float:
+    """The ROW_GROUP_FINALISTS-th best time scored so far (``math.inf`` until there are that many)."""
+    if len(scored) < ROW_GROUP_FINALISTS:
+        return math.inf
+    return sorted(ns for ns, _ in scored)[ROW_GROUP_FINALISTS - 1]
 
 
 def _signature(kernel: LoopKernel, target: str) -> str:
@@ -207,9 +215,11 @@ def tune(kernel: LoopKernel) -> LoopKernel:
     if rule is not None:
         best = rule
     elif len(cands) > 1:
-        scored = []
+        # a candidate's schedule stops once it is slower than the ROW_GROUP_FINALISTS best so far (it can be neither
+        # the choice nor a finalist: those only get faster), later ones once slower than the best: the same choice
+        scored: list[tuple[float, Tiles]] = []
         for cand in cands:
-            ns = _score(kernel, cand, target)
+            ns = _score(kernel, cand, target, _finalist_budget(scored))
             scored.append((ns, cand))
             if ns < best_ns:
                 best, best_ns = cand, ns
@@ -220,7 +230,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
                 if rg == top.rg or (rg - 1) * PMAX >= top.bm:
                     continue
                 cand = replace(top, rg=rg)
-                ns = _score(kernel, cand, target)
+                ns = _score(kernel, cand, target, best_ns)
                 if ns < best_ns:
                     best, best_ns = cand, ns
         # stores more frequent than residual loads (less work behind the last store): (rg, sg) for the best blocks
@@ -230,7 +240,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
                 if sg >= rg or (rg - 1) * PMAX >= base.bm:
                     continue
                 cand = replace(base, rg=rg, sg=sg)
-                ns = _score(kernel, cand, target)
+                ns = _score(kernel, cand, target, best_ns)
                 if ns < best_ns:
                     best, best_ns = cand, ns
     log.debug("%s: chose tiles %s of %d candidates", kernel.name, best, len(cands))

@@ -74,8 +74,10 @@ def lower_t(node: fx.Node, v: View) -> View:
 
 @register_lowering(aten.transpose.int, family="movement", kind="view")
 def lower_transpose(node: fx.Node, v: View) -> View:
-    """aten.transpose: swap two dims (a view)."""
+    """aten.transpose: swap two dims (a view; a 0-d tensor's dims 0 and -1 are itself)."""
     n = len(v.shape)
+    if n == 0:
+        return v
     a, b = node.args[1] % n, node.args[2] % n
     shape, strides = list(v.shape), list(v.strides)
     shape[a], shape[b] = shape[b], shape[a]

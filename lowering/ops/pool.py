@@ -125,17 +125,17 @@ def _adaptive_max_check(node: fx.Node) -> str | None:
     xv = node.args[0].meta.get("val")
     if not isinstance(xv, torch.Tensor) or not xv.dtype.is_floating_point:
         return "adaptive max pooling of a floating-point tensor only"
-    size, out = node_shape(node.args[0])[-2:], [int(o) for o in node.args[1]]
-    if any(o <= 0 or s % o for s, o in zip(size, out, strict=True)):
-        return (f"adaptive max pooling of {size} to {tuple(out)}: only output sizes that divide the input are "
-                f"supported (then it is max pooling with kernel = stride); use max_pool2d or adaptive_avg_pool2d")
+    out = [int(o) for o in node.args[1]]
+    if any(o <= 0 for o in out):
+        return f"adaptive max pooling to {tuple(out)}: every output size must be positive"
     return None
 
 
 @register_lowering(aten.adaptive_max_pool2d.default, family="pool", kind="conv", check=_adaptive_max_check)
 def lower_adaptive_max_pool2d(gl: Any, node: fx.Node) -> None:
-    """aten.adaptive_max_pool2d when the output size divides the input: max pooling with kernel = stride (the
-    decomposition in lowering/decomp_conv.py rewrites it before lowering; other sizes are refused)."""
+    """adaptive max pooling, any output size: max pooling (kernel = stride) or the windows gathered.
+
+    The decomposition in lowering/decomp_conv.py rewrites it before lowering."""
     raise LoweringError(f"{node.name}: adaptive_max_pool2d reached the lowering undecomposed")
 
 

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +35,26 @@ log = logging.getLogger(__name__)
 # (one program of a large kernel can run minutes ahead of the other on a loaded machine).
 WAIT_S = 600.0
 _SYNC_NAMES = frozenset({"core_barrier", "sendrecv"})
+# Answers of synchronises() per kernel function: a runner launches the same kernel on every call.
+_SYNCHRONISES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def synchronises(fn: Callable[..., Any]) -> bool:
     """Whether the kernel's code (its nested functions, and functions it names at module level) names
-    ``core_barrier`` or ``sendrecv``: then its LNC2 launch runs as two threads."""
+    ``core_barrier`` or ``sendrecv``: then its LNC2 launch runs as two threads. Remembered per function."""
+    try:
+        return _SYNCHRONISES[fn]
+    except (KeyError, TypeError):
+        pass
+    found = _names_sync(fn)
+    try:
+        _SYNCHRONISES[fn] = found
+    except TypeError:  # not weak-referenceable (a builtin or a callable object): asked again next time
+        pass
+    return found
+
+
+def _names_sync(fn: Callable[..., Any]) -> bool:
     seen: set[int] = set()
     todo: list[Any] = [getattr(fn, "__code__", None)]
     glb = getattr(fn, "__globals__", {})

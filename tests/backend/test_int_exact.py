@@ -240,17 +240,31 @@ def _refused(fn: Callable[..., Any], *xs: torch.Tensor) -> str:
 
 @pytest.mark.parametrize(("fn", "parts"), [
     (lambda x: x.prod(-1), ("aten.prod", "torch.int64", "no exact integer product", "in float")),
-    (lambda x: ~x, ("bitwise_not on integers",)),
     (lambda x: x.pow(2), ("aten.pow", "torch.int64", "floating point only", "x.float()")),
     (lambda x: x @ x.t(), ("matmul on torch.int64",)),
     (lambda x: (x * 1.5).sum(-1, dtype=torch.int64), ("integer dtype=", "torch.float32", "round explicitly")),
     (lambda x: (x * 1.5).cumsum(-1, dtype=torch.int64), ("aten.cumsum with an integer dtype=", "torch.float32")),
-    (lambda x: x & 6, ("bitwise",)),
+    (lambda x: x << 2, ("aten.bitwise_left_shift", "torch.int64")),
 ])
 def test_refusals_name_op_dtype_and_fix(fn: Callable[..., Any], parts: tuple[str, ...]) -> None:
     msg = _refused(fn, _big(torch.int64))
     for p in parts:
         assert p in msg, f"{p!r} not in {msg}"
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_bitwise_ops_are_exact(dtype: torch.dtype) -> None:
+    """and/or/xor/not of integers in int32, at the int32 extremes too; narrow results wrap like torch."""
+    info = torch.iinfo(dtype)
+    x = torch.randint(max(info.min, -(2**31)), min(info.max, 2**31 - 1), (4, 10), generator=torch.Generator().manual_seed(0),
+                      dtype=torch.int64).to(dtype)
+    x[0, :2] = torch.tensor([max(info.min, -(2**31)), min(info.max, 2**31 - 1)]).to(dtype)
+    y = x.flip(0).roll(3, 1)
+
+    def ops(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return a & b, a | b, a ^ b, ~a, a & 0x5A, 0x33 | a, a ^ r, (a ^ b) & ~r, torch.bitwise_and(a, b) + 1
+
+    _check(ops, x, y, y[1])
 
 
 def test_int8_arithmetic_wraps_and_int_index_put_accumulate_is_refused() -> None:

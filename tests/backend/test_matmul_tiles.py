@@ -9,6 +9,7 @@ autotuner's choice is recorded in the kernel IR and that its candidates respect 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -147,7 +148,8 @@ def test_single_block_gemms_take_strided_streamed_tiles_without_scoring(m: int, 
     calls: list[Tiles] = []
     orig = mm_rules._score
     mm_rules._TUNED.clear()
-    mm_rules._score = lambda kernel, tiles, target: calls.append(tiles) or orig(kernel, tiles, target)  # type: ignore
+    mm_rules._score = lambda kernel, tiles, target, budget_ns=math.inf: (  # type: ignore[assignment]
+        calls.append(tiles) or orig(kernel, tiles, target, budget_ns))
     try:
         with config.patch(target="trn2", cache=False):
             got = torch.compile(torch.mm, backend="neuron", dynamic=False)(a, b)
@@ -308,3 +310,66 @@ def test_gemm_spreads_n_blocks_over_the_cores(rows: int, tiles: Tiles, dtype: to
     assert "for n0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
     if any(s["name"] == "b_t" for s in plan["scratch"]):
         assert "for nb0 in range(nl.program_id(0) * 512, 1100, 512 * nl.num_programs(0)):" in src, src
+
+
+# resident blocks, A transposed straight into SBUF, B through the HBM scratch (sb): the scratch is filled during each
+# program's first M block (B's N blocks transposed straight into the SBUF block, used there and stored), the later M
+# blocks read it back, and the next M block's first A row tile is loaded during the block before. Cores split the M
+# blocks (1100 rows, N 700: five M blocks, a ragged 76-row last one) or the N blocks (700 rows, N 1100); K 640.
+B_FILL = [(1100, 700, Tiles(256, 512, 1, True, True, True, False, True, rg=2, sb=True)),
+          (700, 1100, Tiles(256, 512, 1, True, True, True, False, True, sb=True))]
+
+
+@pytest.mark.parametrize(("rows", "n", "tiles"), B_FILL, ids=lambda t: "-".join(map(str, t.to_attr()))
+                         if isinstance(t, Tiles) else str(t))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_b_scratch_filled_during_the_first_m_block(rows: int, n: int, tiles: Tiles, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(rows, 640, generator=g).to(dtype)
+    w = (torch.randn(n, 640, generator=g) / 8).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    got = _run_forced(tiles, lambda x, w, bias: torch.nn.functional.gelu(x @ w.t() + bias), x, w, bias)
+    want = torch.nn.functional.gelu(x.float() @ w.float().t() + bias.float())
+    _assert_matches(got, want, dtype)
+    plan = _last_matmul_plan()
+    assert plan["b_fill"] is not None and plan["pipe_a"] and plan["psum_banks"] <= 8
+    assert plan["split_m"] == (rows > n) and plan["grid"] == 2
+    src = "".join(src for graph in neuron_compile.backend.compiled_graphs() for _, src in graph["sources"])
+    first = "0 + nl.program_id(0) * 256" if plan["split_m"] else "0"
+    assert f"if m0 == {first}:" in src and "b_t_rows" not in src, src  # no scratch pass before the blocks
+    assert "a_next = nl.ndarray" in src and "if NX > 0:" in src, src
+
+
+def test_tile_search_budget_stops_losing_candidates_and_keeps_the_choice() -> None:
+    """A candidate whose schedule passes the budget (the fourth best so far, then the best) stops there and scores
+    inf; the search picks the same tiles as scoring every candidate to its end (bf16 Linear + GELU, 700 x 640 x 1100,
+    several M and N blocks)."""
+    from neuron_compile.instruction_stream import kernel_time_ns
+
+    g = torch.Generator().manual_seed(11)
+    lin = torch.nn.Linear(640, 1100).to(torch.bfloat16)
+    x = torch.randn(700, 640, generator=g).to(torch.bfloat16)
+    picks, budgets = [], []
+    orig = mm_rules._score
+    for budgeted in (True, False):
+        mm_rules._TUNED.clear()
+        mm_rules._score = (lambda kernel, tiles, target, budget_ns=math.inf, budgeted=budgeted: (  # type: ignore
+            budgets.append(budget_ns) or orig(kernel, tiles, target, budget_ns if budgeted else math.inf)))
+        try:
+            with config.patch(target="trn2", cache=False), torch.no_grad():
+                got = torch.compile(lambda x: torch.nn.functional.gelu(lin(x)), backend="neuron", dynamic=False)(x)
+        finally:
+            mm_rules._score = orig  # type: ignore[assignment]
+            mm_rules._TUNED.clear()
+        with torch.no_grad():
+            _assert_matches(got, torch.nn.functional.gelu(x.float() @ lin.weight.float().t() + lin.bias.float()),
+                            torch.bfloat16)
+        picks.append(_chosen_tiles())
+    assert picks[0] == picks[1], picks
+    assert any(b < math.inf for b in budgets)  # the budget was in force for some candidates
+    kernel = next(k for k in neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels
+                  if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
+    with config.patch(target="trn2"):
+        full = kernel_time_ns(kernel, "trn2")
+        assert kernel_time_ns(kernel, "trn2", full * 1.01) == full  # within the budget: the same time
+        assert kernel_time_ns(kernel, "trn2", full * 0.5) == math.inf  # passed it: stopped

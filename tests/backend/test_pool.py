@@ -2,7 +2,7 @@
 
 Forward and backward through ``torch.compile(backend="neuron")`` on the simulator: max pooling (padding,
 stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), average pooling
-(count_include_pad, divisor_override, ceil_mode, 1-D), adaptive average pooling (1-D/2-D, non-divisible
+(count_include_pad, divisor_override, ceil_mode, 1-D), adaptive max and average pooling (1-D/2-D, non-divisible
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
 bicubic; size or scale_factor), group_norm, bf16 autocast, and the refusal of 3-D pooling by name.
 """
@@ -195,14 +195,25 @@ def test_unbatched_and_channels_last(fn: Any) -> None:
     H.check_grads(fn, torch.randn(2, 3, 9, 10).to(memory_format=torch.channels_last))
 
 
-def test_adaptive_max_pool_divisible_and_refused_otherwise() -> None:
+def test_adaptive_max_pool_divisible_sizes_use_the_pool_kernels() -> None:
     ks = H.check_grads(lambda x: F.adaptive_max_pool2d(x, (4, 5)), torch.randn(2, 3, 8, 10))
     assert sorted(k.mode for k in ks if k.family == "pool") == ["max", "max_backward"]
     torch._dynamo.reset()
     x = torch.randn(2, 3, 8, 10)
     got = torch.compile(lambda x: F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1], backend="neuron")(x)
     assert torch.equal(got, F.adaptive_max_pool1d(x[:, :, 0], 5, return_indices=True)[1])
+
+
+@pytest.mark.parametrize("shape, out", [((2, 3, 7, 7), (3, 3)), ((1, 2, 10, 9), (4, 5)), ((3, 8, 8), (3, 5)),
+                                        ((2, 5, 9), (4,)), ((1, 2, 6, 5), (6, 2))],
+                         ids=["7to3", "10x9to4x5", "unbatched", "1d", "upsampling_rows"])
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
+def test_adaptive_max_pool_any_output_size(shape: tuple[int, ...], out: tuple[int, ...], ties: bool) -> None:
+    """Overlapping windows of different lengths: values, indices (first maximum on ties) and gradients."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 3, shape).float() if ties else torch.randn(shape)
+    pool = F.adaptive_max_pool1d if len(out) == 1 else F.adaptive_max_pool2d
+    H.check_grads(lambda t: pool(t, out), x)
     torch._dynamo.reset()
-    with pytest.raises(Exception) as info:
-        torch.compile(lambda x: F.adaptive_max_pool2d(x, (3, 4)), backend="neuron")(x)
-    assert "only output sizes that divide the input are supported" in str(H.unsupported(info.value))
+    got = torch.compile(lambda t: pool(t, out, return_indices=True)[1], backend="neuron", dynamic=False)(x)
+    assert torch.equal(got, pool(x, out, return_indices=True)[1])

@@ -201,3 +201,31 @@ def test_multihead_attention_fast_path_without_weights():
     kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
     with torch.no_grad():
         _same(lambda t: mha(t, t, t, key_padding_mask=kpm, need_weights=False)[0], x)
+
+
+@pytest.mark.parametrize("shape", [(6,), (2, 5), ()], ids=["batch", "two_batch_dims", "unbatched"])
+def test_bilinear_forward_and_gradients_match_eager(shape):
+    """nn.Bilinear calls aten._trilinear (forward and backward), which torch has no decomposition for."""
+    torch.manual_seed(0)
+    ref = torch.nn.Bilinear(3, 4, 5)
+    mod = torch.nn.Bilinear(3, 4, 5)
+    mod.load_state_dict(ref.state_dict())
+    x1, x2 = torch.randn(*shape, 3, requires_grad=True), torch.randn(*shape, 4, requires_grad=True)
+    y1, y2 = (t.detach().clone().requires_grad_() for t in (x1, x2))
+    out, expected = _compile(mod)(y1, y2), ref(x1, x2)
+    torch.testing.assert_close(out, expected)
+    out.pow(2).sum().backward()
+    expected.pow(2).sum().backward()
+    for got, want in ((y1.grad, x1.grad), (y2.grad, x2.grad), (mod.weight.grad, ref.weight.grad),
+                      (mod.bias.grad, ref.bias.grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_op_inside_torch_module_is_located_by_its_module():
+    """Dynamo records no stack trace inside torch's own modules; a refusal there names the module instead."""
+    with pytest.raises(Exception) as info:
+        _compile(torch.nn.MaxPool3d(2))(torch.randn(1, 2, 4, 4, 4))
+    msg = str(info.value)
+    assert "UnsupportedOpError" in msg, msg
+    assert "aten.max_pool3d" in msg and "module fn (torch.nn.modules.pooling.MaxPool3d" in msg, msg
+    assert "<unknown source line>" not in msg

@@ -202,10 +202,11 @@ def test_reductions_over_an_empty_dim_give_the_identity_like_eager(fn):
 @pytest.mark.parametrize("fn", [lambda t: t.sum(0), lambda t: t.amax(0), lambda t: t.max(0).indices,
                                 lambda t: t.var(0), lambda t: t.var(0, correction=0), lambda t: torch.softmax(t, 0),
                                 lambda t: t.argmax(), lambda t: t.logsumexp(0), lambda t: t.view(1) * 2,
-                                lambda t: t.any()],
+                                lambda t: t.any(), lambda t: t.transpose(0, 0) + 1, lambda t: t.t() * 2,
+                                lambda t: t.permute(()) - 1],
                          ids=["sum", "amax", "max_indices", "var", "var_c0", "softmax", "argmax", "logsumexp",
-                              "view", "any"])
-def test_reductions_of_0d_tensors_match_eager(fn):
+                              "view", "any", "transpose", "t", "permute"])
+def test_reductions_and_views_of_0d_tensors_match_eager(fn):
     x = torch.tensor(3.5)
     torch.testing.assert_close(_compile(fn)(x), fn(x), equal_nan=True)
 
@@ -220,3 +221,18 @@ def test_argmax_without_dim_flattens(fn):
 def test_empty_contraction_matmul_is_zeros():
     a, b = torch.randn(3, 0), torch.randn(0, 4)
     torch.testing.assert_close(_compile(lambda x, y: x @ y)(a, b), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("fn", [lambda t: torch.logspace(2, 3, 1) * t, lambda t: torch.logspace(1, 3, 1, base=2.0) + t,
+                                lambda t: t * torch.full((4,), 0.5).sigmoid(), lambda t: torch.ones(4).exp() - t],
+                         ids=["logspace_one_step", "logspace_base2", "sigmoid_of_full", "exp_of_ones"])
+def test_activation_of_a_constant_matches_eager(fn):
+    """A ScalarE function of a value folded to a constant (one-step logspace, a fill) is computed, not refused."""
+    x = torch.randn(4)
+    torch.testing.assert_close(_compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3.5, float("inf"), float("-inf")])
+def test_dist_matches_eager(p):
+    a, b = torch.randn(3, 5), torch.randn(5)
+    torch.testing.assert_close(_compile(lambda x, y: torch.dist(x, y, p))(a, b), torch.dist(a, b, p))
