@@ -79,15 +79,24 @@ def split_scale(k: AttentionKernel) -> tuple[float, float]:
     return p2, scale / p2
 
 
-def head_group(k: AttentionKernel, cap: int | None = None) -> int:
-    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` (at most ``cap``) whose
-    rows fit ``GROUP_ROWS_BYTES`` per partition (and the kernel's SBUF budget with the per-head working set)."""
+def head_group(k: AttentionKernel, cap: int | None = None, grid: int = 1) -> int:
+    """Heads whose Q/K/V/output rows move in one DMA each: the largest divisor of ``heads`` (at most ``cap``, and few
+    enough that ``grid`` programs get a group each: ``lnc_cap``) whose rows fit ``GROUP_ROWS_BYTES`` per partition
+    (and the kernel's SBUF budget with the per-head working set)."""
     rows, other = _standard_bytes(k)
     best = 1
-    for g in range(2, min(k.heads, cap or k.heads) + 1):
+    for g in range(2, min(k.heads, cap or k.heads, lnc_cap(k, grid)) + 1):
         if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
             best = g
     return best
+
+
+def lnc_cap(k: AttentionKernel, grid: int) -> int:
+    """The most heads per group that still leave every one of ``grid`` programs a (batch, head group) unit: with
+    fewer batches than programs (one batch on an LNC2 core) the heads of a batch are split over the programs."""
+    if grid <= 1 or k.batch >= grid:
+        return k.heads
+    return max(1, k.heads // -(-grid // k.batch))
 
 
 def rows_bytes(k: AttentionKernel) -> int:
@@ -133,14 +142,14 @@ def sbuf_bytes_t(k: AttentionKernel, group: int) -> int:
     return group * head_bytes(k) + per_block * group + onehot + 2 * QUERY_BLOCK * cs + 8 * -(-k.sk // BANK_KEYS)
 
 
-def transposed_group(k: AttentionKernel) -> int:
+def transposed_group(k: AttentionKernel, grid: int = 1) -> int:
     """Heads per group for the transposed-scores kernel, or 0 when the kernel doesn't apply: a mask, heads it can't
     augment, or fp16 operands. The row max it shifts by is rounded to the matmul dtype, so ``exp(s - max)`` reaches
     ``exp(ulp(max) / 2)``: fp16 P overflows (> 65504 = e^11.09) once |max| >= 2^15 (an ulp of 32), giving inf/NaN rows,
     and the scale (folded into Q^T here) can't be split off in fp32 as the standard kernel does for fp16."""
     if k.mask is not None or k.d % 32 or k.d >= PMAX or k.dv + 1 > PMAX or k.compute_dtype == "float16":
         return 0
-    return _fitting(k, head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD), sbuf_bytes_t)
+    return _fitting(k, head_group(k, cap=min(MAX_AUG_ROWS, PMAX - k.d) // AUG_PER_HEAD, grid=grid), sbuf_bytes_t)
 
 
 def sbuf_bytes_u(k: AttentionKernel, group: int) -> int:
@@ -157,14 +166,14 @@ def transposed_ahead_bytes(k: AttentionKernel, group: int) -> int:
     return group * (k.sq + k.sk) * _size(k.compute_dtype)
 
 
-def unshifted_group(k: AttentionKernel) -> int:
+def unshifted_group(k: AttentionKernel, grid: int = 1) -> int:
     """Heads per group for the unshifted kernel, or 0 when it doesn't apply: an additive mask, the knob off, or
     fp16 operands (P is stored in the matmul dtype, and fp16's range, 2^-14..65504, would hold unshifted
     probabilities only for scores in about [-7, 11]; bf16 and fp32 share fp32's exponent range)."""
     if not config.attention_unshifted or k.mask is not None or k.d > PMAX or k.dv + 1 > BANK_KEYS \
             or k.compute_dtype not in ("bfloat16", "float32"):
         return 0
-    return _fitting(k, head_group(k), sbuf_bytes_u, transposed_ahead_bytes)
+    return _fitting(k, head_group(k, grid=grid), sbuf_bytes_u, transposed_ahead_bytes)
 
 
 def attention_plan(k: AttentionKernel) -> dict[str, object]:
@@ -191,9 +200,10 @@ def _load(name: str, access: tuple[int, int, tuple[int, ...]], rows: int, cols: 
 
 
 def split_grid(k: AttentionKernel, grid: int) -> int:
-    """Programs the exact kernel's batches spread over on a logical core of ``grid`` physical cores: ``grid`` when
-    there are at least as many batches, else 1 (the batch loop is the split loop: disjoint output rows)."""
-    return grid if grid > 1 and k.batch >= grid else 1
+    """Programs the kernel's (batch, head group) units spread over on a logical core of ``grid`` physical cores:
+    ``grid`` when there are at least as many (batch, head) pairs, else 1 (disjoint output rows; with fewer batches
+    than programs the head groups are capped so that every program gets one, ``lnc_cap``)."""
+    return grid if grid > 1 and k.batch * k.heads >= grid else 1
 
 
 def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra: int = 0) -> dict[str, Any]:
@@ -215,7 +225,7 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra:
 
 def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys in 512-key chunks."""
-    group = head_group(k)
+    group = head_group(k, grid=grid)
     rows, other = _standard_bytes(k)
     p = _common(k, group, other + group * rows, grid)
     masked = k.mask is not None
@@ -248,8 +258,8 @@ def transposed_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, 
 def exact_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     """The exact kernel (softmax with the row max): transposed scores when they apply, else the standard one; its
     batches spread over ``split_grid(k, grid)`` programs."""
-    group = transposed_group(k)
     grid = split_grid(k, grid)
+    group = transposed_group(k, grid)
     return transposed_plan(k, group, grid) if group else standard_plan(k, grid)
 
 
@@ -270,5 +280,6 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
 def plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     """The plan of the kernel that runs on a logical core of ``grid`` physical cores: the unshifted one (with the
     exact rerun) when it applies, else the exact one, batches spread over ``split_grid(k, grid)`` programs."""
-    group = unshifted_group(k)
+    grid = split_grid(k, grid)
+    group = unshifted_group(k, grid)
     return unshifted_plan(k, group, grid) if group else exact_plan(k, grid)

@@ -89,8 +89,11 @@ class ProgramBuilder:
     def compute_dtype(self) -> str:
         return "int32" if self.int_mode else "float32"
 
-    def cast(self, x: TileVal, dtype: str) -> TileVal:
-        """``x`` as a ``dtype`` tile (tensor_copy: bit-exact for equal dtypes, through fp32 otherwise)."""
+    def cast(self, x: Operand, dtype: str) -> TileVal:
+        """``x`` as a ``dtype`` tile (tensor_copy: bit-exact for equal dtypes, through fp32 otherwise); a constant
+        (a value folded to a scalar: sin of a one-element window) becomes a filled tile."""
+        if not isinstance(x, TileVal):
+            x = self.as_tile(self.coerce(x))
         if x.dtype == dtype:
             return x
         return self.emit("cast", x.kind, (x,), dtype=dtype)
@@ -166,9 +169,7 @@ class ProgramBuilder:
         if func not in ACTIVATIONS:
             raise self.fail(f"{func} is not an activation-table function")
         self._no_int(f"activation {func}")
-        if not isinstance(x, TileVal):  # a constant operand (a scalar fill folded away): computed on ScalarE too
-            x = self.as_tile(self.coerce(x))
-        x = self.cast(x, "float32")
+        x = self.cast(x, "float32")  # a constant operand (a scalar fill folded away) is computed on ScalarE too
         if (isinstance(scale, TileVal) and scale.kind == "full") or (isinstance(bias, TileVal) and bias.kind == "full"):
             x = self.affine(x, scale, bias)
             scale, bias = 1.0, 0.0

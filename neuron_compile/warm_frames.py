@@ -26,9 +26,11 @@ Guards: with ``caching_precompile`` on, torch drops every guard it can't seriali
 torch/_dynamo/guards.py), in the compiling process and in every process that loads the package, so a
 rebound global function or a monkeypatched torch function went unseen. :mod:`neuron_compile.warm_guards`
 undoes that in our scope: the compiling process keeps every guard, each identity guard is packaged as a
-fingerprint (module/class/builtin by name, function by code hash, defaults and closure) checked on every
-call of the loading process, and a frame with a guard no fingerprint can stand for is not packaged
-(traced in every process). That is what makes warm frames safe to have on by default. They apply only to
+fingerprint (module/class/builtin by name, function by code hash, defaults and closure, a config object
+deep-copied in ``forward`` by class name and state) checked in the loading process, and a frame with a
+guard no fingerprint can stand for is not packaged (traced in every process). Resume frames (after a
+graph break) are packaged by torch itself (``CompilePackage.add_resume_function``) and loaded with the
+frame they resume. That is what makes warm frames safe to have on by default. They apply only to
 ``torch.compile`` calls whose backend is ``neuron`` while the cache is on; other backends in the same
 process are untouched.
 """
@@ -322,6 +324,8 @@ def _rebuild_each(inner: Any, dynamo: Any, get_builtins_dict: Any, SerializedCod
         for guarded in code_entry.guarded_codes:
             state = load_guards_state(guarded.guards_state)
             scope = dict(modules[code_entry.python_module].__dict__)
+            for alias, module_name in code_entry.import_sources.items():  # what install() puts there first
+                scope.setdefault(alias, importlib.import_module(module_name))
             name = state.output_graph.name_of_builtins_dict_key_in_fglobals
             if name and name not in scope:
                 scope[name] = get_builtins_dict(scope)

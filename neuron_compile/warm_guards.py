@@ -18,21 +18,38 @@ In our scope (neuron ``torch.compile`` calls) this module changes two things:
   the class found there must be that object); a builtin by module, qualified name and what it is
   bound to; a Python function by a hash of its code object (bytecode, constants, names, exception
   table, recursively) plus its globals' module, its defaults and closure (primitive values by value,
-  functions recursively); a code object by the same hash. The loading process checks it on every
-  call (a Python lambda guard on that source). A guard whose object has no fingerprint (an
-  ``nn.Module`` instance's identity, a dict version, a weak reference, a local class...) makes the
-  frame *unpackaged*: its package entry is bypassed (and a package with a bypassed entry is never
-  stored) so the frame is traced in every process, as without warm frames.
+  functions recursively); a code object by the same hash; a primitive by value and a plain object (a
+  config: a dataclass, a Hugging Face ``PretrainedConfig``, a dict of options) by its class's name and a
+  digest of its whole state, both only when the identity was used by ``copy.deepcopy`` (its memo's key),
+  with the identity relations between such objects kept (:func:`portable_guards`).
+
+When a package is loaded, a fingerprint that can be settled then becomes one of torch's C++ guards
+(a constant by value; an object reached from the frame's globals, or named by the fingerprint, by
+identity with the object found now); the rest (values reached from the frame's locals) are checked by a
+Python lambda guard on every call, which computes a fingerprint once per new object and then compares
+identities. A guard whose object has no fingerprint (an ``nn.Module`` instance's identity, a dict
+version, a weak reference, a local class, an object holding a tensor, an ``id()`` used in user code...)
+makes the frame *unpackaged*: its package entry is bypassed (and a package with a bypassed entry is never
+stored) so the frame is traced in every process, as without warm frames.
+
+Also repaired here: guards reading a module Dynamo installed as a global by id (``type(tensor)`` makes it
+read ``G['_<id>_c0'].Tensor``) get that module restored in the loading process (:func:`_keep_installed_modules`).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import copy
 import enum
 import functools
 import hashlib
 import importlib
+import itertools
 import logging
+import os
+import re
+import struct
 import sys
 import types
 from collections.abc import Iterator
@@ -132,7 +149,157 @@ def fingerprint(value: Any, depth: int = _DEPTH) -> tuple[Any, ...]:
         return ("enum", *_named(type(value)), value.name)
     if isinstance(value, _PRIMITIVES):
         return ("const", type(value).__name__, repr(value))
-    raise Unfingerprintable(f"no identity for a {type(value).__module__}.{type(value).__qualname__}")
+    named = _typing_name(value)
+    if named is not None:
+        return ("named", *named)
+    return state_fingerprint(value)
+
+
+def _typing_name(value: Any) -> tuple[str, str] | None:
+    """(module, name) of a ``typing`` singleton (``typing.Any``, ``typing.Optional``: a ``_SpecialForm`` has
+    no qualified name but is its module's attribute), else None."""
+    if type(value).__module__ not in ("typing", "typing_extensions"):
+        return None
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "_name", None) or getattr(value, "__name__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or module not in sys.modules:
+        return None
+    return (module, name) if getattr(sys.modules[module], name, None) is value else None
+
+
+# --------------------------------------------------------------------------------------------
+# Plain objects (configs, dataclasses, dicts...): their type by name plus a digest of their whole state
+
+STATE = "state"  # the first field of a fingerprint computed from an object's state (not its name)
+_STATE_DEPTH = 8  # how deep nested containers/objects are followed
+_STATE_ITEMS = 20_000  # values digested per object at most (a bigger object keeps the refusal)
+_MUTABLE = (list, dict, set)  # containers whose identity can matter (aliasing) as a plain object's does
+
+
+def state_fingerprint(value: Any) -> tuple[Any, ...]:
+    """``(STATE, module, qualname, digest)`` of a plain object: an instance of a class reachable by its
+    qualified name whose state is its ``__dict__``/``__slots__`` (no C-level storage), or a builtin
+    container, holding only primitives, enums, containers, torch dtypes/devices/sizes, named objects
+    (modules, classes, functions) and nested such objects. A Hugging Face ``PretrainedConfig``, a dataclass,
+    a dict of options. Anything else (a tensor, an ``nn.Module``, a lock, a NumPy array...) raises
+    Unfingerprintable: its identity stays uncheckable in another process."""
+    module, qualname = _state_owner(value)
+    digest = _StateDigest()
+    digest.add(value, _STATE_DEPTH)
+    return (STATE, module, qualname, digest.hexdigest())
+
+
+def _state_owner(value: Any) -> tuple[str, str]:
+    cls = type(value)
+    if cls in (tuple, list, dict, set, frozenset):
+        return "builtins", cls.__qualname__
+    if issubclass(cls, (torch.Tensor, torch.nn.Module)):
+        raise Unfingerprintable(f"no identity for a {cls.__module__}.{cls.__qualname__}")
+    if not _plain_class(cls):
+        raise Unfingerprintable(f"no identity for a {cls.__module__}.{cls.__qualname__} (not a plain Python object)")
+    try:
+        return _named(cls)
+    except Unfingerprintable as exc:
+        raise Unfingerprintable(f"no identity for a {cls.__module__}.{cls.__qualname__} ({exc})") from exc
+
+
+def _slot_names(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else list(slots)
+    return [n for n in names if n not in ("__dict__", "__weakref__")]
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_class(cls: type) -> bool:
+    """A Python class whose instances keep all their state in ``__dict__`` and slots: the instance size is
+    ``object``'s plus one pointer per slot, dict and weakref (a C base would add hidden storage)."""
+    if cls.__itemsize__:
+        return False
+    # a "managed" dict (Python >= 3.11, negative offset) lives before the object and is not counted in its size
+    pointers = len(_slot_names(cls)) + (cls.__dictoffset__ > 0) + (cls.__weakrefoffset__ != 0)
+    return cls.__basicsize__ == object.__basicsize__ + pointers * _POINTER
+
+
+_POINTER = struct.calcsize("P")
+
+
+class _StateDigest:
+    """sha256 over a canonical walk of a value: mutable containers and plain objects met twice are written
+    as back references, so the digest also records which of them are the same object (aliasing)."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.memo: dict[int, int] = {}
+        self.alive: list[Any] = []  # keeps every memoized object alive: its id is not reused during the walk
+        self.items = 0
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+    def put(self, *parts: object) -> None:
+        self.h.update(repr(parts).encode() + b"\0")
+
+    def add(self, value: Any, depth: int) -> None:
+        self.items += 1
+        if self.items > _STATE_ITEMS:
+            raise Unfingerprintable(f"more than {_STATE_ITEMS} values in its state")
+        if depth < 0:
+            raise Unfingerprintable(f"state nested deeper than {_STATE_DEPTH}")
+        cls = type(value)
+        if cls in _PRIMITIVES:
+            return self.put("const", cls.__name__, repr(value))
+        # issubclass on the type: isinstance would read ``__class__`` through a config's own __getattribute__
+        if issubclass(cls, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return self.put("torch", cls.__name__, str(value))
+        if issubclass(cls, (enum.Enum, type, types.ModuleType, types.FunctionType, types.CodeType,
+                            types.BuiltinFunctionType, types.MethodDescriptorType)):
+            return self.put("named", fingerprint(value, _DEPTH))
+        if cls in (tuple, frozenset) or cls is torch.Size:
+            if cls is frozenset:
+                return self.put("frozenset", sorted(_sub_digest(v, depth - 1) for v in value))
+            self.put(cls.__name__, len(value))
+            for item in value:
+                self.add(item, depth - 1)
+            return None
+        seen = self.memo.get(id(value))
+        if seen is not None:
+            return self.put("ref", seen)
+        module, qualname = _state_owner(value)
+        self.memo[id(value)] = len(self.memo)
+        self.alive.append(value)
+        if cls is list:
+            self.put("list", len(value))
+            for item in value:
+                self.add(item, depth - 1)
+        elif cls is dict:
+            self.put("dict", len(value))
+            for key, item in value.items():
+                self.add(key, depth - 1)
+                self.add(item, depth - 1)
+        elif cls is set:
+            self.put("set", sorted(_sub_digest(v, depth - 1) for v in value))
+        else:
+            self.put("object", module, qualname)
+            state = object.__getattribute__(value, "__dict__") if cls.__dictoffset__ else {}
+            self.add(dict(state), depth - 1)
+            for name in _slot_names(cls):
+                try:
+                    slot = object.__getattribute__(value, name)
+                except AttributeError:
+                    self.put("unset", name)
+                    continue
+                self.put("slot", name)
+                self.add(slot, depth - 1)
+        return None
+
+
+def _sub_digest(value: Any, depth: int) -> str:
+    """The digest of a set's element on its own (a set's order is per process: elements are sorted by it)."""
+    digest = _StateDigest()
+    digest.add(value, depth)
+    return digest.hexdigest()
 
 
 def _function_fp(fn: types.FunctionType, depth: int) -> tuple[Any, ...]:
@@ -191,7 +358,9 @@ class IdentityCheck:
 
     @staticmethod
     def _mutable(value: Any) -> tuple[Any, ...]:
-        if isinstance(value, types.FunctionType):
+        # ``type(...) is``: isinstance would read ``__class__`` through a config's own __getattribute__ on
+        # every call (10.6 us per guard for a transformers config, 0.5 us this way)
+        if type(value) is types.FunctionType:
             return (value.__code__, value.__defaults__, value.__kwdefaults__)
         return ()
 
@@ -209,20 +378,113 @@ class IdentityCheck:
 
 def NEURON_IDENTITY_MATCH(builder: Any, guard: Any, fp: tuple[Any, ...]) -> None:  # noqa: N802 (torch's naming)
     """A guard's create_fn (``functools.partial(NEURON_IDENTITY_MATCH, fp=...)``), run when torch builds
-    the guard manager of a loaded package."""
-    from torch._dynamo.guards import get_verbose_code_parts
+    the guard manager of a loaded package.
+
+    Where the fingerprint can be settled while the package loads, the guard becomes one of torch's own
+    C++ leaf guards (no Python call per frame call): a primitive constant by value (None/True/False by
+    identity, an int/str/bytes by type and equality), and a value reached from the frame's globals (a
+    module, class, builtin, function, the builtins dict...) by identity with the object found there now,
+    after checking that object's fingerprint. The others (values reached from the frame's locals) are
+    checked on every call by :class:`IdentityCheck`."""
+    from torch._C._dynamo.guards import DictGuardManager
+    from torch._dynamo.guards import _get_closure_vars, get_verbose_code_parts
 
     code = f"neuron_identity({guard.name}) == {fp[0]} {' '.join(str(p) for p in fp[1:3])}"
-    builder.get_guard_manager(guard).add_lambda_guard(IdentityCheck(fp), get_verbose_code_parts(code, guard),
-                                                      guard.user_stack)
+    verbose = get_verbose_code_parts(code, guard)
+    manager = builder.get_guard_manager(guard)
+    if not isinstance(manager, DictGuardManager):
+        if _native(builder, guard, manager, fp, verbose):
+            return
+        manager.add_lambda_guard(IdentityCheck(fp), verbose, guard.user_stack)
+        return
+    # A dict's manager takes no lambda guard ("DictGuardManager only supports ID_MATCH as a leaf guard"): the
+    # check reads the dict through its source from the root instead (as torch's object aliasing guards do).
+    check = IdentityCheck(fp)
+    name = f"___neuron_identity_{id(check)}"
+    builder.add_python_lambda_leaf_guard_to_root([f"{name}({builder.arg_ref(guard)})"], verbose,
+                                                 closure_vars={**_get_closure_vars(), name: check})
+
+
+_NOT_FOUND = object()
+
+
+def _by_name(fp: tuple[Any, ...]) -> Any:
+    """The object of this process a class, enum member, typing singleton or module fingerprint names (no import),
+    else _NOT_FOUND."""
+    try:
+        if fp[0] == "module":
+            found = sys.modules.get(fp[1], _NOT_FOUND)
+        elif fp[0] == "named" and fp[1] in sys.modules:
+            found = getattr(sys.modules[fp[1]], fp[2])
+        elif fp[0] in ("class", "enum") and fp[1] in sys.modules:
+            found = _resolve(fp[1], fp[2])
+            found = getattr(found, fp[3]) if fp[0] == "enum" else found
+        else:
+            return _NOT_FOUND
+    except AttributeError:
+        return _NOT_FOUND
+    return found if found is not _NOT_FOUND and matches(found, fp) else _NOT_FOUND
+
+
+_PINNED: list[Any] = []  # objects whose id() a loaded guard compares with: they must outlive it
+_SINGLETONS = {"None": None, "True": True, "False": False}
+
+
+def _native(builder: Any, guard: Any, manager: Any, fp: tuple[Any, ...], verbose: list[str]) -> bool:
+    """Install the check as torch's C++ guard when that is exactly as strict; False when it can't be."""
+    if fp[0] == "const":
+        kind, text = fp[1], fp[2]
+        if text in _SINGLETONS and kind in ("NoneType", "bool"):
+            value = _SINGLETONS[text]
+            add = manager.add_none_match_guard if value is None else \
+                manager.add_true_match_guard if value else manager.add_false_match_guard
+            add(verbose, guard.user_stack)
+            return True
+        if kind in ("int", "str", "bytes", "float"):
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):  # nan, inf
+                return False
+            if type(value).__name__ != kind or repr(value) != text or value == 0.0 and kind == "float":
+                return False  # (-0.0 == 0.0: the sign of a float zero is left to the Python check)
+            manager.add_type_match_guard(id(type(value)), verbose, guard.user_stack)
+            manager.add_equals_match_guard(value, verbose, guard.user_stack)
+            return True
+        return False
+    named = _by_name(fp)
+    if named is not _NOT_FOUND:
+        _PINNED.append(named)
+        manager.add_id_match_guard(id(named), verbose, guard.user_stack)
+        return True
+    from torch._dynamo.source import AttrSource, get_global_source_name
+
+    if get_global_source_name(guard.originating_source) is None or getattr(builder, "runtime_global_scope", None) \
+            is None:
+        return False
+    from torch._dynamo.guards import _get_closure_vars
+
+    try:
+        value = guard.originating_source.get_value({"G": builder.runtime_global_scope, "L": {}},
+                                                   _get_closure_vars(), {})
+    except Exception:  # not there (yet): the Python check decides at each call
+        return False
+    if not matches(value, fp):
+        return False
+    if fp[0] == "code-of":  # CLOSURE_MATCH's meaning: the function's code object, as torch checks it
+        value = value.__code__
+        manager = builder.get_guard_manager_from_source(AttrSource(guard.originating_source, "__code__"))
+    _PINNED.append(value)
+    manager.add_id_match_guard(id(value), verbose, guard.user_stack)
+    return True
 
 
 # --------------------------------------------------------------------------------------------
 # Serialization: replace or refuse
 
 
-def _replacement(guard: Any, builder: Any) -> Any:
-    """The serializable guard standing for an identity guard (raises Unfingerprintable)."""
+def _replacement(guard: Any, builder: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The serializable guard standing for an identity guard, the guarded value and its fingerprint
+    (raises Unfingerprintable)."""
     import dataclasses
 
     kinds = {guard.create_fn_name(), *(guard.guard_types or ())}
@@ -231,8 +493,32 @@ def _replacement(guard: Any, builder: Any) -> Any:
         raise Unfingerprintable(f"{'/'.join(sorted(never))} guard")
     value = builder.get(guard)
     fp = function_code_fp(value) if guard.create_fn_name() == "CLOSURE_MATCH" else fingerprint(value)
-    return dataclasses.replace(guard, create_fn=functools.partial(NEURON_IDENTITY_MATCH, fp=fp), guard_types=None,
-                               code_list=None, obj_weakref=None, guarded_class_weakref=None, _hash=None)
+    if fp[0] in ("const", STATE) and not _identity_used_as_key(guard):
+        where = _guard_site(guard)
+        raise Unfingerprintable(f"a {type(value).__qualname__} whose identity is used at {where}: only its value can be "
+                                "checked in another process, and the id() or hash() used there may be in the result")
+    portable = dataclasses.replace(guard, create_fn=functools.partial(NEURON_IDENTITY_MATCH, fp=fp), guard_types=None,
+                                   code_list=None, obj_weakref=None, guarded_class_weakref=None, _hash=None)
+    return portable, value, fp
+
+
+def _guard_site(guard: Any) -> str:
+    frames = list(guard.user_stack or ())
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "an unknown place"
+
+
+def _identity_used_as_key(guard: Any) -> bool:
+    """Whether Dynamo guarded this object's identity for ``copy.deepcopy`` (the innermost user frame that
+    installed the guard is in the standard ``copy`` module): deepcopy uses ``id(x)`` only as its memo's key, so
+    a copy of an object with the same state (and the same aliasing, which the state digest and the aliasing
+    guards keep) is the same copy. Any other use of an identity (``id(obj)`` in arithmetic, a default
+    ``hash`` deciding a set's order...) could put that number into the compiled frame: no value fingerprint
+    stands for it."""
+    frames = list(guard.user_stack or ())
+    return bool(frames) and os.path.realpath(frames[-1].filename) == _COPY_FILE
+
+
+_COPY_FILE = os.path.realpath(copy.__file__)
 
 
 def _is_identity(guard: Any) -> bool:
@@ -241,18 +527,47 @@ def _is_identity(guard: Any) -> bool:
 
 def portable_guards(guards: list[Any], builder: Any) -> list[Any]:
     """``guards`` with every identity guard replaced by a NEURON_IDENTITY_MATCH guard (raises
-    Unfingerprintable, naming the guard, when one has no fingerprint)."""
+    Unfingerprintable, naming the guard, when one has no fingerprint).
+
+    A state fingerprint names no object, only its contents, so the objects guarded that way keep their
+    identity relations explicitly: two sources that held the same object get an aliasing guard (they must
+    hold one object in the loading process too), and two sources that held distinct objects with equal
+    state can't be told apart in another process (raises): Dynamo's ID_MATCH guards may have told them apart
+    (an object used as a dict key, ``id()`` in a memo...)."""
     out = []
+    by_id: dict[int, list[Any]] = {}
+    by_state: dict[tuple[Any, ...], Any] = {}
+    alive = []  # the values grouped by id() stay referenced while grouping
     for guard in guards:
         if not _is_identity(guard):
             out.append(guard)
             continue
         try:
-            out.append(_replacement(guard, builder))
+            portable, value, fp = _replacement(guard, builder)
         except Exception as exc:  # Unfingerprintable, or the value can't even be read: not packaged either way
             raise Unfingerprintable(f"guard {guard.create_fn_name()} on {guard.name} can't be checked in another "
                                     f"process ({exc})") from exc
-    return out
+        out.append(portable)
+        if fp[0] != STATE:
+            continue
+        alive.append(value)
+        sources = by_id.setdefault(id(value), [])
+        if not sources:
+            first = by_state.setdefault(fp, guard)
+            if first is not guard:
+                raise Unfingerprintable(f"guard {guard.create_fn_name()} on {guard.name} can't be checked in another "
+                                        f"process (a distinct object with the same state is at {first.name})")
+        if guard.originating_source not in sources:
+            sources.append(guard.originating_source)
+    return out + [_same_object(a, b) for sources in by_id.values() for a, b in itertools.pairwise(sources)]
+
+
+def _same_object(a: Any, b: Any) -> Any:
+    """torch's own aliasing guard (``b is a``), as Dynamo installs for one object reached by two sources."""
+    from torch._dynamo.guards import GuardBuilder
+    from torch._guards import Guard
+
+    return Guard(originating_source=a, create_fn=functools.partial(GuardBuilder.DUPLICATE_INPUT, source_b=b))
 
 
 def _keep_builtins(manager: Any, guards: list[Any], output_graph: Any) -> None:
@@ -274,11 +589,42 @@ def _keep_builtins(manager: Any, guards: list[Any], output_graph: Any) -> None:
             src = getattr(src, "base", None)
 
 
+# Dynamo's names for globals it installs by object (``OutputGraph.install_global_by_id``: prefix, id, compile id)
+_BY_ID = re.compile(r"^\w*_\d+_c\d+$")
+
+
+def _keep_installed_modules(manager: Any, guards: list[Any], output_graph: Any) -> None:
+    """Record, as the package's import sources, the modules Dynamo installed as globals by id that guards read.
+
+    ``type(t)`` of a tensor makes Dynamo install ``torch`` as a global ``_<id>_c<n>`` and guard
+    ``G['_<id>_c<n>'].Tensor`` (``BuiltinVariable.call_type``, torch/_dynamo/variables/builtin.py); the
+    package restored only the globals its bytecode loads, so in a loading process that guard read a missing
+    global and failed on every call: BERT's frame was traced again in every warm process."""
+    from torch._dynamo.source import get_global_source_name
+
+    package = getattr(output_graph, "package", None)
+    scope = getattr(output_graph, "global_scope", None)
+    if package is None or getattr(package, "_current_entry", None) is None or not isinstance(scope, dict):
+        return
+    names = {get_global_source_name(g.originating_source) for g in guards}
+    names |= set(getattr(manager, "additional_used_global_vars", ()))
+    for name in sorted(n for n in names if isinstance(n, str) and _BY_ID.match(n)):
+        value = scope.get(name)
+        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value:
+            package.add_import_source(name, value.__name__)
+
+
 def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], output_graph: Any) -> bytes:
     try:
         portable = portable_guards(guards, builder)
         _keep_builtins(manager, [g for g in guards if _is_identity(g)], output_graph)
-        return serialize(manager, builder, portable, output_graph)
+        _keep_installed_modules(manager, guards, output_graph)
+        try:
+            return serialize(manager, builder, portable, output_graph)
+        except TypeError as exc:  # torch's refusal of a guard on a local class ("defined in local scope")
+            local = re.match(r"Type (<class '[^']*'>)", str(exc))
+            raise Unfingerprintable(f"a guard on a {local.group(1) if local else 'value'} can't be saved: "
+                                    f"{'its class is defined in local scope' if local else exc}") from exc
     except Unfingerprintable as exc:
         # torch's own way out (raising PackageError) ends in an AssertionError in convert_frame when the
         # guards state is None; bypassing the package entry and returning bytes that are never stored does not.
@@ -289,7 +635,10 @@ def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], ou
         output_graph.bypass_package(f"neuron: {exc}")
         if not entry.bypassed:
             raise torch._dynamo.exc.PackageError(f"neuron: {exc}") from exc
-        return serialize(manager, builder, [g for g in guards if not _is_identity(g)], output_graph)
+        try:
+            return serialize(manager, builder, [g for g in guards if not _is_identity(g)], output_graph)
+        except TypeError:  # a local class again: the entry is bypassed, so these bytes are never read or stored
+            return b""
 
 
 # --------------------------------------------------------------------------------------------

@@ -77,11 +77,16 @@ def test_exact_kernel_splits_batches_over_the_launch_grid(d: int, variant: str) 
     assert p["prefetch"] and "q_next" in src and "b1 = b if hg + " in src
 
 
-def test_one_batch_stays_on_one_core() -> None:
-    """One batch: nothing to split (the batch loop is the split loop), so the launch grid is 1 and no program ids."""
+def test_one_batch_splits_heads_over_the_cores() -> None:
+    """One batch of two heads: a head group each (lnc_cap), program i takes head groups i, i + 2, ...; one batch of
+    one head: nothing to split, so the launch grid is 1 and no program ids."""
     k, src, grid = _compile(_sdpa, 2, False, *_qkv(1, 2, 130, 128, torch.bfloat16))
-    assert split_grid(k, 2) == 1 and exact_plan(k, 2)["grid"] == 1 and grid == 1
-    assert "program_id" not in src and "LAUNCH_GRID" not in src
+    assert split_grid(k, 2) == 2 and exact_plan(k, 2)["grid"] == 2 and exact_plan(k, 2)["group"] == 1 and grid == 2
+    assert "for hg in range((nl.program_id(0) - b * 2) % nl.num_programs(0) * 1, 2, " in src
+    assert check_kernel_rules(src) == []
+    k1, src1, grid1 = _compile(_sdpa, 2, False, *_qkv(1, 1, 130, 128, torch.bfloat16))
+    assert split_grid(k1, 2) == 1 and exact_plan(k1, 2)["grid"] == 1 and grid1 == 1
+    assert "program_id" not in src1 and "LAUNCH_GRID" not in src1
 
 
 def test_lnc1_renders_no_program_ids() -> None:

@@ -1,6 +1,6 @@
 """The unshifted attention kernel on both cores of an LNC=2 logical core (issue 14 (c)).
 
-Program r takes batches r, r + 2, ...; before the runtime branch the two programs exchange their "a row failed" flags
+Program r takes batches r, r + 2, ... (one batch: its head groups r, r + 2, ...); before the runtime branch the two programs exchange their "a row failed" flags
 (``nisa.sendrecv``) so both take the same path, and on a failure both rerun the exact kernel on their own batches.
 Every kernel here runs on the simulator (its two programs as threads, simulator/lnc.py) against eager PyTorch.
 """
@@ -62,8 +62,9 @@ def _exact_passes(t: Any) -> int:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("shape", [(3, 2, 200, 200, 64), (2, 3, 130, 77, 32), (4, 1, 600, 600, 128)],
-                         ids=["odd-batch-ragged", "sq>sk", "two-per-core-d128"])
+@pytest.mark.parametrize("shape", [(3, 2, 200, 200, 64), (2, 3, 130, 77, 32), (4, 1, 600, 600, 128),
+                                   (1, 4, 300, 300, 64)],
+                         ids=["odd-batch-ragged", "sq>sk", "two-per-core-d128", "one-batch-heads-split"])
 def test_two_core_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[int, ...]) -> None:
     b, h, sq, sk, d = shape
     q, k, v = _qkv(b, h, sq, sk, d, dtype)
@@ -88,9 +89,14 @@ def test_lnc2_chooses_the_two_core_unshifted_kernel() -> None:
     assert send < src.index("nisa.register_load(dst=rerun, src=bad_i)") < src.index("nl.while_loop(rerun,")
     assert check_kernel_rules(src) == []
     assert check_source_against_api(src) == []
-    # one batch: nothing to split, one core, no exchange
+    # one batch: its heads are split over the cores (one head per group here), the flags exchanged
     _, kern1, src1, grid1, _ = _run(_sdpa(True), *_qkv(1, 2, 200, 200, 64, torch.bfloat16))
-    assert grid1 == 1 and plan(kern1, 2)["variant"] == "unshifted" and "sendrecv" not in src1
+    assert grid1 == 2 and plan(kern1, 2)["variant"] == "unshifted" and plan(kern1, 2)["group"] == 1
+    assert src1.count("for hg in range((nl.program_id(0) - b * 2) % nl.num_programs(0) * 1, 2, ") == 2
+    assert "sendrecv" in src1 and check_kernel_rules(src1) == [] and check_source_against_api(src1) == []
+    # one batch of one head: nothing to split, one core, no exchange
+    _, kern2, src2, grid2, _ = _run(_sdpa(True), *_qkv(1, 1, 200, 200, 64, torch.bfloat16))
+    assert grid2 == 1 and "sendrecv" not in src2
 
 
 @pytest.mark.parametrize("batches", [2, 3])
@@ -107,6 +113,19 @@ def test_one_cores_failure_reruns_both(batches: int) -> None:
     assert grid_e == 2 and _exact_passes(t) == _exact_passes(t_exact) > 0
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
     assert torch.isfinite(out).all()
+
+
+def test_one_batch_split_heads_failure_reruns_both() -> None:
+    """One batch, its two heads on the two cores: scores of several hundred in head 1 (program 1's) only; both
+    programs rerun the exact kernel on their own head and the output is eager's."""
+    q, k, v = _qkv(1, 2, 200, 200, 64, torch.float32)
+    q[:, 1], k[:, 1] = q[:, 1] * 12.0, k[:, 1] * 12.0
+    fn = _sdpa(True)
+    out, kern, _, grid, t = _run(fn, q, k, v)
+    assert grid == 2 and plan(kern, 2)["group"] == 1 and t.count("register_load") == 2
+    _, _, _, grid_e, t_exact = _run(fn, q, k, v, unshifted=False)
+    assert grid_e == 2 and _exact_passes(t) == _exact_passes(t_exact) > 0
+    torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
 
 
 def test_one_cores_failure_reruns_both_bf16() -> None:

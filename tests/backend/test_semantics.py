@@ -224,8 +224,10 @@ def test_empty_contraction_matmul_is_zeros():
 
 
 @pytest.mark.parametrize("fn", [lambda t: torch.logspace(2, 3, 1) * t, lambda t: torch.logspace(1, 3, 1, base=2.0) + t,
-                                lambda t: t * torch.full((4,), 0.5).sigmoid(), lambda t: torch.ones(4).exp() - t],
-                         ids=["logspace_one_step", "logspace_base2", "sigmoid_of_full", "exp_of_ones"])
+                                lambda t: t * torch.full((4,), 0.5).sigmoid(), lambda t: torch.ones(4).exp() - t,
+                                lambda t: torch.signal.windows.cosine(1) * t, lambda t: torch.full((4,), 0.3).cos() + t],
+                         ids=["logspace_one_step", "logspace_base2", "sigmoid_of_full", "exp_of_ones",
+                              "cosine_window_one_point", "cos_of_full"])
 def test_activation_of_a_constant_matches_eager(fn):
     """A ScalarE function of a value folded to a constant (one-step logspace, a fill) is computed, not refused."""
     x = torch.randn(4)
