@@ -30,6 +30,8 @@ import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from neuron_compile.errors import SOURCE_LINE_META, UNKNOWN_SOURCE_LINE, source_line
+
 if TYPE_CHECKING:
     import torch
     import torch.fx
@@ -152,6 +154,10 @@ def encode_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> 
             rec["target"] = node.target
             if node.op == "placeholder" and node.meta.get("neuron_constant"):  # a lifted tensor constant
                 rec["constant"] = _constant(node.meta["val"])
+        if node.op == "call_function":  # where the user sees it in error and check messages (rebuilt alike)
+            where = source_line(node)
+            if where != UNKNOWN_SOURCE_LINE:
+                rec["where"] = where
         rec["args"] = _value(tuple(node.args), names)
         rec["kwargs"] = _value(dict(node.kwargs), names)
         if "val" in node.meta and "constant" not in rec:
@@ -349,6 +355,8 @@ def decode_graph(blob: bytes) -> tuple[torch.fx.GraphModule, list[object]]:
             node = graph.output(args[0] if len(args) == 1 else args)
         else:
             raise GraphCodecError(f"node {name}: op {op!r} is not allowed")
+        if isinstance(rec.get("where"), str):
+            node.meta[SOURCE_LINE_META] = rec["where"]
         if op == "placeholder" and "constant" in rec:
             node.meta["val"] = _decode_constant(rec["constant"])
             node.meta["neuron_constant"] = True

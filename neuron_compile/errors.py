@@ -99,8 +99,15 @@ class IndexOutOfRangeError(DeviceAssertionError, IndexError):
     """An index tensor held a value outside the indexed dimension (eager raises IndexError there too)."""
 
 
+UNKNOWN_SOURCE_LINE = "<unknown source line>"
+SOURCE_LINE_META = "neuron_source_line"  # a node rebuilt from a stored graph carries its location here
+
+
 def source_line(node: Any) -> str:
     """The user's source line for a node, from Dynamo's stack trace ('file:line: code')."""
+    stored = node.meta.get(SOURCE_LINE_META)
+    if isinstance(stored, str):
+        return stored
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
@@ -114,7 +121,7 @@ def source_line(node: Any) -> str:
                 return f"{path}:{lineno}: {code}".rstrip(": ")
             except ValueError:
                 return loc
-    return _module_location(node) or "<unknown source line>"
+    return _module_location(node) or UNKNOWN_SOURCE_LINE
 
 
 def _module_location(node: Any) -> str | None:

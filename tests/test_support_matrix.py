@@ -53,8 +53,8 @@ def test_dtype_limits_come_from_the_rules_checks(data):
     # matmul check: TensorE takes fp32/bf16/fp16 only.
     assert ops["aten.mm.default"]["dtypes"] == ["float32", "bfloat16", "float16"]
     assert ops["aten.bmm.default"]["dtypes"] == ["float32", "bfloat16", "float16"]
-    # bitwise ops lower only on bool; activations only on floats; views on everything.
-    assert ops["aten.bitwise_and.Tensor"]["dtypes"] == ["bool"]
+    # bitwise ops lower on integers and bools, not floats; activations only on floats; views on everything.
+    assert ops["aten.bitwise_and.Tensor"]["dtypes"] == [d for d in ALL if not d.startswith(("float", "bfloat"))]
     assert ops["aten.gelu.default"]["dtypes"] == ["float32", "bfloat16", "float16", "float64"]
     assert ops["aten.permute.default"]["dtypes"] == ALL
     # torch itself rejects neg on bool: not listed, although the rule has no check.

@@ -166,8 +166,10 @@ def _bitwise_check(node: fx.Node) -> str | None:
 
 @register_lowering(aten.bitwise_not.default, family="elementwise", check=_bitwise_check)
 def lower_bitwise_not(ctx, node, a):
-    """aten.bitwise_not: logical not of bools; ``~x`` of integers as ``x ^ -1`` in int32 (exact: NeuronCores hold
-    integers as sign-extended int32, whose low bits are the int64 ones; narrow results wrap like torch)."""
+    """bitwise not: logical not of bools; ``~x`` of integers as ``x ^ -1`` in int32, exact.
+
+    NeuronCores hold integers as sign-extended int32, whose low bits are the int64 ones; narrow results wrap like
+    torch."""
     if _dtype(node) == torch.bool:
         return ctx.b.binary("equal", a, 0.0)
     return ctx.b.binary("bitwise_xor", a, -1)
@@ -179,8 +181,9 @@ _BITWISE_OPS = {aten.bitwise_and.Tensor: "and", aten.bitwise_and.Scalar: "and", 
 
 @register_lowering(*_BITWISE_OPS, family="elementwise", check=_bitwise_check)
 def lower_bitwise(ctx, node, a, b):
-    """aten.bitwise_and/or/xor: logical ops on bools; on integers the int32 ALU ops, exact (the result of two
-    int32-range values stays in that range, so no int64 overflow guard is needed)."""
+    """bitwise and/or/xor: logical ops on bools, the int32 ALU ops on integers (exact).
+
+    The result of two int32-range values stays in that range, so no int64 overflow guard is needed."""
     op = _BITWISE_OPS[node.target]
     if _dtype(node) == torch.bool:
         return ctx.b.binary(f"logical_{op}", a, b)

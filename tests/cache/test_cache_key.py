@@ -337,3 +337,19 @@ def test_real_tensor_constants_hash_inside_fake_mode() -> None:
     gm, inputs = decode_graph(blob)
     assert compute_key(gm, [x], kind="inference").digest == a.digest
     assert gm._tensor_constant0.item() == 2.0
+
+
+def test_stored_graph_keeps_each_ops_source_location() -> None:
+    """Check messages in plan.json name the user's line; an entry rebuilt from its stored graph (``cache import``
+    verifies by recompiling) must name the same one, or every entry with such a check is refused as tampered."""
+    from neuron_compile.cache.graph_codec import decode_graph, encode_graph
+
+    from neuron_compile.errors import source_line
+
+    gm = make_fx(lambda x: (x + 1) * 2)(torch.ones(3, dtype=torch.int64))
+    add, mul = [n for n in gm.graph.nodes if n.op == "call_function"]
+    add.meta["stack_trace"] = '  File "/work/train.py", line 7, in forward\n    y = x + 1\n'
+    rebuilt, _ = decode_graph(encode_graph(gm, [torch.ones(3, dtype=torch.int64)]))
+    radd, rmul = [n for n in rebuilt.graph.nodes if n.op == "call_function"]
+    assert source_line(radd) == source_line(add) == "/work/train.py:7: y = x + 1"
+    assert source_line(rmul) == source_line(mul) == "<unknown source line>"
