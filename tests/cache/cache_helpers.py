@@ -55,3 +55,19 @@ def spawn_py(code: str, *, env: dict[str, str] | None = None, light: bool = True
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-c", (LIGHT_IMPORT if light else "") + textwrap.dedent(code)], env=full_env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_cases_phase(tmp_path: Path, root: Path, phase: str, module: str, source: str) -> dict[str, object]:
+    """Write ``source`` as ``module``.py and run its ``main()`` in a fresh interpreter with the cache at ``root``
+    and ``PHASE=phase`` (a warm-frames case script: cold then warm); no warning may be logged; its last stdout
+    line is JSON."""
+    import json
+
+    (tmp_path / f"{module}.py").write_text(source)
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" \
+           "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n" \
+           f"import {module}; {module}.main()\n"
+    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(root), "PHASE": phase}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))] == [], proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,10 +13,9 @@ result is compared with eager.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from cache_helpers import run_py
+from cache_helpers import run_cases_phase
 
 _CASES = r'''
 import copy
@@ -170,14 +169,7 @@ def main():
 
 
 def _phase(tmp_path: Path, root: Path, phase: str) -> dict[str, object]:
-    (tmp_path / "config_cases.py").write_text(_CASES)
-    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" \
-           "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n" \
-           "import config_cases; config_cases.main()\n"
-    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(root), "PHASE": phase}, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [ln for ln in proc.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))] == [], proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_cases_phase(tmp_path, root, phase, "config_cases", _CASES)
 
 
 def test_warm_frames_with_config_objects_match_eager(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cache_helpers import run_py
+from cache_helpers import run_cases_phase
 
 _CASES = r'''
 import json
@@ -205,14 +205,7 @@ def main():
 
 
 def _phase(tmp_path: Path, root: Path, phase: str) -> dict[str, object]:
-    (tmp_path / "frames_cases.py").write_text(_CASES)
-    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" \
-           "import logging; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n" \
-           "import frames_cases; frames_cases.main()\n"
-    proc = run_py(code, env={"NEURON_COMPILE_CACHE_DIR": str(root), "PHASE": phase}, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [ln for ln in proc.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))] == [], proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_cases_phase(tmp_path, root, phase, "frames_cases", _CASES)
 
 
 def _kinds(root: Path) -> list[str]:
