@@ -348,8 +348,8 @@ def test_stored_graph_keeps_each_ops_source_location() -> None:
 
     gm = make_fx(lambda x: (x + 1) * 2)(torch.ones(3, dtype=torch.int64))
     add, mul = [n for n in gm.graph.nodes if n.op == "call_function"]
-    add.meta["stack_trace"] = '  File "/work/train.py", line 7, in forward\n    y = x + 1\n'
+    add.meta["stack_trace"] = '  File "/home/user/train.py", line 7, in forward\n    y = x + 1\n'
     rebuilt, _ = decode_graph(encode_graph(gm, [torch.ones(3, dtype=torch.int64)]))
     radd, rmul = [n for n in rebuilt.graph.nodes if n.op == "call_function"]
-    assert source_line(radd) == source_line(add) == "/work/train.py:7: y = x + 1"
+    assert source_line(radd) == source_line(add) == "/home/user/train.py:7: y = x + 1"
     assert source_line(rmul) == source_line(mul) == "<unknown source line>"
