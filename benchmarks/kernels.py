@@ -50,7 +50,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     from neuron_compile.roofline import graph_roofline
 
     t0 = time.perf_counter()
-    graphs = aten_graphs(fn, *inputs)
+    graphs = aten_graphs(fn, *inputs, execute=False)  # only the graphs: nothing needs running eagerly
     est_total = None
     roof = None
     calls = 0

@@ -79,17 +79,19 @@ class Tiles:
     sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
     sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block; resident
     # blocks fill it during the program's first M block)
+    dt: bool = False  # with direct: the DMA engines transpose where the HW-DGE transpose takes the operand
+    # (dma_transposable), not TensorE
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool]:
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool, bool]:
         return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg,
-                self.sb)
+                self.sb, self.dt)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
         bm, bn, kb, ta, tb, res, *rest = attr
-        split, direct, rg, sg, sb = (list(rest) + [False, False, 1, 0, False][len(rest):])[:5]
+        split, direct, rg, sg, sb, dt = (list(rest) + [False, False, 1, 0, False, False][len(rest):])[:6]
         return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg),
-                   int(sg), bool(sb))
+                   int(sg), bool(sb), bool(dt))
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,16 @@ class Operand:
     def transposable(self) -> bool:
         """Contraction dim contiguous, the other not: a PE transpose gives contiguous loads."""
         return self.ks == 1 and self.rs != 1 and self.rows > 1
+
+
+def dma_transposable(op: Operand, K: int, target: str | None = None) -> bool:
+    """Whether the DMA engines transpose ``op``'s rows instead of TensorE: the HW-DGE ``nisa.dma_transpose``
+    (NC-v3+: trn2, trn3) of 2-byte elements, in row groups of 16 (``op.rows`` a multiple of 16; the blocks are
+    multiples of 128 rows) and whole 128-element K tiles."""
+    from neuron_compile.simulator.targets import LIMITS
+
+    return (LIMITS[target or config.target].nc_version >= 3 and ITEMSIZE[op.dtype] == 2 and op.rows % 16 == 0
+            and K % PMAX == 0)
 
 
 def geometry(k: LoopKernel) -> tuple[int, int, int]:
@@ -242,14 +254,22 @@ class MatmulPlanner(EpiloguePlanner):
         # resident blocks, A transposed straight into SBUF, whole K tiles: A's row tiles arrive pipelined (see the
         # template), in their own two PSUM banks, staged one row tile of all of K at a time (two live)
         pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
+        # ... by the DMA engines where the HW-DGE transpose takes them (NC-v3+: 2-byte rows, row tiles of 16k rows):
+        # no TensorE transposes, PSUM banks or row staging
+        a_dma = pipe_a and t.dt and dma_transposable(a, K)
         # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
         # TensorE transposes into two slots while the other two are evicted
         slots = 2 * SPLIT_TRANSPOSE_BANKS if (t.resident or t.split) else 2
-        if pipe_a:
+        if pipe_a and not a_dma:
             self.held += 2 * K * ITEMSIZE[a.dtype]
         for name, op, flag in (("a", a, t.ta), ("b", b, t.tb), ("b_fill", b_fill, b_fill is not None)):
+            if name == "a" and a_dma:
+                continue
             if name == "a" and pipe_a:
                 direct["a"] = {"g": _transpose_group(a.dtype), "dtype": a.dtype, "pipe": True, "bank": False}
+                continue
+            if flag and op is not None and t.direct and t.dt and op.transposable() and dma_transposable(op, K):
+                direct[name] = {"dma": True, "dtype": op.dtype, "bank": False}
                 continue
             if flag and op is not None and t.direct and op.transposable():
                 new_bank = op.dtype not in [bank["dtype"] for bank in banks]
@@ -267,7 +287,7 @@ class MatmulPlanner(EpiloguePlanner):
         operand_bytes = bm * ITEMSIZE[a.dtype] + bn * ITEMSIZE[b.dtype]
         # PSUM banks besides the accumulators: transposes (and, where the accumulators rotate, the scratch pass's
         # before the blocks, counted as live: they are the tiles its two banks take from the accumulators)
-        tp_banks = sum(bank["slots"] // 2 for bank in banks) + 2 * pipe_a
+        tp_banks = sum(bank["slots"] // 2 for bank in banks) + 2 * (pipe_a and not a_dma)
         if t.resident or t.split:
             tp_banks += sum(s["banks"] for s in scratch)
         if t.split:  # the operand chunks are double-buffered: the next ones load while TensorE works on these
@@ -304,6 +324,6 @@ class MatmulPlanner(EpiloguePlanner):
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
             "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
-            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "b_once": b_once,
+            "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "a_dma": a_dma, "b_once": b_once,
             "b_fill": b_fill,
         }

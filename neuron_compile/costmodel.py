@@ -204,6 +204,12 @@ CORE_BARRIER_NS = DMA_START_LATENCY_NS
 SYNC_INSTRUCTIONS = ("core_barrier", "sendrecv")
 # Kernel launch and final drain: not documented; assumed one DMA start latency + a semaphore round per kernel.
 KERNEL_LAUNCH_NS = DMA_FIXED_NS + 2 * SEMAPHORE_NS
+# nisa.dma_transpose moves its bytes at up to ~90% of a copy's throughput from HBM and ~50% from SBUF ("Trainium2
+# Architecture Guide", DMA transpose; the nisa.dma_transpose docs: best with 128 output partitions and an innermost
+# free size a multiple of 16, the shapes the code generator uses). Charged on top of the derating of the source's
+# contiguous runs (its rows, <= 128 elements: 256 B at bf16), so a transposing load is never cheaper than the same
+# bytes copied with the same runs. Keyed by "the source is in HBM".
+DMA_TRANSPOSE_FRACTION = {True: 0.9, False: 0.5}
 # Double buffering: a tile allocated inside a loop rotates among this many physical buffers of its allocation site
 # (an allocator choice, not documented; the "NKI Performance Optimizations" guide, Opt #2 gotchas, only says
 # tiles declared inside the loop let the compiler multi-buffer). Assumed 2, within SBUF capacity.
@@ -356,8 +362,13 @@ def dma_cost(hw: Hardware, rec: InstructionRecord) -> DmaCost:
     chunk = per_partition
     for shape, strides, dt in zip(rec.shapes, rec.strides, rec.dtypes, strict=False):
         chunk = min(chunk, _run_bytes(shape, strides, size if converting else itemsize(dt)))
+    efficiency = dma_efficiency(chunk)
+    if rec.instruction == "dma_transpose":  # the source's runs (its last dim), at the transpose's share of a copy
+        src_shape, src_strides = rec.shapes[-1], rec.strides[-1]
+        run = itemsize(rec.dtypes[-1]) * (src_shape[-1] if src_strides and src_strides[-1] == 1 else 1)
+        efficiency = dma_efficiency(run) * DMA_TRANSPOSE_FRACTION[rec.buffers[-1] in HBM_BUFFERS]
     engines = min(hw.dma_engines, max(1, math.ceil(parts / PARTITIONS_PER_DMA_ENGINE)))
-    data_ns = moved / (hw.dma_engine_bytes_per_ns * engines * dma_efficiency(chunk)) if moved else 0.0
+    data_ns = moved / (hw.dma_engine_bytes_per_ns * engines * efficiency) if moved else 0.0
     hbm = sum(math.prod(s) * itemsize(d) for s, d, b in zip(rec.shapes, rec.dtypes, rec.buffers, strict=False)
               if b in HBM_BUFFERS)
     return DmaCost(DMA_FIXED_NS + data_ns, engines, moved, hbm)

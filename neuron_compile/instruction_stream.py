@@ -83,6 +83,21 @@ class ShapeTensor:
         return ShapeTensor(self.shape[:dim] + (1,) + self.shape[dim:], self.strides[:dim] + (0,) + self.strides[dim:],
                            self.dtype, self.buffer, self.base, self.offset)
 
+    def reshape_dim(self, dim: int, shape: Sequence[int]) -> ShapeTensor:
+        """Split free dim ``dim`` into ``shape`` (one ``-1`` allowed): strides follow from the dim's own."""
+        d = dim % len(self.shape)
+        parts = list(shape)
+        if -1 in parts:
+            known = math.prod(n for n in parts if n != -1)
+            parts[parts.index(-1)] = self.shape[d] // known if known else 0
+        strides, step = [], self.strides[d]
+        for n in reversed(parts):
+            strides.append(step)
+            step *= n
+        return ShapeTensor(self.shape[:d] + tuple(parts) + self.shape[d + 1:],
+                           self.strides[:d] + tuple(reversed(strides)) + self.strides[d + 1:], self.dtype, self.buffer,
+                           self.base, self.offset)
+
     def view(self, dtype: Any) -> ShapeTensor:
         """Bit reinterpretation (same-size dtypes keep the shape; the last dim scales by the size ratio)."""
         old, new = _itemsize(self.dtype), _itemsize(_dtype_name(dtype))
@@ -204,8 +219,8 @@ class _Recorder:
             r = [t for i, t in enumerate(tensors) if rmw or i not in pos]
         if extra:
             r = r + list(extra)
-        if self.buffer is not None:
-            self.buffer.append((rec, r, w, self.line, self.queue))
+        if self.buffer is not None:  # resolved now: buffers and PSUM banks assigned as if it were scheduled
+            self.buffer.append((rec, (), (), self.line, self.queue, self.sched.boxes(r, w)))
         else:
             self.sched.issue(rec, r, w, self.line, self.queue)
 
@@ -341,10 +356,13 @@ class _Recorder:
                         self.buffer = None
                     self._fold(sig, cnt)
                     done(sig)
-                    if sig == steady_sig and i <= n - TAIL:  # the last iterations run: their accesses are the
-                        skipped += 1                           # region times later instructions wait for
+                    if sig == steady_sig and i < n - TAIL:
+                        skipped += 1
                         continue
-                    sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
+                    # An iteration that differs, or the last one before the tail, is scheduled: the tail starts
+                    # from the queues, buffers and region times a scheduled iteration leaves.
+                    if skipped:
+                        sched.shift(skipped, steady[2], steady[1], skipped, steady[3])
                     skipped, steady = 0, None
                     hist.clear()
                     for ev in buf:
@@ -463,6 +481,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         rec.add("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
         rec.queue = None
 
+    def dma_transpose(dst: ShapeTensor, src: ShapeTensor, axes: Any = None, **kw: Any) -> None:
+        rec.add("dma", "dma_transpose", (dst, src), main=dst)
+
     def tensor_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
         rec.add(engine_kw(kw, "vector"), "tensor_copy", (dst, src))
 
@@ -570,7 +591,7 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         call.__name__ = fn.__name__
         return call
 
-    for fn in (dma_copy, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
+    for fn in (dma_copy, dma_transpose, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
                tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce, nc_matmul, nc_transpose,
                tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
                sendrecv, core_barrier, register_alloc, register_move, register_load, register_store):

@@ -357,16 +357,22 @@ class Scheduler:
                 reg.writes = [a for a in reg.writes if a.end > floor]
                 reg.reads = [a for a in reg.reads if a.end > floor]
 
+    def boxes(self, reads: list[Any], writes: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The regions an instruction reads and writes. Resolving them assigns each allocation its physical buffer
+        (at its first use, in program order): an iteration being fast-forwarded resolves its boxes as it runs, so
+        the buffers and PSUM banks later instructions get are the ones scheduling every iteration gives."""
+        return [b for t in reads for b in self._regions(t)], [b for t in writes for b in self._regions(t)]
+
     def issue(self, rec: InstructionRecord, reads: list[Any], writes: list[Any], line: int,
-              queue: str | None = None) -> None:
+              queue: str | None = None, boxes: tuple[list[Any], list[Any]] | None = None) -> None:
         """Schedule one instruction (program order) on its queue (``queue``: a DMA's issue queue, when the kernel
-        chose its engine: ``engine=nisa.engine.sync`` -> dma_q0, ``scalar`` -> dma_q1)."""
+        chose its engine: ``engine=nisa.engine.sync`` -> dma_q0, ``scalar`` -> dma_q1; ``boxes``: its regions when
+        already resolved, see :meth:`boxes`)."""
         if self.end > self.budget_ns:
             raise OverBudget(f"makespan {self.end:.0f} ns passed the budget of {self.budget_ns:.0f} ns")
         self.scheduled += 1
         engine = rec.engine
-        boxes_r = [b for t in reads for b in self._regions(t)]
-        boxes_w = [b for t in writes for b in self._regions(t)]
+        boxes_r, boxes_w = boxes if boxes is not None else self.boxes(reads, writes)
         if engine == cm.SEQUENCER:
             if rec.instruction != "register_load":
                 return

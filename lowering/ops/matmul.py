@@ -17,6 +17,7 @@ import torch
 from neuron_compile.codegen.plan_matmul import (
     ITEMSIZE,
     Tiles,
+    dma_transposable,
     geometry,
     moving_tile,
     operands,
@@ -119,11 +120,17 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
                 # fp32 GEMMs are TensorE-bound (4x matmul cost): the scratch pass is never their bottleneck
                 if (resident or split) and staging and max(isa, isb) == 2 and blocks + staging <= budget:
                     t = replace(t, direct=True)
-                    out.setdefault(t.to_attr(), t)
+                    variants = [t]
                     if ta and a.transposable() and tb and b.transposable() and m > bm:
                         # B transposed once into the HBM scratch, A straight into SBUF per M block
-                        t = replace(t, sb=True)
-                        out.setdefault(t.to_attr(), t)
+                        variants.append(replace(t, sb=True))
+                    # ... each also with the DMA engines transposing what the HW-DGE transpose takes (TensorE free,
+                    # the DMA queues busier: which is faster depends on the shape)
+                    if any(flag and op.transposable() and dma_transposable(op, k, target)
+                           for flag, op in ((ta, a), (tb, b))):
+                        variants += [replace(v, dt=True) for v in variants]
+                    for v in variants:
+                        out.setdefault(v.to_attr(), v)
 
     for tm in (1, 2, 4, 7):
         for tn in (1, 2, 4, 7):
@@ -196,6 +203,53 @@ def single_block_choice(kernel: LoopKernel, cands: list[Tiles]) -> Tiles | None:
     return None
 
 
+def _search(kernel: LoopKernel, cands: list[Tiles], target: str) -> tuple[Tiles, float]:
+    """The fastest candidate: block configurations first (TensorE transposes), the DMA-transpose twin (``Tiles.dt``)
+    of each finalist, then epilogue row groups for the finalists of both kinds, then (rg, sg) for the best of each
+    kind. Each kind's path is the search it would have without the other, so offering the DMA transposes never
+    picks a slower kernel than leaving them out."""
+    legal = set(cands)
+    best, best_ns = cands[0], math.inf
+
+    def score(cand: Tiles, budget: float) -> float:
+        nonlocal best, best_ns
+        ns = _score(kernel, cand, target, budget)
+        if ns < best_ns:
+            best, best_ns = cand, ns
+        return ns
+
+    # a candidate's schedule stops once it is slower than the ROW_GROUP_FINALISTS best so far (it can be neither
+    # the choice nor a finalist: those only get faster), later ones once slower than the best: the same choice
+    scored: list[tuple[float, Tiles]] = []
+    for cand in cands:
+        if not cand.dt:
+            scored.append((score(cand, _finalist_budget(scored)), cand))
+    scored.sort(key=lambda x: x[0])
+    finalists = [top for _, top in scored[:ROW_GROUP_FINALISTS]]
+    twins = [replace(top, dt=True) for top in finalists if replace(top, dt=True) in legal]
+    twin_ns = {twin: score(twin, _finalist_budget(scored)) for twin in twins}
+    kind_best = {False: min(scored, key=lambda x: x[0]) if scored else (math.inf, best)}
+    if twin_ns:
+        kind_best[True] = min(((ns, t) for t, ns in twin_ns.items()), key=lambda x: x[0])
+    # epilogue row groups (fewer, larger epilogue DMAs vs fewer stores to pipeline behind) for the best blocks
+    for top in finalists + twins:
+        for rg in ROW_GROUPS:
+            if rg == top.rg or (rg - 1) * PMAX >= top.bm:
+                continue
+            cand = replace(top, rg=rg)
+            ns = score(cand, kind_best[cand.dt][0])
+            if ns < kind_best[cand.dt][0]:
+                kind_best[cand.dt] = (ns, cand)
+    # stores more frequent than residual loads (less work behind the last store): (rg, sg) for the best blocks
+    for _, base in list(kind_best.values()):
+        for rg in (1, *ROW_GROUPS):
+            for sg in (1, *ROW_GROUPS):
+                if sg >= rg or (rg - 1) * PMAX >= base.bm:
+                    continue
+                score(replace(base, rg=rg, sg=sg), best_ns)
+    return best, best_ns
+
+
 def tune(kernel: LoopKernel) -> LoopKernel:
     """The kernel with the candidate tile configuration the cost model estimates fastest.
 
@@ -215,34 +269,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
     if rule is not None:
         best = rule
     elif len(cands) > 1:
-        # a candidate's schedule stops once it is slower than the ROW_GROUP_FINALISTS best so far (it can be neither
-        # the choice nor a finalist: those only get faster), later ones once slower than the best: the same choice
-        scored: list[tuple[float, Tiles]] = []
-        for cand in cands:
-            ns = _score(kernel, cand, target, _finalist_budget(scored))
-            scored.append((ns, cand))
-            if ns < best_ns:
-                best, best_ns = cand, ns
-        # epilogue row groups (fewer, larger epilogue DMAs vs fewer stores to pipeline behind) for the best blocks
-        scored.sort(key=lambda x: x[0])
-        for _, top in scored[:ROW_GROUP_FINALISTS]:
-            for rg in ROW_GROUPS:
-                if rg == top.rg or (rg - 1) * PMAX >= top.bm:
-                    continue
-                cand = replace(top, rg=rg)
-                ns = _score(kernel, cand, target, best_ns)
-                if ns < best_ns:
-                    best, best_ns = cand, ns
-        # stores more frequent than residual loads (less work behind the last store): (rg, sg) for the best blocks
-        base = best
-        for rg in (1, *ROW_GROUPS):
-            for sg in (1, *ROW_GROUPS):
-                if sg >= rg or (rg - 1) * PMAX >= base.bm:
-                    continue
-                cand = replace(base, rg=rg, sg=sg)
-                ns = _score(kernel, cand, target, best_ns)
-                if ns < best_ns:
-                    best, best_ns = cand, ns
+        best, best_ns = _search(kernel, cands, target)
     log.debug("%s: chose tiles %s of %d candidates", kernel.name, best, len(cands))
     _TUNED[sig] = best
     return _with_tiles(kernel, best)

@@ -167,6 +167,11 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: tuple[int, ...] | None =
             raise SimulatorConstraintError(api, "src", src.dtype, "2-byte dtype on the HW-DGE path")
         if src.shape[-1] > 128:
             raise SimulatorConstraintError(api, "src", src.shape, "src.shape[-1] <= 128 on the HW-DGE path")
+        if src.shape[0] not in (1, 2, 4, 8, 16):
+            raise SimulatorConstraintError(api, "src", src.shape, "src.shape[0] in {1, 2, 4, 8, 16} on the HW-DGE path")
+        if src.ndim > 2 and (src.shape[0] * src.shape[-2]) % 16:
+            raise SimulatorConstraintError(api, "src", src.shape, "src.shape[0] * src.shape[-2] a multiple of 16 on "
+                                           "the HW-DGE path")
     C.write_raw(dst, np.transpose(src.arr, ax))
     if _trace.ACTIVE is not None:
         _trace.record("dma", "dma_transpose", (dst, src))

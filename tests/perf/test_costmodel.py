@@ -136,3 +136,20 @@ def test_peaks_match_the_documented_numbers() -> None:
     assert TRN2.pe_flops_per_s("float32") / 1e12 == pytest.approx(19.7, abs=0.1)  # 20 TFLOPS
     assert TRN2.dma_aggregate_gbps == 368  # DMABW table
     assert TRN2.hbm_core_gbps_roofline == 368  # min(3000 / 8, 368)
+
+
+def test_dma_transpose_moves_its_bytes_at_the_documented_share_of_a_copy() -> None:
+    """A 4-D HW-DGE transpose [16, 4, 8, 128] bf16 HBM -> SBUF [128, 4, 8, 16] (the matmul's A loads): the source's
+    256 B rows derate it like a copy with those runs, then at 90% of that from HBM (50% from SBUF)."""
+    shapes = ((128, 4, 8, 16), (16, 4, 8, 128))
+    strides = ((4096, 128, 16, 1), (4096, 128, 65536, 1))
+    tr = InstructionRecord("dma", "dma_transpose", 128, 512, ("bfloat16", "bfloat16"), 0, ("sbuf", "private_hbm"),
+                           shapes, strides)
+    moved = 128 * 512 * 2
+    copy_at_runs = moved / (TRN2.dma_engine_bytes_per_ns * 16 * cm.dma_efficiency(256))
+    assert cm.dma_cost(TRN2, tr).ns == pytest.approx(cm.DMA_FIXED_NS + copy_at_runs / 0.9)
+    contiguous_copy = cm.dma_cost(TRN2, dma(128, 512, "bfloat16"))
+    assert cm.dma_cost(TRN2, tr).ns > contiguous_copy.ns
+    on_chip = InstructionRecord("dma", "dma_transpose", 128, 512, ("bfloat16", "bfloat16"), 0, ("sbuf", "sbuf"),
+                                shapes, strides)
+    assert cm.dma_cost(TRN2, on_chip).ns == pytest.approx(cm.DMA_FIXED_NS + copy_at_runs / 0.5)

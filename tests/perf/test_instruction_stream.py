@@ -25,6 +25,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
     "layernorm": (lambda x: F.layer_norm(x, (96,)), lambda: [torch.randn(4, 50, 96)]),
     "layernorm_row_groups": (lambda x: F.layer_norm(x, (96,)), lambda: [torch.randn(4, 64, 96)]),  # R rows per DMA
     "matmul_epilogue": (lambda a, b: F.gelu(a @ b) + 1, lambda: [torch.randn(200, 300), torch.randn(300, 600)]),
+    "bf16_linear_dma_transpose": (lambda x, w: F.linear(x, w), lambda: [torch.randn(272, 384, dtype=bf16),
+                                                                       torch.randn(256, 384, dtype=bf16)]),
     "bf16_bmm": (lambda a, b: torch.bmm(a, b), lambda: [torch.randn(3, 64, 200, dtype=bf16),
                                                        torch.randn(3, 200, 100, dtype=bf16)]),
     "cat_cumsum": (lambda x, y: torch.cat([x, y], 0).cumsum(-1), lambda: [torch.randn(5, 40), torch.randn(3, 40)]),
@@ -142,7 +144,35 @@ import nki.isa as nisa
 
 
 def k(in0):
-    nisa.dma_transpose(dst=in0, src=in0)
+    nisa.nc_stream_shuffle(dst=in0, src=in0, shuffle_mask=[0])
 '''
-    with pytest.raises(NotImplementedError, match="nisa.dma_transpose is not modelled"):
+    with pytest.raises(NotImplementedError, match="nisa.nc_stream_shuffle is not modelled"):
         source_stream(src, "k", [(4, "float32")])
+
+
+@pytest.mark.parametrize("case", ["causal_attention", "mlp"])
+def test_fast_forward_matches_scheduling_every_iteration(case: str) -> None:
+    """Big kernels (LNC=2, two programs): iterations fast-forwarded by their period leave the allocator in the state
+    scheduling every iteration leaves (an iteration's PSUM banks and SBUF buffers are assigned as it runs, and the
+    last one before the tail is scheduled), so the loop-skipping estimate equals the full schedule. Before, the
+    attention kernel's tail iteration found other PSUM banks free and waited on evictions: +4% (+29 us)."""
+    from neuron_compile.backend import build_artifacts
+    from neuron_compile.capture import aten_graphs
+    from neuron_compile.config import config
+
+    if case == "causal_attention":
+        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        inputs = [torch.randn(1, 16, 1024, 128, dtype=bf16) for _ in range(3)]
+    else:
+        fn = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(bf16)
+        inputs = [torch.randn(1024, 1024, dtype=bf16)]
+    with config.patch(target="trn2", lnc=0):
+        ((gm, ins),) = aten_graphs(fn, *inputs)
+        _, _, plan = build_artifacts(gm, ins)
+        for k in plan.kernels:
+            fast = kernel_stream(k)
+            full = kernel_stream(k, exact=True)
+            assert fast == full, k.name
+            assert len(fast.schedules) == 2 and sum(s.skipped for s in fast.schedules) > 0, k.name
+            assert costmodel.estimate(fast).time_ns == pytest.approx(costmodel.estimate(full).time_ns, rel=0.005), k.name

@@ -22,6 +22,40 @@ log = logging.getLogger(__name__)
 BF16 = ml_dtypes.bfloat16
 
 
+# ------------------------------------------------------------------------ HW-DGE dma_transpose
+
+def _hwdge_transpose(src_pattern: list[list[int]], dst_split: int):
+    """x [rows, 128] bf16 -> SBUF [128, rows] through one 4-D HW-DGE transpose whose source is ``src_pattern``
+    (16 rows x tiles x row groups x 128) and whose destination splits its rows into groups of ``dst_split``."""
+    def kernel(x):
+        rows = x.shape[0]
+        out = nl.ndarray((128, rows), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 1, rows), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t[0:128, 0:1, 0:rows].reshape_dim(2, [rows // dst_split, dst_split]),
+                           src=x.ap(pattern=src_pattern, offset=0), axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.hwdge)
+        nisa.dma_copy(dst=out, src=t[0:128, 0, 0:rows])
+        return out
+    return kernel
+
+
+def test_hwdge_4d_transpose_of_row_groups() -> None:
+    """The matmul's A loads: src [16 rows, 1, rows / 16 groups, 128] -> dst [128, 1, rows / 16, 16] is x.T."""
+    x = np.random.default_rng(2).standard_normal((96, 128)).astype(BF16)
+    got = simulate(_hwdge_transpose([[128, 16], [128, 1], [16 * 128, 6], [1, 128]], 16))(x)
+    np.testing.assert_array_equal(got.astype(np.float32), x.T.astype(np.float32))
+
+
+def test_hwdge_transpose_documented_shapes() -> None:
+    """HW-DGE: src.shape[0] in {1, 2, 4, 8, 16} and src.shape[0] * src.shape[-2] a multiple of 16."""
+    x = np.zeros((96, 128), BF16)
+    with pytest.raises(SimulatorConstraintError, match=r"src.shape\[0\] in \{1, 2, 4, 8, 16\}"):
+        simulate(_hwdge_transpose([[128, 32], [128, 1], [32 * 128, 3], [1, 128]], 32))(x)
+    with pytest.raises(SimulatorConstraintError, match="a multiple of 16"):
+        simulate(_hwdge_transpose([[128, 8], [128, 1], [8 * 128, 1], [1, 128]], 8))(x[:8])
+    with pytest.raises(SimulatorConstraintError, match="2-byte dtype"):
+        simulate(_hwdge_transpose([[128, 16], [128, 1], [16 * 128, 6], [1, 128]], 16))(x.astype(np.float32))
+
+
 # ------------------------------------------------------------------------ indirect dma_transpose
 
 def _gather_transpose(cols: int):
