@@ -58,6 +58,7 @@ TRANSPOSE_ROW_GROUP = 8  # row tiles transposed per scratch store: 8 x 128 bf16 
 MAX_PSUM_TILES = 7  # [128, 512] fp32 accumulators (8 banks, one kept for TensorE transposes)
 PSUM_BANK_BYTES = PSUM_BANK_FMAX * 4  # per partition
 PSUM_BANKS = 8  # 16 KiB of PSUM per partition
+DT_A, DT_B = 1, 2  # Tiles.dt bits: A, B transposed by the DMA engines
 TRANSPOSE_K_CHUNK = 2048  # contraction elements loaded per row DMA (4 KiB bf16 per partition)
 TRANSPOSE_ROWS_BYTES = 16 * 1024  # per partition and row DMA of a direct transpose (4 x 4 KiB K runs)
 SPLIT_TRANSPOSE_BANKS = 4  # PSUM banks of the direct transposes of split and resident blocks (their accumulators rotate)
@@ -79,19 +80,19 @@ class Tiles:
     sg: int = 0  # row tiles per store of a result (<= rg); 0: rg
     sb: bool = False  # with direct: B still goes through the HBM scratch (transposed once, not per M block; resident
     # blocks fill it during the program's first M block)
-    dt: bool = False  # with direct: the DMA engines transpose where the HW-DGE transpose takes the operand
-    # (dma_transposable), not TensorE
+    dt: int = 0  # with direct: the operands the DMA engines transpose instead of TensorE (DT_A | DT_B, where the
+    # HW-DGE transpose takes them: dma_transposable)
 
-    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool, bool]:
+    def to_attr(self) -> tuple[int, int, int, bool, bool, bool, bool, bool, int, int, bool, int]:
         return (self.bm, self.bn, self.kb, self.ta, self.tb, self.resident, self.split, self.direct, self.rg, self.sg,
                 self.sb, self.dt)
 
     @classmethod
     def from_attr(cls, attr: Any) -> Tiles:
         bm, bn, kb, ta, tb, res, *rest = attr
-        split, direct, rg, sg, sb, dt = (list(rest) + [False, False, 1, 0, False, False][len(rest):])[:6]
+        split, direct, rg, sg, sb, dt = (list(rest) + [False, False, 1, 0, False, 0][len(rest):])[:6]
         return cls(int(bm), int(bn), int(kb), bool(ta), bool(tb), bool(res), bool(split), bool(direct), int(rg),
-                   int(sg), bool(sb), bool(dt))
+                   int(sg), bool(sb), int(dt))
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ class MatmulPlanner(EpiloguePlanner):
         pipe_a = bool(t.resident and t.ta and t.direct and a.transposable() and K % PMAX == 0)
         # ... by the DMA engines where the HW-DGE transpose takes them (NC-v3+: 2-byte rows, row tiles of 16k rows):
         # no TensorE transposes, PSUM banks or row staging
-        a_dma = pipe_a and t.dt and dma_transposable(a, K)
+        a_dma = pipe_a and bool(t.dt & DT_A) and dma_transposable(a, K)
         # PSUM slots of a transpose group (two per bank): four when the accumulators rotate (resident, split), so
         # TensorE transposes into two slots while the other two are evicted
         slots = 2 * SPLIT_TRANSPOSE_BANKS if (t.resident or t.split) else 2
@@ -268,7 +269,8 @@ class MatmulPlanner(EpiloguePlanner):
             if name == "a" and pipe_a:
                 direct["a"] = {"g": _transpose_group(a.dtype), "dtype": a.dtype, "pipe": True, "bank": False}
                 continue
-            if flag and op is not None and t.direct and t.dt and op.transposable() and dma_transposable(op, K):
+            if flag and op is not None and t.direct and t.dt & (DT_A if name == "a" else DT_B) and op.transposable() \
+                    and dma_transposable(op, K):
                 direct[name] = {"dma": True, "dtype": op.dtype, "bank": False}
                 continue
             if flag and op is not None and t.direct and op.transposable():

@@ -17,6 +17,8 @@ import torch
 from neuron_compile.codegen.plan_matmul import (
     ITEMSIZE,
     Tiles,
+    DT_A,
+    DT_B,
     dma_transposable,
     geometry,
     moving_tile,
@@ -126,9 +128,8 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
                         variants.append(replace(t, sb=True))
                     # ... each also with the DMA engines transposing what the HW-DGE transpose takes (TensorE free,
                     # the DMA queues busier: which is faster depends on the shape)
-                    if any(flag and op.transposable() and dma_transposable(op, k, target)
-                           for flag, op in ((ta, a), (tb, b))):
-                        variants += [replace(v, dt=True) for v in variants]
+                    masks = dma_masks(ta, tb, a, b, k, target)
+                    variants += [replace(v, dt=mask) for v in variants for mask in masks]
                     for v in variants:
                         out.setdefault(v.to_attr(), v)
 
@@ -145,6 +146,14 @@ def candidates(kernel: LoopKernel, target: str) -> list[Tiles]:
             for kb in (8, 16, 32):
                 add(tm, tn, kb, False, True)
     return list(out.values())
+
+
+def dma_masks(ta: bool, tb: bool, a: Any, b: Any, k: int, target: str) -> list[int]:
+    """The ``Tiles.dt`` values worth trying: each transposed operand the HW-DGE transpose takes, alone and together
+    (B loaded once is often better on TensorE, A's row tiles on the DMA queues, or the reverse)."""
+    bits = [bit for bit, flag, op in ((DT_A, ta, a), (DT_B, tb, b))
+            if flag and op.transposable() and dma_transposable(op, k, target)]
+    return bits + ([DT_A | DT_B] if len(bits) == 2 else [])
 
 
 def _ceil_to(x: int, mult: int) -> int:
@@ -204,9 +213,9 @@ def single_block_choice(kernel: LoopKernel, cands: list[Tiles]) -> Tiles | None:
 
 
 def _search(kernel: LoopKernel, cands: list[Tiles], target: str) -> tuple[Tiles, float]:
-    """The fastest candidate: block configurations first (TensorE transposes), the DMA-transpose twin (``Tiles.dt``)
-    of each finalist, then epilogue row groups for the finalists of both kinds, then (rg, sg) for the best of each
-    kind. Each kind's path is the search it would have without the other, so offering the DMA transposes never
+    """The fastest candidate: block configurations first (TensorE transposes), the DMA-transpose twins (``Tiles.dt``:
+    A, B or both) of the best one, then epilogue row groups for the finalists and the best twin, then (rg, sg) for
+    the best of each kind. Each kind's path is the search it would have without the other, so offering the DMA transposes never
     picks a slower kernel than leaving them out."""
     legal = set(cands)
     best, best_ns = cands[0], math.inf
@@ -226,20 +235,23 @@ def _search(kernel: LoopKernel, cands: list[Tiles], target: str) -> tuple[Tiles,
             scored.append((score(cand, _finalist_budget(scored)), cand))
     scored.sort(key=lambda x: x[0])
     finalists = [top for _, top in scored[:ROW_GROUP_FINALISTS]]
-    twins = [replace(top, dt=True) for top in finalists if replace(top, dt=True) in legal]
+    twins = [replace(finalists[0], dt=mask) for mask in (DT_A, DT_B, DT_A | DT_B)
+             if finalists and replace(finalists[0], dt=mask) in legal]
     twin_ns = {twin: score(twin, _finalist_budget(scored)) for twin in twins}
+    # the best of each kind (TensorE transposes; DMA transposes of any operand) is refined on its own
     kind_best = {False: min(scored, key=lambda x: x[0]) if scored else (math.inf, best)}
     if twin_ns:
-        kind_best[True] = min(((ns, t) for t, ns in twin_ns.items()), key=lambda x: x[0])
+        kind_best[True] = min(((ns, twin) for twin, ns in twin_ns.items()), key=lambda x: x[0])
     # epilogue row groups (fewer, larger epilogue DMAs vs fewer stores to pipeline behind) for the best blocks
-    for top in finalists + twins:
+    for top in finalists + ([kind_best[True][1]] if twin_ns else []):
         for rg in ROW_GROUPS:
             if rg == top.rg or (rg - 1) * PMAX >= top.bm:
                 continue
             cand = replace(top, rg=rg)
-            ns = score(cand, kind_best[cand.dt][0])
-            if ns < kind_best[cand.dt][0]:
-                kind_best[cand.dt] = (ns, cand)
+            kind = bool(cand.dt)
+            ns = score(cand, kind_best[kind][0])
+            if ns < kind_best[kind][0]:
+                kind_best[kind] = (ns, cand)
     # stores more frequent than residual loads (less work behind the last store): (rg, sg) for the best blocks
     for _, base in list(kind_best.values()):
         for rg in (1, *ROW_GROUPS):

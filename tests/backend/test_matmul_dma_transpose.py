@@ -13,6 +13,7 @@ import logging
 
 import pytest
 import torch
+from neuron_compile.codegen.plan_matmul import DT_A, DT_B
 from neuron_compile.codegen.render_matmul import Tiles
 from neuron_compile.lowering.ops import matmul as mm_rules
 
@@ -21,12 +22,13 @@ from neuron_compile.config import config
 
 log = logging.getLogger(__name__)
 
-RESIDENT_DIRECT = Tiles(256, 512, 1, True, True, True, False, True, dt=True)  # resident, DMA transposes into SBUF
+RESIDENT_DIRECT = Tiles(256, 512, 1, True, True, True, False, True, dt=DT_A | DT_B)  # resident, both by DMA
 
 
 def _compile(target: str, fn, *xs: torch.Tensor, tiles: Tiles | None = RESIDENT_DIRECT) -> tuple[torch.Tensor, str]:
     orig = mm_rules.candidates
     mm_rules._TUNED.clear()
+    torch._dynamo.reset()  # the same function again with other tiles: capture it again
     if tiles is not None:
         mm_rules.candidates = lambda kernel, target: [tiles]  # type: ignore[assignment]
     try:
@@ -96,15 +98,23 @@ def test_autotuner_weighs_dma_against_pe_transposes() -> None:
         _, _, plan = build_artifacts(gm, ins)
     (kernel,) = plan.kernels
     on_trn2 = mm_rules.candidates(kernel, "trn2")
-    direct = {replace_dt(t) for t in on_trn2 if t.direct}
-    assert direct and all(replace_dt(t, True) in on_trn2 for t in direct)
+    direct = {replace_dt(t) for t in on_trn2 if t.direct and t.ta and t.tb}
+    assert direct and all(replace_dt(t, mask) in on_trn2 for t in direct for mask in (DT_A, DT_B, DT_A | DT_B))
     assert not any(t.dt for t in mm_rules.candidates(kernel, "trn1"))
+    want = x.float() @ w.float().T
     got, src = _compile("trn2", torch.nn.functional.linear, x, w, tiles=replace_dt(RESIDENT_DIRECT))
     assert "dma_transpose" not in src and "nc_transpose" in src
-    torch.testing.assert_close(got.float(), x.float() @ w.float().T, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=2e-2)
+    # one operand each: A's row tiles by DMA with B's block on TensorE, and the reverse
+    got, src = _compile("trn2", torch.nn.functional.linear, x, w, tiles=replace_dt(RESIDENT_DIRECT, DT_A))
+    assert "dma_transpose" in src and "a_tp" not in src and "nc_transpose(dst=tr_tp" in src
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=2e-2)
+    got, src = _compile("trn2", torch.nn.functional.linear, x, w, tiles=replace_dt(RESIDENT_DIRECT, DT_B))
+    assert "dma_transpose" in src and "nc_transpose(dst=a_tp" in src and "tr_tp" not in src
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=2e-2)
 
 
-def replace_dt(t: Tiles, dt: bool = False) -> Tiles:
+def replace_dt(t: Tiles, dt: int = 0) -> Tiles:
     from dataclasses import replace
 
     return replace(t, dt=dt)
