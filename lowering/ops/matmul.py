@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 from neuron_compile.codegen.plan_matmul import (
-    ITEMSIZE,
-    Tiles,
     DT_A,
     DT_B,
+    ITEMSIZE,
+    Tiles,
     dma_transposable,
     geometry,
     moving_tile,
