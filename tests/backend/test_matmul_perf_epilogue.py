@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from neuron_compile.codegen.plan_matmul import DT_A, DT_B
 from neuron_compile.codegen.render_matmul import Tiles
 from neuron_compile.lowering.ops import matmul as mm_rules
 
@@ -169,10 +170,15 @@ def test_gpt2_mlp_down_projection_transposes_its_weight_once() -> None:
         stream = kernel_stream(k)
     transposes = sum(n for rec, n in stream.items() if rec.instruction == "nc_transpose")
     assert t.direct and t.bm < 4096, t
+    # an operand the DMA engines transpose (Tiles.dt) has no TensorE transposes, and DMA transposes instead
+    x_tiles = 0 if t.dt & DT_A else 4096 // 128
+    assert (sum(n for rec, n in stream.items() if rec.instruction == "dma_transpose") > 0) == bool(t.dt), t
     # x's row tiles once each; the weight fewer times than once per M block when it goes through the scratch
-    per_block = (4096 // 128 + 4096 // t.bm * 768 // 128) * (3072 // 128)
-    if t.resident and t.bn >= 768:  # B once per core (program of the launch grid)
-        assert transposes == (4096 // 128 + len(stream.schedules) * 768 // 128) * (3072 // 128), (transposes, t)
+    per_block = (x_tiles + 4096 // t.bm * 768 // 128) * (3072 // 128)
+    if t.dt & DT_B:
+        assert transposes == x_tiles * (3072 // 128), (transposes, t)  # no TensorE transposes of the weight
+    elif t.resident and t.bn >= 768:  # B once per core (program of the launch grid)
+        assert transposes == (x_tiles + len(stream.schedules) * 768 // 128) * (3072 // 128), (transposes, t)
         assert len(stream.schedules) < 4096 // t.bm, t
     else:
         assert transposes < per_block if t.sb else transposes == per_block, (transposes, t)
