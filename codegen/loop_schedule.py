@@ -264,8 +264,65 @@ def use_moments(ops: Sequence[TileOp], count: int) -> list[TileOp] | None:
         if not add_reduce(s) or s is None or s.args[0] != x or s.phase > q.phase \
                 or abs(scale * count + 1.0) > 1e-6:
             continue
-        return _with_moments(ops, s, q, sq, c, users, count)
+        return _read_moments(_with_moments(ops, s, q, sq, c, users, count), s.out, q.out, nm.out, count)
     return None
+
+
+def reduction_tiles(reduces: Sequence[TileOp], views: bool = False) -> list[dict[str, str]]:
+    """The ``[P, 1]`` tiles a body's reductions write (a moments op: its two results; with ``views``, where the
+    template binds a moments op's mean and variance as views of its bn_aggr tile, none for those, see
+    :func:`_read_moments`)."""
+    out = []
+    for op in reduces:
+        moments = op.attr("op") == "moments"
+        if not (views and moments and op.attr("as_mean")):
+            out.append({"out": op.out, "dtype": op.dtype})
+        if moments and not (views and op.attr("as_var")):
+            out.append({"out": op.attr("var"), "dtype": "float32"})
+    return out
+
+
+def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> list[TileOp]:
+    """Read ``bn_aggr``'s mean and variance as they are where the kernel only rescales them back: ``s`` (count x mean)
+    read by nothing but the negated mean ``nm = s * (-1 / count)``, which only centres rows (``x + nm`` as the first
+    stage of a tensor_scalar), becomes the mean itself and the centring ``x - mean`` (no ``s`` or ``nm``
+    instruction); ``q`` (count x variance) read only by activations that scale it by ``1 / count`` (the rstd's
+    ``sqrt(q / count + eps)``) becomes the variance, read at scale 1. Each skipped instruction was a dependent
+    VectorE hop (a write-back wait) in every row's statistics chain; the values are bn_aggr's without the
+    multiply-and-divide round trip (one fp32 rounding fewer each). Attrs ``as_mean`` / ``as_var`` of the moments
+    op: it writes the mean / variance itself, as a view of its ``bn_aggr`` tile where the kernel allocates the
+    result for it (:func:`reduction_tiles`), else by a copy into the tile it is given (a row group's column)."""
+    def readers(name: str) -> list[TileOp]:
+        return [op for op in ops if name in op.args and op.opcode != "moments_var"]
+
+    mean_view = False  # s becomes the mean, nm goes
+    centring = readers(nm)
+    if [op.out for op in readers(s)] == [nm] and centring and all(
+            u.opcode == "tensor_scalar" and u.kind == "full" and len(u.args) >= 2 and u.args[0] != nm
+            and u.args[1] == nm and nm not in u.args[2:] and u.attr("op0") == "add" and not u.attr("reverse0")
+            for u in centring):
+        mean_view = True
+    var_view = False
+    scaled = readers(q)
+    if scaled and all(u.opcode == "activation" and u.kind == "row" and len(u.args) == 3 and u.args[0] == q
+                      and q not in u.args[1:] and isinstance(u.args[1], float) and abs(u.args[1] * count - 1.0) < 1e-6
+                      for u in scaled):
+        var_view = True
+    if not (mean_view or var_view):
+        return ops
+    out: list[TileOp] = []
+    for op in ops:
+        if op.out == s and op.attr("op") == "moments":
+            op = replace(op, attrs=op.attrs + (("as_mean", mean_view), ("as_var", var_view)))
+        elif mean_view and op.out == nm:
+            continue
+        elif mean_view and nm in op.args:
+            attrs = tuple((k, "subtract" if k == "op0" else v) for k, v in op.attrs)
+            op = replace(op, args=(op.args[0], s, *op.args[2:]), attrs=attrs)
+        elif var_view and q in op.args and op.opcode == "activation":
+            op = replace(op, args=(op.args[0], 1.0, op.args[2]))
+        out.append(op)
+    return out
 
 
 def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: TileOp | None,

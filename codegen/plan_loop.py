@@ -409,8 +409,7 @@ class LoopRenderer:
             if not body:
                 continue
             reds = [op for op in body if op.opcode == "reduce"]
-            ph["reductions"] = [{"out": op.out, "dtype": op.dtype} for op in reds] + [
-                {"out": op.attr("var"), "dtype": "float32"} for op in reds if op.attr("op") == "moments"]
+            ph["reductions"] = ls.reduction_tiles(reds)
             ph["red_loops"] = [{"var": f"r{j}", "start": 0, "stop": k.space[d], "step": None, "split": False}
                                for j, d in enumerate(self.red_outer)]
             fused = ls.fuse_act_reduce(body)

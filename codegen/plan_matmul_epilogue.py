@@ -310,6 +310,7 @@ class EpiloguePlanner:
             if op.opcode == "reduce":
                 view["first"] = "True"
                 view["fused"] = op.out in fused
+                view["moments_views"] = True  # its mean / variance tiles are the template's to bind (reduction_tiles)
             elif op.out in act_res:
                 view["reduce_res"] = act_res[op.out]
             if op.opcode not in ("store", "reduce") and bufs.inplace[pos] and op.out not in stage_of:
@@ -319,8 +320,7 @@ class EpiloguePlanner:
             ops.append({"view": view, "staged": op.out in stage_of})
         return {"resident": [{"name": name, "where": where or ("row", name, False)}
                              for name, where in resident.items()],
-                "reduces": [{"out": op.out, "dtype": op.dtype} for op in body if op.opcode == "reduce"]
-                + [{"out": op.attr("var"), "dtype": "float32"} for op in body if op.attr("op") == "moments"],
+                "reduces": ls.reduction_tiles([op for op in body if op.opcode == "reduce"], views=True),
                 "ops": ops}
 
     def skipped(self, resident: dict[str, tuple[str, str, bool] | None], staged: list[TileOp]) -> set[str]:

@@ -50,8 +50,23 @@ def test_mean_and_variance_become_one_statistics_pass() -> None:
     assert by["s"].attr("var") == "q" and by["s"].attr("count") == 64
     assert by["q"].opcode == "moments_var" and by["q"].args == ("s",) and by["q"].kind == "row"
     assert "sq" not in by and "c" not in by  # no square pass; the centring folds into the normalisation
+    # bn_aggr's mean and variance are read as they are: no count x mean, no negated mean, no count x variance
+    assert by["s"].attr("as_mean") is True and by["s"].attr("as_var") is True and "nm" not in by
     y = by["y"]
-    assert y.args == ("x", "nm", "rstd") and y.attr("op0") == "add" and y.attr("op1") == "multiply"
+    assert y.args == ("x", "s", "rstd") and y.attr("op0") == "subtract" and y.attr("op1") == "multiply"
+    assert by["rstd"].args == ("q", 1.0, 1e-5)  # the variance itself (it read count x variance scaled by 1 / 64)
+    assert ls.reduction_tiles([by["s"]], views=True) == []  # both are views of the bn_aggr tile
+    assert ls.reduction_tiles([by["s"]]) == [{"out": "s", "dtype": "float32"}, {"out": "q", "dtype": "float32"}]
+
+
+def test_sums_stay_sums_where_something_else_reads_them() -> None:
+    prog = _layernorm_program()
+    prog.insert(-1, _op("nm2", "store", ("nm",), phase=2))  # the negated mean is an output too
+    prog.insert(-1, _op("q2", "store", ("q",), phase=2))  # and so is the sum of squares
+    by = {op.out: op for op in ls.use_moments(prog, 64)}
+    assert not by["s"].attr("as_mean") and not by["s"].attr("as_var")
+    assert by["nm"].args == ("s", 1.0 / 64, -1.0) and by["rstd"].args == ("q", 1.0 / 64, 1e-5)
+    assert ls.reduction_tiles([by["s"]]) == [{"out": "s", "dtype": "float32"}, {"out": "q", "dtype": "float32"}]
 
 
 def test_centring_folded_into_the_square_is_matched_too() -> None:
@@ -64,7 +79,7 @@ def test_centring_folded_into_the_square_is_matched_too() -> None:
     assert out is not None
     by = {op.out: op for op in out}
     assert by["s"].attr("op") == "moments" and by["q"].opcode == "moments_var" and "sq" not in by
-    assert by["y"] == prog[-2]  # already folded: unchanged
+    assert by["y"].args == ("x", "s", "rstd") and by["y"].attr("op0") == "subtract"  # already folded: x - mean
 
 
 def test_statistics_pass_refuses_what_it_cannot_reproduce() -> None:
