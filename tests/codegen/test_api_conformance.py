@@ -194,9 +194,14 @@ def test_simulator_enforces_tile_limits_on_a_rendered_kernel(edits: dict[str, st
     ok = run(src)
     a, b = args[0].reshape(130, 300), args[1].reshape(300, 700)
     np.testing.assert_allclose(np.asarray(ok).reshape(130, 700), a @ b, atol=1e-3, rtol=1e-4)
-    # A blocks at least 256 rows wide, so a 2 * P stationary slice is a tile past the limit, not out of bounds
+    # A blocks at least 256 rows wide and N blocks at least 1024 columns (whatever blocks the autotuner chose), so a
+    # 2 * P stationary or a 1024-column moving slice is a tile past the limit, not out of bounds
     bad = re.sub(r"a_blk = nl.ndarray\(\(128, (\d+), (\d+)\)",
                  lambda m: f"a_blk = nl.ndarray((128, {m[1]}, {max(int(m[2]), 256)})", src)
+    bad = re.sub(r"b_blk = nl.ndarray\(\(128, (\d+), (\d+)\)",
+                 lambda m: f"b_blk = nl.ndarray((128, {m[1]}, {max(int(m[2]), 1024)})", bad)
+    bad = re.sub(r"for n0 in range\(0, 700, \d+\):\n(\s+)BN = min\(\d+, 700 - n0\)",
+                 lambda m: f"for n0 in range(0, 700, 1024):\n{m[1]}BN = min(1024, 700 - n0)", bad)
     for old, new in edits.items():
         assert old in bad, old
         bad = bad.replace(old, new)
