@@ -309,6 +309,12 @@ class MatmulPlanner(EpiloguePlanner):
             self.held += kb * operand_bytes
         hoisted = self.hoist_loads()
         evict = self.eviction(set(hoisted), bn)
+        if "a" in direct and direct["a"].get("pipe"):
+            # A's row-tile transposes leave PSUM on ScalarE alone when the epilogue has row ops (a LayerNorm: VectorE
+            # carries its statistics and normalisation) and no activation over whole tiles to keep ScalarE busy;
+            # else alternately on VectorE and ScalarE (VectorE's copies are the faster ones)
+            direct["a"]["scalar"] = bool(self.post) and not any(op.opcode == "activation" and op.kind == "full"
+                                                                for op in self.rest)
         # The programs split the M blocks, or the N blocks when there are fewer M blocks than cores or when B, the
         # larger operand, is transposed on TensorE (each core then transposes its half of B's rows, A on both)
         spread = grid > 1 and k.n_outer == 0
