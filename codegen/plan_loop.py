@@ -106,6 +106,7 @@ class LoopRenderer:
         self.dtypes = {op.out: op.dtype for op in k.ops}
         nf = k.space[self.free_dim]
         self.hoisted: list[TileOp] = []
+        self.grid = 1  # programs the body is rendered for (body)
         if k.family == "matmul":
             self.free_tile = min(k.free_tile, nf)
             self.resident = False
@@ -349,18 +350,26 @@ class LoopRenderer:
         k = self.k
         if grid <= 1 or self.red_outer or k.family == "matmul":
             return 1
-        if k.n_outer:
-            if self.rows > 1 and self._outer_invariant({op.out for op in self.hoisted}):
-                return 1  # the row-tile loop runs outside the outer loops: not the loop that splits
+        row_trips = len(range(0, k.space[self.part_dim], PMAX * self.rows if self.rows > 1 else k.part_tile))
+        if k.n_outer and not self._rows_on_top():
             trips = k.space[0]
+        elif k.n_outer:  # the row-tile loop on top, else the first outer loop inside it
+            trips = max(row_trips, k.space[0])
         else:
-            trips = len(range(0, k.space[self.part_dim], PMAX * self.rows if self.rows > 1 else k.part_tile))
+            trips = row_trips
         return grid if trips >= grid else 1
+
+    def _rows_on_top(self) -> bool:
+        """Whether the row-tile loop runs outside the outer loops (row groups with an outer-invariant load, see
+        :meth:`_outer_invariant`): it is then the top loop, the one the launch grid splits when it has a trip per
+        program (else the first outer loop, inside it: each program loads the invariant rows)."""
+        return self.rows > 1 and bool(self._outer_invariant({op.out for op in self.hoisted}))
 
     def body(self, grid: int = 1) -> str:
         """The kernel body (the frame's indentation level), its top loop split over ``grid`` programs when
         ``grid > 1`` (a grid :meth:`split_grid` allows)."""
         assert self.k.family != "matmul", "matmul kernels render through render_matmul"
+        self.grid = grid
         if self.rows > 1:
             return render_block("reduction.nki.j2", "row_groups", p=self._rows_plan(grid > 1))
         return render_block("pointwise.nki.j2", "loop_body", p=self._plan(grid > 1))
@@ -370,10 +379,16 @@ class LoopRenderer:
         k = self.k
         outer = [{"var": v, "start": 0, "stop": k.space[i], "step": None, "split": False}
                  for i, v in enumerate(self.outer_vars)]
-        if split and outer:
-            outer[0].update(start=0, step=1, split=True)
         part = {"var": "p0", "start": 0, "stop": k.space[self.part_dim],
-                "step": PMAX * self.rows if self.rows > 1 else k.part_tile, "split": split and not outer}
+                "step": PMAX * self.rows if self.rows > 1 else k.part_tile, "split": False}
+        # the launch grid splits the top loop (the row-tile loop when it runs outside the outer loops and has a trip
+        # per program), else the first outer loop
+        rows_split = not outer or (self._rows_on_top()
+                                   and len(range(0, part["stop"], part["step"])) >= self.grid)
+        if split and rows_split:
+            part["split"] = True
+        elif split:
+            outer[0].update(start=0, step=1, split=True)
         return outer, part, split
 
     def _base_plan(self, split: bool) -> dict[str, Any]:
