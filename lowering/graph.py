@@ -23,7 +23,11 @@ from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
 from neuron_compile.lowering.graph_checks import insert_index_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
-from neuron_compile.lowering.graph_passes import embedding_of_arange_to_slice, mlp_hidden_feature_major
+from neuron_compile.lowering.graph_passes import (
+    embedding_of_arange_to_slice,
+    mlp_hidden_feature_major,
+    split_full_reductions,
+)
 from neuron_compile.lowering.intmath import is_int_compute
 from neuron_compile.lowering.ir import (
     Access,
@@ -80,6 +84,7 @@ class GraphLowering:
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
+            self.gm = split_full_reductions(self.gm)  # all/any/amax/amin of a whole tensor: 128 partitions first
             self.gm = mlp_hidden_feature_major(self.gm)  # MLP hidden stored K-major for the 2nd matmul
             self.gm = fuse_conv_epilogue(self.gm)  # conv + bias / folded BatchNorm / activation / residual
         self._placeholders()

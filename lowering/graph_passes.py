@@ -8,6 +8,8 @@ is never mutated; a graph with nothing to rewrite is returned as is).
   consumer loads the rows directly, so neither the ``arange`` (iota) kernel nor the gather kernel is
   emitted. Only exact cases are rewritten: 1-D integer arange with step 1, ``0 <= start <= end <=
   weight rows`` (out-of-range indices must still fail like eager), 2-D weight.
+- :func:`split_full_reductions`: an exact full reduction (all, any, amax, amin of a whole tensor) of many
+  elements runs over 128 partitions first, then across their 128 results (one kernel lane did it all).
 - :func:`mlp_hidden_feature_major`: ``h = act(x W1^T + b1)`` read only by ``h W2^T`` becomes
   ``h^T = act(W1 x^T + b1[:, None])`` passed on as the view ``(h^T)^T``: the second matmul's left
   operand is K-major as stored, so it needs no TensorE transposes (GPT-2 MLP down 319 -> 282 us).
@@ -69,6 +71,67 @@ def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
         log.debug("embedding(arange(%d, %d)) -> slice of rows: no iota and no gather kernel", start, end)
     graph.eliminate_dead_code()
     return fx.GraphModule(gm, graph)
+
+
+# -- full reductions in two stages ---------------------------------------------------------------------
+
+SPLIT_REDUCTION_MIN = 2048  # elements: smaller full reductions stay one kernel on one partition
+# a full reduction's overloads -> (its per-row form over dim 1 of the [128, N / 128] view, its whole-tensor form)
+_ALL, _ANY = (aten.all.dim, aten.all.default), (aten.any.dim, aten.any.default)
+_FULL_REDUCTIONS = {aten.all.default: _ALL, aten.all.dim: _ALL, aten.all.dims: _ALL,
+                    aten.any.default: _ANY, aten.any.dim: _ANY, aten.any.dims: _ANY,
+                    aten.amax.default: (aten.amax.default, aten.amax.default),
+                    aten.amin.default: (aten.amin.default, aten.amin.default)}
+
+
+def _full_reduction_input(n: fx.Node) -> torch.Tensor | None:
+    """The input value of an exact full reduction worth splitting (every dim reduced to a 0-d result, a contiguous
+    input of >= SPLIT_REDUCTION_MIN elements, a multiple of 128), or None."""
+    if n.op != "call_function" or n.target not in _FULL_REDUCTIONS or not isinstance(n.args[0], fx.Node):
+        return None
+    val, out = n.args[0].meta.get("val"), n.meta.get("val")  # every dim reduced: a 0-d result
+    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor) or out.dim() != 0 \
+            or val.numel() < SPLIT_REDUCTION_MIN or val.numel() % 128 or not val.is_contiguous():
+        return None
+    return val
+
+
+def split_full_reductions(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with exact full reductions (all, any, amax, amin of a whole tensor) done in two stages (or
+    ``gm``): ``r(x.view(128, -1), dim=1)`` puts the elements on 128 partitions (each reducing its row), then ``r`` of
+    those 128 values. As one stage the kernel lays the whole tensor along one partition's free axis, one engine lane
+    doing all the work: an Embedding's index check (``all(0 <= idx < rows)``) of GPT-2's 4096 tokens took 42.9 us.
+    Min, max, and, or are exact in any order, so the value is the same."""
+    if not any(_full_reduction_input(n) is not None for n in gm.graph.nodes):
+        return gm
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, remap))
+    for node in [n for n in graph.nodes if _full_reduction_input(n) is not None]:
+        x = node.args[0]
+        val = _full_reduction_input(node)
+        assert isinstance(x, fx.Node) and val is not None
+        per_row, whole = _FULL_REDUCTIONS[node.target]
+        dim = [1] if per_row in (aten.amax.default, aten.amin.default) else 1
+        with graph.inserting_before(node):
+            rows = graph.call_function(aten.view.default, (x, [128, val.numel() // 128]))
+            part = graph.call_function(per_row, (rows, dim))
+            last = graph.call_function(whole, (part,))
+        with val.fake_mode if hasattr(val, "fake_mode") else _nullcontext():
+            rows.meta["val"] = val.view(128, -1)
+            part.meta["val"] = per_row(rows.meta["val"], dim)
+        last.meta = dict(node.meta)
+        node.replace_all_uses_with(last)
+        graph.erase_node(node)
+        log.debug("%s of %d elements: 128 partitions, then across them", node.target, val.numel())
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
+
+
+def _nullcontext() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 # -- feature-major hidden activations ----------------------------------------------------------------
