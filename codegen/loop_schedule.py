@@ -295,19 +295,15 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
     def readers(name: str) -> list[TileOp]:
         return [op for op in ops if name in op.args and op.opcode != "moments_var"]
 
-    mean_view = False  # s becomes the mean, nm goes
     centring = readers(nm)
-    if [op.out for op in readers(s)] == [nm] and centring and all(
-            u.opcode == "tensor_scalar" and u.kind == "full" and len(u.args) >= 2 and u.args[0] != nm
-            and u.args[1] == nm and nm not in u.args[2:] and u.attr("op0") == "add" and not u.attr("reverse0")
-            for u in centring):
-        mean_view = True
-    var_view = False
+    mean_view = [op.out for op in readers(s)] == [nm] and bool(centring) and all(  # s becomes the mean, nm goes
+        u.opcode == "tensor_scalar" and u.kind == "full" and len(u.args) >= 2 and u.args[0] != nm
+        and u.args[1] == nm and nm not in u.args[2:] and u.attr("op0") == "add" and not u.attr("reverse0")
+        for u in centring)
     scaled = readers(q)
-    if scaled and all(u.opcode == "activation" and u.kind == "row" and len(u.args) == 3 and u.args[0] == q
-                      and q not in u.args[1:] and isinstance(u.args[1], float) and abs(u.args[1] * count - 1.0) < 1e-6
-                      for u in scaled):
-        var_view = True
+    var_view = bool(scaled) and all(u.opcode == "activation" and u.kind == "row" and len(u.args) == 3
+                                    and u.args[0] == q and q not in u.args[1:] and isinstance(u.args[1], float)
+                                    and abs(u.args[1] * count - 1.0) < 1e-6 for u in scaled)
     if not (mean_view or var_view):
         return ops
     out: list[TileOp] = []

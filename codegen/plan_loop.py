@@ -350,14 +350,20 @@ class LoopRenderer:
         k = self.k
         if grid <= 1 or self.red_outer or k.family == "matmul":
             return 1
-        row_trips = len(range(0, k.space[self.part_dim], PMAX * self.rows if self.rows > 1 else k.part_tile))
         if k.n_outer and not self._rows_on_top():
             trips = k.space[0]
         elif k.n_outer:  # the row-tile loop on top, else the first outer loop inside it
-            trips = max(row_trips, k.space[0])
+            trips = max(self._row_trips(), k.space[0])
         else:
-            trips = row_trips
+            trips = self._row_trips()
         return grid if trips >= grid else 1
+
+    def _row_step(self) -> int:
+        return PMAX * self.rows if self.rows > 1 else self.k.part_tile
+
+    def _row_trips(self) -> int:
+        """Iterations of the row-tile loop ``p0``."""
+        return len(range(0, self.k.space[self.part_dim], self._row_step()))
 
     def _rows_on_top(self) -> bool:
         """Whether the row-tile loop runs outside the outer loops (row groups with an outer-invariant load, see
@@ -379,12 +385,10 @@ class LoopRenderer:
         k = self.k
         outer = [{"var": v, "start": 0, "stop": k.space[i], "step": None, "split": False}
                  for i, v in enumerate(self.outer_vars)]
-        part = {"var": "p0", "start": 0, "stop": k.space[self.part_dim],
-                "step": PMAX * self.rows if self.rows > 1 else k.part_tile, "split": False}
+        part = {"var": "p0", "start": 0, "stop": k.space[self.part_dim], "step": self._row_step(), "split": False}
         # the launch grid splits the top loop (the row-tile loop when it runs outside the outer loops and has a trip
         # per program), else the first outer loop
-        rows_split = not outer or (self._rows_on_top()
-                                   and len(range(0, part["stop"], part["step"])) >= self.grid)
+        rows_split = not outer or (self._rows_on_top() and self._row_trips() >= self.grid)
         if split and rows_split:
             part["split"] = True
         elif split:

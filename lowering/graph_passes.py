@@ -17,6 +17,7 @@ is never mutated; a graph with nothing to rewrite is returned as is).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -76,12 +77,13 @@ def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
 # -- full reductions in two stages ---------------------------------------------------------------------
 
 SPLIT_REDUCTION_MIN = 2048  # elements: smaller full reductions stay one kernel on one partition
-# a full reduction's overloads -> (its per-row form over dim 1 of the [128, N / 128] view, its whole-tensor form)
-_ALL, _ANY = (aten.all.dim, aten.all.default), (aten.any.dim, aten.any.default)
+# a full reduction's overloads -> (its per-row form, reducing dim 1 of the [128, N / 128] view, that form's dim
+# argument, its whole-tensor form)
+_ALL, _ANY = (aten.all.dim, 1, aten.all.default), (aten.any.dim, 1, aten.any.default)
 _FULL_REDUCTIONS = {aten.all.default: _ALL, aten.all.dim: _ALL, aten.all.dims: _ALL,
                     aten.any.default: _ANY, aten.any.dim: _ANY, aten.any.dims: _ANY,
-                    aten.amax.default: (aten.amax.default, aten.amax.default),
-                    aten.amin.default: (aten.amin.default, aten.amin.default)}
+                    aten.amax.default: (aten.amax.default, [1], aten.amax.default),
+                    aten.amin.default: (aten.amin.default, [1], aten.amin.default)}
 
 
 def _full_reduction_input(n: fx.Node) -> torch.Tensor | None:
@@ -107,17 +109,14 @@ def split_full_reductions(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     remap: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, remap))
-    for node in [n for n in graph.nodes if _full_reduction_input(n) is not None]:
-        x = node.args[0]
-        val = _full_reduction_input(node)
-        assert isinstance(x, fx.Node) and val is not None
-        per_row, whole = _FULL_REDUCTIONS[node.target]
-        dim = [1] if per_row in (aten.amax.default, aten.amin.default) else 1
+    todo = [(n, val) for n in graph.nodes if (val := _full_reduction_input(n)) is not None]
+    for node, val in todo:
+        per_row, dim, whole = _FULL_REDUCTIONS[node.target]
         with graph.inserting_before(node):
-            rows = graph.call_function(aten.view.default, (x, [128, val.numel() // 128]))
+            rows = graph.call_function(aten.view.default, (node.args[0], [128, val.numel() // 128]))
             part = graph.call_function(per_row, (rows, dim))
             last = graph.call_function(whole, (part,))
-        with val.fake_mode if hasattr(val, "fake_mode") else _nullcontext():
+        with getattr(val, "fake_mode", None) or contextlib.nullcontext():
             rows.meta["val"] = val.view(128, -1)
             part.meta["val"] = per_row(rows.meta["val"], dim)
         last.meta = dict(node.meta)
@@ -126,12 +125,6 @@ def split_full_reductions(gm: fx.GraphModule) -> fx.GraphModule:
         log.debug("%s of %d elements: 128 partitions, then across them", node.target, val.numel())
     graph.eliminate_dead_code()
     return fx.GraphModule(gm, graph)
-
-
-def _nullcontext() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 # -- feature-major hidden activations ----------------------------------------------------------------

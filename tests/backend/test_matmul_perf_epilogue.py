@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from neuron_compile.codegen.plan_matmul import DT_A, DT_B
+from neuron_compile.codegen.render import render_kernel
 from neuron_compile.codegen.render_matmul import Tiles
 from neuron_compile.lowering.ops import matmul as mm_rules
 
@@ -235,8 +236,6 @@ def test_row_tile_transposes_leave_psum_on_scalar_when_the_epilogue_is_vectors(n
     """A LayerNorm epilogue keeps VectorE busy (statistics, normalisation) and ScalarE idle: x's row-tile transposes
     are evicted by ScalarE alone (GPT-2's out-projection + LayerNorm 94.6 -> 89.9 us estimated). With a bias only,
     TensorE is the busy engine and VectorE's faster copies keep taking every other group."""
-    from neuron_compile.codegen.render import render_kernel
-
     g = torch.Generator().manual_seed(6)
     proj = torch.nn.Linear(768, 768).to(torch.bfloat16)
     ln = torch.nn.LayerNorm(768).to(torch.bfloat16)
