@@ -220,6 +220,7 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra:
                  "v": _load("v_rows", k.v, k.sk, k.dv)},
         "out": {"terms": [("b", ob), ("hg", oh), ("q0", os_)], "s_head": oh, "s_row": os_, "s_col": od},
         "ident": MASK_IDENT.get(k.compute_dtype, 1.0), "mask_bias": MASK_BIAS.get(k.compute_dtype, MASK_BIAS_DEFAULT),
+        "dma_t": False,  # Q and K rows transposed by TensorE (the unshifted kernel may load them transposed instead)
     }
 
 
@@ -263,11 +264,28 @@ def exact_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     return transposed_plan(k, group, grid) if group else standard_plan(k, grid)
 
 
+def dma_transposable(k: AttentionKernel) -> bool:
+    """Whether the DMA engines load the next head group's Q^T and K^T (HW-DGE ``nisa.dma_transpose``, NC-v3+: 2-byte
+    elements, each row's ``d`` elements contiguous, row counts a multiple of 16) instead of TensorE transposing the
+    loaded rows: the transposes and their PSUM evictions leave TensorE and VectorE (which carry the kernel) for a
+    transfer at the transpose's share of the DMA bandwidth, hidden behind a whole group's compute. Heads of 128 only:
+    a transpose's partitions are the head's d elements, and below 128 fewer of the 16 DMA engines serve it (GPT-2's
+    d = 64 under the cost model: 8 engines at 128-byte runs, 45 us per group's Q^T against ~37 us of compute, so
+    the kernel went DMA-bound, 150.6 -> 173.5 us). config.attention_dma_transpose."""
+    from neuron_compile.simulator.targets import LIMITS
+
+    return (config.attention_dma_transpose and LIMITS[config.target].nc_version >= 3 and _size(k.compute_dtype) == 2
+            and k.d == PMAX and k.sq % 16 == 0 and k.sk % 16 == 0 and k.q[2][3] == 1 and k.k[2][3] == 1
+            and all(k.inputs[a[0]].dtype == k.compute_dtype for a in (k.q, k.k)))
+
+
 def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, Any]:
     """The unshifted kernel for ``group`` heads at a time, with the exact kernel's plan for its rerun; its batches
     (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
     grid = split_grid(k, grid)
     p = _common(k, group, sbuf_bytes_u(k, group), grid, transposed_ahead_bytes(k, group))
+    if p["prefetch"] and dma_transposable(k):  # later groups' Q^T, K^T from HBM; the whole scale applied by the exp
+        p.update({"dma_t": True, "q_scale": 1.0, "s_scale": k.scale})
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)

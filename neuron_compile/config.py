@@ -69,6 +69,8 @@ _knob("fuse_matmul_norm", bool, True, "Let a reduction over a matmul's whole out
 _knob("attention_unshifted", bool, True, "Attention without an additive mask first runs its softmax without the "
       "row max (exp(s) directly: no max pass, no transpose of P), checks every row's sum and output on chip, and "
       "reruns the exact kernel when a row falls outside the safe range.", codegen=True)
+_knob("attention_dma_transpose", bool, True, "The unshifted attention kernel loads Q^T and K^T through the DMA "
+      "engines' transpose (2-byte dtypes, trn2/trn3) instead of transposing the loaded rows on TensorE.", codegen=True)
 # Running.
 _knob("executor", str, "auto", "Who runs kernels: auto, simulator, nki-simulate or nki-jit.", choices=EXECUTORS)
 _knob("float64", str, "warn", "float64 inputs: 'warn' runs them as float32 with a warning, 'error' refuses.",

@@ -90,19 +90,62 @@ def test_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[
     _check(_sdpa(is_causal=causal), *_qkv(b, h, sq, sk, d, dv, dtype=dtype), reran=False)
 
 
-def test_no_transpose_of_p() -> None:
-    """TensorE transposes only Q and K (8 bf16 row tiles per PSUM bank): none for the probabilities."""
+@pytest.mark.parametrize("dma_t", [True, False], ids=["dma-transpose", "pe-transpose"])
+def test_no_transpose_of_p(dma_t: bool) -> None:
+    """Nothing transposes the probabilities. Two head groups of two heads: the first transposes its loaded Q and K
+    rows on TensorE (8 bf16 row tiles per PSUM bank), the second's Q^T and K^T arrive transposed by the DMA engines
+    (one nisa.dma_transpose each, loaded while the first group computes), or with ``attention_dma_transpose=False``
+    TensorE transposes every group's rows."""
     from neuron_compile.instruction_stream import kernel_stream
 
-    q, k, v = _qkv(1, 2, 1024, 1024, 128, dtype=torch.bfloat16)
-    stats = _check(_sdpa(is_causal=True), q, k, v, reran=False)
-    counts = kernel_stream(stats["plan"].kernels[0])
+    q, k, v = _qkv(2, 2, 1024, 1024, 128, dtype=torch.bfloat16)
+    with config.patch(attention_dma_transpose=dma_t):
+        stats = _check(_sdpa(is_causal=True), q, k, v, reran=False)
+        counts = kernel_stream(stats["plan"].kernels[0])
     transposes = sum(n for rec, n in counts.items() if rec.instruction == "nc_transpose")
-    assert transposes == 2 * (8 + 8)
+    dma_transposes = sum(n for rec, n in counts.items() if rec.instruction == "dma_transpose")
+    assert (transposes, dma_transposes) == ((2 * (8 + 8), 2) if dma_t else (2 * 2 * (8 + 8), 0))
     exps = sum(n for rec, n in counts.items() if rec.instruction == "activation")
     # one per (head, 512-query block, step): every full key tile its own; the diagonal tiles of 512, 384, 256 and 128
-    # queries in three (the last two share a PSUM bank and an exp)
-    assert exps == 2 * (3 + (4 + 3))
+    # queries in three (the last two share a PSUM bank and an exp); plus the first group's K^T evictions on ScalarE
+    assert exps == 2 * 2 * (3 + (4 + 3)) + 2 * 1
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(2, 2, 208, 208, 128), (2, 6, 720, 1040, 96), (3, 2, 1040, 400, 128)],
+                         ids=["208", "sq<sk", "sq>sk"])
+def test_dma_transposed_q_and_k_match_eager(causal: bool, shape: tuple[int, ...]) -> None:
+    """bf16 heads of 128, row counts a multiple of 16 (ragged 128-row tiles included), several head groups: every
+    group after the first gets Q^T and K^T from HBM through nisa.dma_transpose (HW-DGE, [16, heads, rows / 16, d] ->
+    [d, heads, rows / 16, 16]); eager's values, and the source passes the public-API and hardware-rule checks."""
+    from neuron_compile.codegen.plan_attention import plan
+
+    b, h, sq, sk, dv = shape
+    stats = _check(_sdpa(is_causal=causal), *_qkv(b, h, sq, sk, 128, dv, dtype=torch.bfloat16), reran=False)
+    (_, src), = stats["sources"]
+    p = plan(stats["plan"].kernels[0])
+    assert p["dma_t"] and p["group"] < b * h
+    assert src.count("nisa.dma_transpose(") == 2
+    assert check_source_against_api(src) == [], src
+    assert check_kernel_rules(src) == [], src
+
+
+@pytest.mark.parametrize(("dtype", "rows", "d", "b", "target"),
+                         [(torch.float32, 208, 128, 3, "trn2"), (torch.bfloat16, 200, 128, 3, "trn2"),
+                          (torch.bfloat16, 208, 128, 3, "trn1"), (torch.bfloat16, 208, 64, 3, "trn2"),
+                          (torch.bfloat16, 208, 128, 1, "trn2")],
+                         ids=["fp32", "rows%16", "trn1", "d64", "one-group"])
+def test_pe_transposes_where_dma_cannot_or_should_not(dtype: torch.dtype, rows: int, d: int, b: int,
+                                                      target: str) -> None:
+    """The HW-DGE transpose moves 2-byte elements in groups of 16 rows on NC-v3+, over d partitions (fewer than 128
+    leave DMA engines idle) and pays off only hidden behind a previous group: fp32, row counts that are not a multiple
+    of 16, trn1, heads of 64 and a single head group keep TensorE's transposes (and eager's values)."""
+    q, k, v = _qkv(b, 2, rows, rows, d, dtype=dtype)
+    fn = _sdpa(is_causal=True)
+    with config.patch(target=target), trace() as t:
+        out = torch.compile(fn, backend="neuron", dynamic=False)(q, k, v)
+    torch.testing.assert_close(out.float(), fn(q, k, v).float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert t.count("nc_transpose") > 0 and t.count("dma_transpose") == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -262,12 +305,14 @@ def test_other_targets(target: str, scale: float) -> None:
 
 
 @pytest.mark.parametrize("unshifted", [True, False], ids=["unshifted", "exact"])
-@pytest.mark.parametrize(("d", "gain"), [(128, 3.0), (128, 10.0), (64, 3.0), (96, 4.0), (40, 4.0)])
-def test_bf16_scores_as_precise_as_eager(d: int, gain: float, unshifted: bool) -> None:
+@pytest.mark.parametrize(("d", "gain", "b"), [(128, 3.0, 1), (128, 10.0, 1), (64, 3.0, 1), (96, 4.0, 1), (40, 4.0, 1),
+                                              (128, 10.0, 3), (128, 3.0, 3)])
+def test_bf16_scores_as_precise_as_eager(d: int, gain: float, b: int, unshifted: bool) -> None:
     """bf16 with scores of tens: only the scale's power of two is folded into the bf16 ``Q^T``, the rest is applied
     in fp32 at the exp, so the output is as close to fp32 as eager bf16's (a bf16-rounded ``scale * q`` moved each
-    score by ~|s| 2^-9: 4x eager's error at d = 128, gain 3). Every kernel variant: unshifted, transposed, standard."""
-    q, k, v = _qkv(1, 2, 200, 200, d, dtype=torch.float32, seed=5)
+    score by ~|s| 2^-9: 4x eager's error at d = 128, gain 3). Every kernel variant: unshifted (three batches of 208
+    rows, d = 128: later groups' Q^T by DMA transpose, the whole scale at the exp), transposed, standard."""
+    q, k, v = _qkv(b, 2, 208 if b > 1 else 200, 208 if b > 1 else 200, d, dtype=torch.float32, seed=5)
     q, k, v = (q * gain).bfloat16(), (k * gain).bfloat16(), v.bfloat16()
     fn = _sdpa(is_causal=True)
     with config.patch(attention_unshifted=unshifted):
