@@ -291,6 +291,10 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
         # query tiles per output PSUM bank ([O | l] in fp32)
         "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
         "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k, grid),
+        # the scores' PSUM ring: two slots of two banks (one exp per 1024 scores) when no TensorE transposes take a
+        # bank (Q^T and K^T by DMA), else three of one; with the outputs of two units (two banks each at dv = 128) the
+        # eight banks are full either way
+        "step_banks": 2 if p["dma_t"] else 1, "score_ring": 2 if p["dma_t"] else 3,
     })
     return p
 

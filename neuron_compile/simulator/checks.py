@@ -57,6 +57,9 @@ def tensor(api: str, name: str, t: Any) -> NkiTensor:
     return t
 
 
+PSUM_ACCESS_ELEMENTS = 4096  # Trainium architecture guide, "Accessing SBUF/PSUM tensors": free size limit in PSUM
+
+
 def onchip(api: str, name: str, t: Any, gpsimd: bool = False) -> tuple[int, int]:
     """Validate an on-chip compute operand; returns (partitions, elements per partition)."""
     if not isinstance(t, NkiTensor):
@@ -68,6 +71,10 @@ def onchip(api: str, name: str, t: Any, gpsimd: bool = False) -> tuple[int, int]
     if gpsimd and buf is PSUM:
         raise SimulatorConstraintError(api, name, "nl.psum", "GpSimd cannot access PSUM", f"tensor '{t.name}'")
     start, p, f = t.pinfo()
+    if buf is PSUM and f > PSUM_ACCESS_ELEMENTS:
+        raise SimulatorConstraintError(api, name, f, f"<= {PSUM_ACCESS_ELEMENTS} elements per partition in one PSUM "
+                                       "access (a Vector/Scalar instruction reads or writes up to 4K PSUM elements)",
+                                       f"tensor '{t.name}'; split the instruction")
     if p > 1 and t.strides[0] != t.part_elems():
         raise SimulatorConstraintError(api, name, t.strides[0],
                                        f"partition stride == {t.part_elems()} (no partition striding)",

@@ -106,9 +106,12 @@ def test_no_transpose_of_p(dma_t: bool) -> None:
     dma_transposes = sum(n for rec, n in counts.items() if rec.instruction == "dma_transpose")
     assert (transposes, dma_transposes) == ((2 * (8 + 8), 2) if dma_t else (2 * 2 * (8 + 8), 0))
     exps = sum(n for rec, n in counts.items() if rec.instruction == "activation")
-    # one per (head, 512-query block, step): every full key tile its own; the diagonal tiles of 512, 384, 256 and 128
-    # queries in three (the last two share a PSUM bank and an exp); plus the first group's K^T evictions on ScalarE
-    assert exps == 2 * 2 * (3 + (4 + 3)) + 2 * 1
+    # one per (head, 512-query block, step), plus the first group's K^T evictions on ScalarE. With TensorE's
+    # transposes a step is one PSUM bank: every full key tile its own, the diagonal tiles of 512, 384, 256 and 128
+    # queries in three (the last two share a bank). With the DMA's, TensorE needs no bank for the next group's
+    # transposes and a step is two banks (one exp reads both): full tiles in pairs, the diagonal ones as 512 | 384
+    # and 256 + 128 (no tile straddles a bank)
+    assert exps == 2 * 2 * ((2 + (2 + 2)) if dma_t else (3 + (4 + 3))) + 2 * 1
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -128,6 +131,24 @@ def test_dma_transposed_q_and_k_match_eager(causal: bool, shape: tuple[int, ...]
     assert src.count("nisa.dma_transpose(") == 2
     assert check_source_against_api(src) == [], src
     assert check_kernel_rules(src) == [], src
+
+
+def test_dma_transposed_overflow_reruns_exactly() -> None:
+    """The DMA-transposed path's guard: scores of several hundred overflow exp, the exact kernel reruns and its
+    output is bit-identical to the exact kernel's alone."""
+    q, k, v = _qkv(3, 2, 208, 208, 128, dtype=torch.bfloat16)
+    q, k = q * 12.0, k * 12.0
+    fn = _sdpa(is_causal=True)
+    out, stats, t = _run_traced(fn, q, k, v)
+    from neuron_compile.codegen.plan_attention import plan
+
+    assert plan(stats["plan"].kernels[0])["dma_t"]
+    assert _exact_ran(t) and t.count("register_load") == 1
+    torch._dynamo.reset()
+    with config.patch(attention_unshifted=False):
+        exact, _, t_exact = _run_traced(fn, q, k, v)
+    assert torch.equal(out, exact) and torch.isfinite(out).all()
+    assert t.count("dma_transpose") == 2 * 2 + t_exact.count("dma_transpose")  # Q^T, K^T of groups 2 and 3
 
 
 @pytest.mark.parametrize(("dtype", "rows", "d", "b", "target"),

@@ -173,6 +173,22 @@ def test_activation_accumulators_and_reduce_res(rng: np.random.Generator) -> Non
         nisa.activation(dst=d, op=nl.cos, data=tile(x1))
 
 
+def test_one_instruction_reads_up_to_4k_psum_elements(rng: np.random.Generator) -> None:
+    """A Vector/Scalar instruction may read several PSUM banks at once (up to 4K elements per partition: all eight
+    banks of fp32), e.g. one exp over the scores of two banks; more is refused (bf16 PSUM holds 8K)."""
+    x = rng.standard_normal((128, 1024)).astype(F32)
+    d = out((128, 1024))
+    nisa.activation(dst=d, op=nl.exp, data=tile(x, buffer=nl.psum))
+    np.testing.assert_allclose(val(d), np.exp(x), rtol=2e-6)
+    whole = tile(rng.standard_normal((128, 4096)).astype(F32), buffer=nl.psum)
+    nisa.tensor_copy(dst=out((128, 4096)), src=whole)
+    wide = nl.ndarray((128, 4160), dtype="bfloat16", buffer=nl.psum)
+    nisa.memset(dst=wide[:, 0:4096], value=1.0)
+    with pytest.raises(SimulatorConstraintError, match="4096 elements per partition in one PSUM access") as e:
+        nisa.activation(dst=out((128, 4160)), op=nl.exp, data=wide)
+    assert e.value.instruction == "nisa.activation" and e.value.operand == "data"
+
+
 def test_activation_range_warnings_and_unreduced_sin() -> None:
     d = out((1, 2))
     with pytest.warns(SimulatorWarning, match="valid range"):
