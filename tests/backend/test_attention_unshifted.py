@@ -359,3 +359,41 @@ def test_bf16_huge_scores_stay_finite(gain: float, unshifted: bool) -> None:
     eager_err = (fn(q, k, v).float() - ref).abs().max().item()
     assert torch.isfinite(out).all()
     assert (out.float() - ref).abs().max().item() <= 1.25 * eager_err + 1e-3
+
+
+@pytest.mark.parametrize("step_banks", [1, 2])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("sq", "sk"), [(2048, 2048), (700, 700), (130, 77), (77, 600), (1040, 400), (200, 1100)])
+def test_score_steps_cover_every_tile_once_within_banks(sq: int, sk: int, causal: bool, step_banks: int) -> None:
+    """The steps of every query block hold each key tile the block sees exactly once (a dropped tile is a wrong
+    result), a step's tiles share their key count, no tile crosses a PSUM bank, an exp reads its columns without a
+    gap (every bank but a step's last is full), and the block's first entry covers every query tile (it starts the
+    [O | l] accumulations). Two-bank steps keep the causal diagonal's exps even: 512 | 256 and 384 + 128."""
+    from neuron_compile.codegen.plan_attention import BANK_KEYS, PMAX, QUERY_BLOCK, score_steps
+    from neuron_compile.lowering.ir import AttentionKernel
+
+    k = AttentionKernel("k", "attention", (), (), 1, 1, sq, sk, 64, 64, 0.125, causal, (0, 0, (0, 0, 64, 1)),
+                        (1, 0, (0, 0, 64, 1)), (2, 0, (0, 0, 64, 1)), None, (0, 0, 64, 1), "bfloat16")
+    order, lead = score_steps(k, step_banks)
+    assert len(order) == len(lead) == -(-sq // QUERY_BLOCK)
+    for bi, steps in enumerate(order):
+        qb = bi * QUERY_BLOCK
+        nb = min(QUERY_BLOCK, sq - qb)
+        seen = sorted(e[0] for step in steps for e in step)
+        assert seen == list(range(-(-(min(sk, qb + nb) if causal else sk) // PMAX)))
+        assert steps[0][0][3] == nb and steps[0][0][4] == qb
+        for step in steps:
+            assert len({e[2] for e in step}) == 1
+            cols = sorted((e[1], e[1] + e[3]) for e in step)
+            assert cols[-1][1] <= step_banks * BANK_KEYS
+            for lo, hi in cols:
+                assert lo // BANK_KEYS == (hi - 1) // BANK_KEYS
+            for (_, hi), (lo, _) in zip(cols, cols[1:], strict=False):
+                assert lo == hi
+            for e in step:
+                j, _, kn, nw, qs = e
+                assert kn == min(PMAX, sk - j * PMAX) and qs == (max(qb, j * PMAX) if causal else qb)
+                assert nw == qb + nb - qs
+    if causal and step_banks == 2 and sq == sk == 2048:
+        diag = [sorted(e[3] for e in step) for step in order[1] if step[0][0] * PMAX >= QUERY_BLOCK]
+        assert diag == [[256, 512], [128, 384]]
