@@ -63,8 +63,9 @@ def _exact_passes(t: Any) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("shape", [(3, 2, 200, 200, 64), (2, 3, 130, 77, 32), (4, 1, 600, 600, 128),
-                                   (1, 4, 300, 300, 64)],
-                         ids=["odd-batch-ragged", "sq>sk", "two-per-core-d128", "one-batch-heads-split"])
+                                   (1, 4, 300, 300, 64), (4, 2, 608, 608, 128), (3, 2, 400, 608, 128)],
+                         ids=["odd-batch-ragged", "sq>sk", "two-per-core-d128", "one-batch-heads-split",
+                              "d128-dma-transpose", "odd-batch-sq<sk-dma-transpose"])
 def test_two_core_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shape: tuple[int, ...]) -> None:
     b, h, sq, sk, d = shape
     q, k, v = _qkv(b, h, sq, sk, d, dtype)
@@ -75,6 +76,9 @@ def test_two_core_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shap
     assert grid == 2 and plan(kern, 2)["variant"] == "unshifted" and plan(kern, 2)["grid"] == 2
     assert t.count("sendrecv") == 2 and t.count("register_load") == 2  # one per program
     assert _exact_passes(t) == 0  # moderate scores: no rerun on either core
+    # bf16 heads of 128, rows a multiple of 16, a later head group on a core: its Q^T and K^T by DMA transpose
+    dma_t = dtype == torch.bfloat16 and d == 128 and sq % 16 == 0
+    assert plan(kern, 2)["dma_t"] is dma_t and (t.count("dma_transpose") > 0) is dma_t
 
 
 def test_lnc2_chooses_the_two_core_unshifted_kernel() -> None:
