@@ -279,61 +279,51 @@ def dma_transposable(k: AttentionKernel) -> bool:
             and all(k.inputs[a[0]].dtype == k.compute_dtype for a in (k.q, k.k)))
 
 
-def _pack_sequential(tiles: list[tuple[int, int, int, int]], width: int) -> list[list[tuple[int, ...]]]:
+Tile = tuple[int, int, int, int]  # a key tile of a query block: (key tile, keys, queries that see it, first query)
+Step = list[tuple[int, int, int, int, int]]  # its tiles: (key tile, column offset, keys, queries, first query)
+
+
+def _pack_one_bank(tiles: list[Tile]) -> list[Step]:
     """Steps of one PSUM bank: each tile joins the step before it when it has as many keys and fits after it."""
-    steps: list[list[tuple[int, ...]]] = []
+    steps: list[Step] = []
     for j, kn, nw, qs in tiles:
         if steps and steps[-1][0][2] == kn:
             off = steps[-1][-1][1] + steps[-1][-1][3]
-            if off + nw <= width:
+            if off + nw <= BANK_KEYS:
                 steps[-1].append((j, off, kn, nw, qs))
                 continue
         steps.append([(j, 0, kn, nw, qs)])
     return steps
 
 
-def _pack_banks(tiles: list[tuple[int, int, int, int]], banks: int) -> list[list[tuple[int, ...]]]:
-    """Steps of up to ``banks`` PSUM banks, balanced: the tiles of each run with as many keys go into banks first fit
-    by decreasing width (no tile across a bank boundary), then a step takes full banks and ends with at most one
-    partial one (an exp reads its columns without a gap). Full banks are paired with partial ones first, so the
-    steps' widths (the exps' lengths) stay even: a short exp right before a two-bank step leaves ScalarE waiting
-    for that step's scores (the diagonal tiles of a causal block, 512 384 256 128 queries, go as 512 | 256 and
-    384 + 128 instead of 512 | 384 and 256 + 128). The step holding the widest tile (every query tile: it starts
-    the block's [O | l] accumulations) comes first."""
-    steps: list[list[tuple[int, ...]]] = []
+def _pack_two_banks(tiles: list[Tile]) -> list[Step]:
+    """Steps of up to two PSUM banks, balanced: the tiles of each run with as many keys go into banks first fit by
+    decreasing width (no tile across a bank boundary); a step is a full bank and then any bank (an exp reads its
+    columns without a gap), full banks paired with partial ones first so that the steps' widths (the exps' lengths)
+    stay even: a short exp right before a two-bank step leaves ScalarE waiting for that step's scores (the diagonal
+    tiles of a causal block, 512 384 256 128 queries, go as 512 | 256 and 384 + 128, not 512 | 384 and 256 + 128).
+    The step holding the widest tile (every query tile: it starts the block's [O | l] accumulations) comes first."""
+    steps: list[Step] = []
     start = 0
     while start < len(tiles):
         end = start
         while end < len(tiles) and tiles[end][1] == tiles[start][1]:
             end += 1
-        bins: list[list[tuple[int, int, int, int]]] = []
+        banks: list[list[Tile]] = []
         for t in sorted(tiles[start:end], key=lambda t: -t[2]):
-            fit = next((b for b in bins if sum(x[2] for x in b) + t[2] <= BANK_KEYS), None)
+            fit = next((b for b in banks if sum(x[2] for x in b) + t[2] <= BANK_KEYS), None)
             if fit is None:
-                bins.append([t])
+                banks.append([t])
             else:
                 fit.append(t)
-        full = [b for b in bins if sum(x[2] for x in b) == BANK_KEYS]
-        part = [b for b in bins if sum(x[2] for x in b) < BANK_KEYS]
-        groups: list[list[list[tuple[int, int, int, int]]]] = []
-        while full:
-            group = [full.pop(0)]
-            while len(group) < banks - 1 and len(full) > len(part):
-                group.append(full.pop(0))
-            if len(group) < banks and part:
-                group.append(part.pop(0))
-            elif len(group) < banks and full:
-                group.append(full.pop(0))
-            groups.append(group)
-        groups += [[b] for b in part]
-        for group in groups:
-            step = []
-            for bi, b in enumerate(group):
-                off = bi * BANK_KEYS
-                for j, kn, nw, qs in b:
-                    step.append((j, off, kn, nw, qs))
-                    off += nw
-            steps.append(step)
+        full = [b for b in banks if sum(x[2] for x in b) == BANK_KEYS]
+        part = [b for b in banks if sum(x[2] for x in b) < BANK_KEYS]
+        pairs = [[f, p] for f, p in zip(full, part, strict=False)]
+        rest = full[len(pairs):]
+        pairs += [rest[i:i + 2] for i in range(0, len(rest), 2)] + [[p] for p in part[len(pairs):]]
+        for pair in pairs:
+            steps.append([(j, bi * BANK_KEYS + sum(x[2] for x in bank[:ti]), kn, nw, qs)
+                          for bi, bank in enumerate(pair) for ti, (j, kn, nw, qs) in enumerate(bank)])
         start = end
     if not steps:
         return steps
@@ -341,33 +331,34 @@ def _pack_banks(tiles: list[tuple[int, int, int, int]], banks: int) -> list[list
     return [steps[widest]] + steps[:widest] + steps[widest + 1:]
 
 
-def score_steps(k: AttentionKernel, step_banks: int) -> tuple[list[list[list[tuple[int, ...]]]], list[int]]:
-    """Per query block of the unshifted kernel, its key tiles in issue order, in steps: the tiles of one step have
-    their scores side by side in one ring slot (entries (key tile, column offset, keys, queries, first query)) and
-    share one exp. In a causal block the diagonal tiles (masked, their P V waiting for GpSimd) form their own steps,
-    spread evenly among the full ones, the first step first. Also per block: the step from which the next group's
-    transposes are spread (TensorE transposes only)."""
+def score_steps(k: AttentionKernel, step_banks: int) -> tuple[list[list[Step]], list[int]]:
+    """Per query block of the unshifted kernel, its key tiles in issue order, in steps of ``step_banks`` PSUM banks:
+    the tiles of one step have their scores side by side in one ring slot and share one exp. In a causal block the
+    diagonal tiles (masked, their P V waiting for GpSimd) form their own steps, the first of them first (its widest
+    tile starts the [O | l] accumulations); the others are spread evenly among the full ones (one-bank steps) or go
+    last (two-bank steps: the next unit's first step is a diagonal one too, as short, so ScalarE finds its scores
+    ready). Also per block: the step from which the next group's TensorE transposes are spread."""
     order, lead = [], []
     for qb in range(0, k.sq, QUERY_BLOCK):
         nb = min(QUERY_BLOCK, k.sq - qb)
-        diag: list[tuple[int, int, int, int]] = []
-        full: list[tuple[int, int, int, int]] = []
+        diag: list[Tile] = []
+        full: list[Tile] = []
         for j in range(-(-(min(k.sk, qb + nb) if k.causal else k.sk) // PMAX)):
             qs = max(qb, j * PMAX) if k.causal else qb
             (diag if k.causal and j * PMAX >= qb else full).append((j, min(PMAX, k.sk - j * PMAX), qb + nb - qs, qs))
-        pack = _pack_banks if step_banks > 1 else _pack_sequential
-        ds, fs = (pack(t, step_banks) if step_banks > 1 else pack(t, BANK_KEYS) for t in (diag, full))
-        js: list[list[tuple[int, ...]]] = []
-        di = 0
-        if step_banks > 1:  # the short diagonal steps last: the next unit's first step (diagonal too) is short
-            js, fs, di = ds[:1] + fs, [], 1
-        for i in range(len(fs) + 1):
-            while di < len(ds) and di * (len(fs) + 1) <= i * len(ds):
-                js.append(ds[di])
-                di += 1
-            if i < len(fs):
-                js.append(fs[i])
-        js += ds[di:]
+        pack = _pack_two_banks if step_banks == 2 else _pack_one_bank
+        ds, fs = pack(diag), pack(full)
+        if step_banks == 2:
+            js = ds[:1] + fs + ds[1:]
+        else:
+            js, di = [], 0
+            for i in range(len(fs) + 1):
+                while di < len(ds) and di * (len(fs) + 1) <= i * len(ds):
+                    js.append(ds[di])
+                    di += 1
+                if i < len(fs):
+                    js.append(fs[i])
+            js += ds[di:]
         order.append(js)
         lead.append(min(2 * len(ds), len(js) - 1))
     return order, lead
