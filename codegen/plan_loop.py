@@ -106,7 +106,6 @@ class LoopRenderer:
         self.dtypes = {op.out: op.dtype for op in k.ops}
         nf = k.space[self.free_dim]
         self.hoisted: list[TileOp] = []
-        self.grid = 1  # programs the body is rendered for (body)
         if k.family == "matmul":
             self.free_tile = min(k.free_tile, nf)
             self.resident = False
@@ -375,39 +374,37 @@ class LoopRenderer:
         """The kernel body (the frame's indentation level), its top loop split over ``grid`` programs when
         ``grid > 1`` (a grid :meth:`split_grid` allows)."""
         assert self.k.family != "matmul", "matmul kernels render through render_matmul"
-        self.grid = grid
         if self.rows > 1:
-            return render_block("reduction.nki.j2", "row_groups", p=self._rows_plan(grid > 1))
-        return render_block("pointwise.nki.j2", "loop_body", p=self._plan(grid > 1))
+            return render_block("reduction.nki.j2", "row_groups", p=self._rows_plan(grid))
+        return render_block("pointwise.nki.j2", "loop_body", p=self._plan(grid))
 
-    def _loops(self, split: bool) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
-        """Outer index loops, the row-tile loop, whether the launch split applies to the row-tile loop."""
+    def _loops(self, grid: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Outer index loops and the row-tile loop, the top one split over ``grid`` programs when ``grid > 1``."""
         k = self.k
         outer = [{"var": v, "start": 0, "stop": k.space[i], "step": None, "split": False}
                  for i, v in enumerate(self.outer_vars)]
         part = {"var": "p0", "start": 0, "stop": k.space[self.part_dim], "step": self._row_step(), "split": False}
         # the launch grid splits the top loop (the row-tile loop when it runs outside the outer loops and has a trip
         # per program), else the first outer loop
-        rows_split = not outer or (self._rows_on_top() and self._row_trips() >= self.grid)
-        if split and rows_split:
+        if grid > 1 and (not outer or (self._rows_on_top() and self._row_trips() >= grid)):
             part["split"] = True
-        elif split:
+        elif grid > 1:
             outer[0].update(start=0, step=1, split=True)
-        return outer, part, split
+        return outer, part
 
-    def _base_plan(self, split: bool) -> dict[str, Any]:
-        outer, part, _ = self._loops(split)
+    def _base_plan(self, grid: int) -> dict[str, Any]:
+        outer, part = self._loops(grid)
         return {"kinds": self.kinds, "target": config.target, "pmax": PMAX, "nf": self.k.space[self.free_dim],
                 "outer": outer, "part": part}
 
-    def _plan(self, split: bool) -> dict[str, Any]:
+    def _plan(self, grid: int) -> dict[str, Any]:
         """One row per partition: per phase, the row-value ops, then (when the phase has full ops) its reductions'
         accumulators, the reduced outer loops and the free-dim chunk loop with the chunk's ops."""
         k = self.k
         hoisted = {op.out for op in self.hoisted}
         flat = self._flat(self.resident, hoisted)
         bufs = ls.assign_buffers(flat, self.kinds, self.dtypes, hoisted)
-        plan = self._base_plan(split)
+        plan = self._base_plan(grid)
         plan.update(hoisted=[self.view(op, hoisted=True) for op in self.hoisted], free_tile=self.free_tile,
                     hoisted_p=min(PMAX, k.space[self.part_dim]), phases=[])
         done_row: set[str] = set()
@@ -460,7 +457,7 @@ class LoopRenderer:
         return {"arg": arg, "sp": strides[self.part_dim], "sf": strides[self.free_dim],
                 "offset": _offset(base, self.var_terms(strides, with_free=False, with_red=False))}
 
-    def _rows_plan(self, split: bool) -> dict[str, Any]:
+    def _rows_plan(self, grid: int) -> dict[str, Any]:
         """Row groups (R = ``rows`` per partition): the group tiles, then per phase the row-value ops (``batch``:
         once over the (P, R) tiles; ``row_block``: once per row q), the phase's loads, its ops per row (``block``)
         and its stores (``sub`` rows per store DMA)."""
@@ -473,7 +470,7 @@ class LoopRenderer:
             engines = {name: (e,) for name, e in
                        ls.assign_engines(flat, self.free_tile, config.target, self.kinds, dtypes=self.dtypes).items()}
         row_tiles = {op.out: op.dtype for op in k.ops if op.kind == "row" and op.opcode not in ("load", "store")}
-        plan = self._base_plan(split)
+        plan = self._base_plan(grid)
         plan.update(rows=rows, hoisted=[self.view(op, hoisted=True) for op in self.hoisted],
                     row_tiles=list(row_tiles.items()), wide=list(wide.items()), phases=[],
                     invariant=[{"buf": op.out, "ap": self._group_ap(op)} for op in k.ops if op.out in invariant])
