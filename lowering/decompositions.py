@@ -59,7 +59,13 @@ def _native_layer_norm(x: torch.Tensor, normalized_shape: Any, weight: Any, bias
         out = aten.mul.Tensor(out, weight)
     if bias is not None:
         out = aten.add.Tensor(out, bias)
-    return out.to(x.dtype), mean, rstd
+    # the statistics come back in the dtype eager gives them: on CPU the input's (a reduced-precision input with
+    # fp32 affine parameters: fp32), on an accelerator fp32
+    stats = acc.dtype
+    if x.device.type == "cpu":
+        params = [t.dtype for t in (weight, bias) if t is not None]
+        stats = params[0] if params and params[0] != x.dtype else x.dtype
+    return out.to(x.dtype), mean.to(stats), rstd.to(stats)
 
 
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:

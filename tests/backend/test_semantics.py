@@ -87,6 +87,18 @@ def test_float16_and_int64_and_bool():
     assert torch.equal(mask, g(idx)[0]) and torch.equal(amax, g(idx)[1])
 
 
+@pytest.mark.parametrize("affine", [None, torch.bfloat16, torch.float32], ids=["plain", "bf16_affine", "fp32_affine"])
+def test_native_layer_norm_statistics_come_back_in_eagers_dtypes(affine):
+    # on CPU, eager gives mean / rstd in the input's dtype, or fp32 for a bf16 input with fp32 affine parameters
+    x = torch.randn(3, 5, 40, dtype=torch.bfloat16)
+    w, b = (None, None) if affine is None else (torch.randn(40, dtype=affine), torch.randn(40, dtype=affine))
+    f = lambda t: torch.native_layer_norm(t, [40], w, b, 1e-5)  # noqa: E731
+    got, want = _compile(f)(x), f(x)
+    assert [t.dtype for t in got] == [t.dtype for t in want]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, atol=2e-2, rtol=2e-2)
+
+
 def test_torch_func_transforms_inlined_by_dynamo_match_eager():
     x = torch.randn(3, 4)
     vm = _compile(lambda v: torch.func.vmap(lambda r: (r * r).sum())(v))
