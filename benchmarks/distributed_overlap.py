@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 def capture_train_graphs(fn: Any, *inputs: torch.Tensor) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
     """The forward and backward ATen graphs of ``fn(*inputs).backward()`` (this package's decompositions)."""
-    from neuron_compile.lowering.decompositions import decomposition_table
+    from neuron_compile.lowering.decompositions import decompositions
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -51,7 +51,7 @@ def capture_train_graphs(fn: Any, *inputs: torch.Tensor) -> list[tuple[torch.fx.
         return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep, decompositions=decomposition_table())
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep, decompositions=decompositions())
     out = torch.compile(fn, backend=backend, dynamic=False)(*inputs)
     out.backward()
     return graphs

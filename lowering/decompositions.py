@@ -218,4 +218,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_conv import conv_decompositions
 
     table.update(conv_decompositions())
+    from neuron_compile.lowering.decomp_moe import MOE
+
+    table.update(MOE)
     return table
+
+
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    """The table a compile uses: ours, plus the MoE custom ops of libraries loaded by now."""
+    from neuron_compile.lowering.decomp_moe import third_party
+
+    return {**decomposition_table(), **third_party()}

@@ -244,7 +244,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from neuron_compile import rank_agreement
-    from neuron_compile.lowering.decompositions import decomposition_table
+    from neuron_compile.lowering.decompositions import decompositions
 
     overrides = _validate_options(options)
     from neuron_compile import compile_record
@@ -301,7 +301,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         return aot_autograd(
             **wrapped,
             partition_fn=partition_fn,
-            decompositions=decomposition_table(),
+            decompositions=decompositions(),
             keep_inference_input_mutations=False,
         )
 

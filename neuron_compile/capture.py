@@ -19,7 +19,7 @@ def aten_graphs(fn: Callable[..., Any], *inputs: Any, execute: bool = True
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from neuron_compile.lowering.decompositions import decomposition_table
+    from neuron_compile.lowering.decompositions import decompositions
 
     graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
 
@@ -39,7 +39,7 @@ def aten_graphs(fn: Callable[..., Any], *inputs: Any, execute: bool = True
         return empty
 
     torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=fw, decompositions=decomposition_table(), keep_inference_input_mutations=False)
+    backend = aot_autograd(fw_compiler=fw, decompositions=decompositions(), keep_inference_input_mutations=False)
     with torch.no_grad():
         torch.compile(fn, backend=backend, dynamic=False)(*inputs)
     return graphs

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-from neuron_compile.lowering.intmath import INTS, dtype_of, int_refusal, is_int_compute
+from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
 from neuron_compile.lowering.partition import node_shape, reduce_dims_of
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -29,10 +29,7 @@ def _count(node: fx.Node) -> int:
 
 
 def _sum_check(node: fx.Node) -> str | None:
-    out, src = dtype_of(node), dtype_of(node.args[0])
-    if out in INTS and src is not None and src.is_floating_point:
-        return int_refusal("aten.sum with an integer dtype=", src, "torch truncates each float to an integer "
-                           "first, NeuronCore casts round to nearest", "sum in float and round explicitly")
+    out = dtype_of(node)
     if out in (torch.int8, torch.int16, torch.uint8):
         return int_refusal("aten.sum", out, "int32 accumulation is stored with a saturating cast, torch wraps",
                            "sum with dtype=torch.int64 (the default for integer inputs)")

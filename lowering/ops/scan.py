@@ -37,9 +37,6 @@ def _cumsum_check(node: fx.Node) -> str | None:
     if out in INTS and out not in (torch.int64, torch.int32):
         return int_refusal("aten.cumsum", out, "a narrow integer accumulation would wrap at its own width",
                            "cumsum with dtype=torch.int64 (the default for integer inputs)")
-    if out in INTS and src is not None and src.is_floating_point:
-        return int_refusal("aten.cumsum with an integer dtype=", src, "torch truncates each float first, "
-                           "NeuronCore casts round to nearest", "cumsum in float and round explicitly")
     if out is not None and out.is_floating_point and src in INTS:
         return int_refusal("aten.cumsum with a float dtype=", src, "integer inputs would be summed in fp32",
                            "cast the input to float first")

@@ -53,7 +53,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "nn.functional.conv_transpose3d": _3D,
     "nn.functional.max_pool3d": _3D,
     "hash_tensor": _HASH,
-    "histc": _HIST,
     "histogram": _HIST,
     "histogramdd": _HIST,
     "igamma": _IGAMMA,
