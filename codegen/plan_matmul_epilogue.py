@@ -201,9 +201,7 @@ class EpiloguePlanner:
         ``stage_copy``: the value is also copied into its staging tile)."""
         mm = self.mm
         stage_of = {op.args[0] for op in staged}
-        users = [op for op in self.rest if mm.out in op.args]
-        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users) \
-            and mm.out not in resident
+        in_place = self.reads_in_place() and mm.out not in resident
         row_dst = {name for name, where in resident.items() if where is None}
 
         def dst_of(name: str) -> str:
@@ -335,8 +333,7 @@ class EpiloguePlanner:
         target, free, kinds = config.target, self.nt, self.loop.kinds
         chunks = math.ceil(self.N / self.nt)
         load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
-        users = [op for op in self.rest if self.mm.out in op.args]
-        in_place = bool(users) and all(op.opcode not in ("store", "select", "predicate") for op in users)
+        in_place = self.reads_in_place()
         engines = self.epilogue_engines(in_place)
         for op in self.chunk_ops:
             if op.opcode in ("load", "store") or op.out in skipped:
@@ -346,6 +343,14 @@ class EpiloguePlanner:
         if not in_place:
             load["vector"] += chunks * ls.op_ns(self.mm, "vector", free, target, kinds)
         return load
+
+    def reads_in_place(self) -> bool:
+        """Whether the epilogue reads the sum straight from PSUM instead of evicting it first: not when a store,
+        select or predicate takes it, nor when one instruction reads it twice (``h * h``: an engine instruction
+        takes at most one PSUM operand)."""
+        users = [op for op in self.rest if self.mm.out in op.args]
+        return bool(users) and all(op.opcode not in ("store", "select", "predicate")
+                                   and op.args.count(self.mm.out) == 1 for op in users)
 
     def epilogue_engines(self, in_place: bool) -> dict[str, str]:
         """Engines of epilogue ops that several engines can run (``loop_schedule.assign_engines``).

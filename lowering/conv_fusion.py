@@ -110,6 +110,8 @@ def _chain(conv: fx.Node) -> list[tuple[fx.Node, tuple[Any, ...]]]:
             a, b = u.args
             op = _BINARY[u.target]
             other = b if a is cur else a
+            if other is cur:
+                break  # h * h: the chain value on both sides is not an epilogue step
             if a is not cur and op in ("subtract", "divide"):
                 break  # o - x and o / x: not an epilogue step
             if isinstance(other, (int, float)) and not isinstance(other, bool):

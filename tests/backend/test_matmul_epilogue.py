@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from neuron_compile import backend
@@ -54,3 +55,30 @@ def test_residual_and_bias_add_once_per_row_group_ragged_bf16() -> None:
     assert len(pre) == 1 and pre[0][0] == pre[0][1], src
     (acc,) = re.findall(r"(\w+) = acc\[", src)
     assert re.search(rf"nisa\.tensor_tensor\(dst=\w+, data1={acc}, data2={pre[0][0]}b, op=nl\.add\)", src), src
+
+
+CHAINS_READING_TWICE = {
+    "mm_square": (lambda a, b: (lambda h: h * h)(a @ b), ((48, 32), (32, 64))),
+    "mm_square_plus": (lambda a, b: (lambda h: h * h + h)(a @ b), ((48, 32), (32, 64))),
+    "linear_square_sum": (lambda a, w, c: (lambda h: (h * h).sum(-1))(torch.nn.functional.linear(a, w, c)),
+                          ((16, 32), (40, 32), (40,))),
+    "bmm_square": (lambda a, b: (lambda h: h * h)(torch.bmm(a, b)), ((3, 16, 32), (3, 32, 24))),
+    "conv_square_plus": (lambda x, w: (lambda h: h * h + h)(torch.nn.functional.conv2d(x, w, padding=1)),
+                         ((2, 8, 10, 10), (16, 8, 3, 3))),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(CHAINS_READING_TWICE))
+def test_an_epilogue_reading_the_product_twice_matches_eager(name: str, dtype: torch.dtype) -> None:
+    """``h * h`` after a matmul / conv: an engine instruction takes at most one PSUM operand (the simulator
+    rejects two), so the sum is evicted before the square; a conv's fused epilogue stops before it."""
+    fn, shapes = CHAINS_READING_TWICE[name]
+    g = torch.Generator().manual_seed(7)
+    args = [torch.randn(*s, generator=g).to(dtype) for s in shapes]
+    torch._dynamo.reset()
+    with config.patch(cache=False), torch.no_grad():
+        got = torch.compile(fn, backend="neuron", dynamic=False)(*args)
+    want = fn(*[a.float() for a in args]).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max()))
