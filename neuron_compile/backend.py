@@ -166,6 +166,14 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
 
         return with_passthrough
 
+    from neuron_compile.lowering.complex_pairs import as_real_pairs
+
+    pairs = as_real_pairs(gm)
+    if pairs is not None:  # complex values as real pairs; complex inputs / outputs converted at the boundary
+        real = [torch.view_as_real(x.resolve_conj()) if i in pairs.complex_inputs else x
+                for i, x in enumerate(example_inputs)]
+        return pairs.wrap(_compile_aten_graph(pairs.gm, real, kind))
+
     if precompile.capture_dir() is not None:  # `neuron-compile precompile`: record the graph, run nothing
         return precompile.capture(gm, list(example_inputs), kind)
     with compile_record.graph(gm, example_inputs, kind) as rec:
@@ -285,7 +293,10 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         with config.patch(**overrides):
             strict = config.fallback != "eager"  # eager fallback: each graph is split when compiled
         if strict:
-            check_lowerable(joint, "training graph (forward + backward)")
+            from neuron_compile.lowering.complex_pairs import as_real_pairs
+
+            pairs = as_real_pairs(joint)  # what the forward and backward compilers will lower
+            check_lowerable(pairs.gm if pairs is not None else joint, "training graph (forward + backward)")
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
     def make_backend(serializable: bool = False) -> Callable[..., Any]:

@@ -167,6 +167,48 @@ def _decoder() -> tuple[nn.Module, dict[str, Any]]:
         "tgt_mask": nn.Transformer.generate_square_subsequent_mask(6), "tgt_is_causal": True}
 
 
+def _llama_reference() -> tuple[nn.Module, dict[str, Any]]:
+    """A Llama block as Meta's reference code and torchtitan write it: rotary embeddings as a complex product with
+    a complex64 ``freqs_cis`` buffer (``torch.polar``, ``view_as_complex`` / ``view_as_real``), RMSNorm, SwiGLU."""
+    dim, heads, seq = 32, 4, 8
+    hd = dim // heads
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wqkv, self.wo = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+            self.w13, self.w2 = nn.Linear(dim, 128, bias=False), nn.Linear(64, dim, bias=False)
+            self.n1, self.n2 = nn.RMSNorm(dim, eps=1e-5), nn.RMSNorm(dim, eps=1e-5)
+
+        def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+            b = x.shape[0]
+            q, k, v = self.wqkv(self.n1(x)).view(b, seq, 3, heads, hd).unbind(2)
+            rot = []
+            for t in (q, k):
+                tc = torch.view_as_complex(t.float().reshape(b, seq, heads, hd // 2, 2))
+                rot.append(torch.view_as_real(tc * freqs_cis.view(1, seq, 1, hd // 2)).flatten(3).type_as(t))
+            y = nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (*rot, v)), is_causal=True)
+            x = x + self.wo(y.transpose(1, 2).reshape(b, seq, dim))
+            gate, up = self.w13(self.n2(x)).chunk(2, -1)
+            return x + self.w2(nn.functional.silu(gate) * up)
+
+    class Llama(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.out = nn.Embedding(64, dim), nn.Linear(dim, 64, bias=False)
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+            freqs = torch.outer(torch.arange(seq).float(), 1.0 / 10000.0 ** (torch.arange(0, hd, 2).float() / hd))
+            self.register_buffer("freqs_cis", torch.polar(torch.ones_like(freqs), freqs), persistent=False)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            h = self.emb(input_ids)
+            for blk in self.blocks:
+                h = blk(h, self.freqs_cis)
+            return self.out(h)
+
+    return Llama().eval(), {"input_ids": _ids(64)["input_ids"]}
+
+
 def _examples() -> Any:
     """examples/cnn_models.py (the ResNet-18-style network and the UNet block of the CNN examples)."""
     examples = str(Path(__file__).resolve().parents[2] / "examples")
@@ -246,6 +288,7 @@ ZOO: list[Entry] = [
     Entry("transformer_encoder", _nn(_encoder), family="nn"),
     Entry("transformer_decoder", _nn(_decoder), family="nn"),
     Entry("mlp_mixer", _nn(_mixer), family="nn"),
+    Entry("llama_reference", _nn(_llama_reference), family="nn"),
     Entry("resnet", _nn(_resnet), family="cnn"),
     Entry("diffusion_unet", _nn(_diffusion), family="cnn"),
 ]

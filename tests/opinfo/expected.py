@@ -1,7 +1,8 @@
 """Ops of PyTorch's OpInfo database that the neuron backend refuses, and why (``test_opinfo.py``).
 
 Linear-algebra decompositions, FFTs and complex numbers are refused as families (``OUT_OF_SCOPE``): they
-have no place on a NeuronCore's engines and stay on the host or in dedicated libraries. Each other entry
+have no place on a NeuronCore's engines and stay on the host or in dedicated libraries (the complex ops of
+rotary embeddings compile as real pairs, lowering/complex_pairs.py; those that do must match eager). Each other entry
 names one op (``name`` or ``name.variant``) and the reason it is refused.
 """
 

@@ -1,0 +1,242 @@
+"""Complex tensors as pairs of real numbers: the graph pass that lets complex rotary embeddings compile.
+
+NeuronCores have no complex dtype. Meta's Llama reference code, torchtitan, DeepSeek-V2 and others apply rotary
+position embeddings as a complex product (``torch.polar``, ``view_as_complex``, ``x * freqs_cis``,
+``view_as_real``). :func:`as_real_pairs` rewrites an ATen graph so that every complex value of shape ``S`` is a
+real tensor of shape ``S + [2]`` (``view_as_real``'s layout: real part, imaginary part), every complex op becomes
+real arithmetic on the pairs (a complex product is four real products), and complex graph inputs and outputs are
+converted at the boundary (``torch.view_as_real`` in, ``torch.view_as_complex`` out, no copy either way).
+
+All or nothing: a graph with one complex op outside the supported set (complex products, sums, conjugates, views,
+``polar``, ``abs``, casts) is left as it was, so the usual refusal names that op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
+
+
+class _Unsupported(Exception):
+    """A complex op the pass has no real form for: the graph is left unchanged."""
+
+
+@dataclass
+class RealPairs:
+    """The rewritten graph and which of its inputs / outputs were complex."""
+
+    gm: fx.GraphModule
+    complex_inputs: list[int]
+    complex_outputs: list[int]
+
+    def wrap(self, runner: Callable[..., Any]) -> Callable[..., Any]:
+        """``runner`` (compiled from ``gm``) called with complex inputs and giving complex outputs."""
+        ins, outs = set(self.complex_inputs), set(self.complex_outputs)
+
+        def with_complex(*args: Any) -> Any:
+            args = tuple(torch.view_as_real(a.resolve_conj()) if i in ins else a for i, a in enumerate(args))
+            results = runner(*args)
+            return type(results)(torch.view_as_complex(r.contiguous()) if i in outs else r
+                                 for i, r in enumerate(results))
+
+        return with_complex
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def is_complex(n: Any) -> bool:
+    v = _val(n)
+    return isinstance(v, torch.Tensor) and v.is_complex()
+
+
+def has_complex(gm: fx.GraphModule) -> bool:
+    return any(is_complex(n) for n in gm.graph.nodes)
+
+
+def _meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+    return v
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm, self.graph, self.env = gm, fx.Graph(), {}
+
+    def emit(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        """A new node with its meta value computed on meta tensors."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        node = self.graph.call_function(target, args, kwargs)
+        with unset_fake_temporarily():
+            margs = fx.node.map_arg(args, lambda a: _meta(a.meta["val"]))
+            mkw = fx.node.map_arg(kwargs, lambda a: _meta(a.meta["val"]))
+            node.meta["val"] = _meta(target(*margs, **mkw))
+        return node
+
+    def part(self, x: fx.Node, i: int) -> fx.Node:
+        return self.emit(aten.select.int, x, -1, i)
+
+    def pair(self, re: fx.Node, im: fx.Node) -> fx.Node:
+        parts = [self.emit(aten.unsqueeze.default, v, -1) for v in (re, im)]
+        return self.emit(aten.cat.default, parts, -1)
+
+    def real_only(self, x: fx.Node) -> fx.Node:
+        """A real tensor as a complex pair (imaginary part 0)."""
+        return self.pair(x, self.emit(aten.full_like.default, x, 0.0))
+
+    def run(self) -> RealPairs:
+        ins: list[int] = []
+        outs: list[int] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                new = self.graph.placeholder(node.name)
+                new.meta = dict(node.meta)
+                if is_complex(node):
+                    ins.append(len([n for n in self.env if n.op == "placeholder"]))
+                    new.meta["val"] = _meta(torch.view_as_real(torch.empty(tuple(_val(node).shape),
+                                                                           dtype=_val(node).dtype)))
+                self.env[node] = new
+            elif node.op == "output":
+                results = node.args[0]
+                flat = list(results) if isinstance(results, (list, tuple)) else [results]
+                outs = [i for i, r in enumerate(flat) if is_complex(r)]
+                mapped = [self.emit(aten.clone.default, self.env[r], memory_format=torch.contiguous_format)
+                          if i in outs else (self.env[r] if isinstance(r, fx.Node) else r) for i, r in enumerate(flat)]
+                self.graph.output(type(results)(mapped) if isinstance(results, (list, tuple)) else mapped[0])
+            elif node.op == "call_function" and (is_complex(node) or any(is_complex(a) for a in node.all_input_nodes)):
+                new = self.complex_op(node)
+                new.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+                self.env[node] = new
+            else:
+                self.env[node] = self.graph.node_copy(node, lambda a: self.env[a])
+        return RealPairs(fx.GraphModule(self.gm, self.graph), ins, outs)
+
+    def dim(self, node: fx.Node, d: int, extra: int = 0) -> int:
+        """A dim of a complex value as a non-negative dim of its pair tensor (``extra``: the op adds dims)."""
+        return d % (_val(node).dim() + extra)
+
+    def complex_op(self, node: fx.Node) -> fx.Node:  # noqa: C901 (one case per op)
+        t, a, kw = node.target, node.args, node.kwargs
+        env = self.env
+
+        def x(i: int = 0) -> fx.Node:
+            return env[a[i]]
+
+        def operand(v: Any) -> tuple[str, Any]:
+            if isinstance(v, fx.Node):
+                return ("complex", env[v]) if is_complex(v) else ("real", env[v])
+            if isinstance(v, complex):
+                return "scalar_c", v
+            return "scalar", v
+
+        if t == aten.view_as_complex.default or t == aten.view_as_real.default:
+            return x()
+        if t == aten.polar.default:
+            r, th = x(0), x(1)
+            return self.pair(self.emit(aten.mul.Tensor, r, self.emit(aten.cos.default, th)),
+                             self.emit(aten.mul.Tensor, r, self.emit(aten.sin.default, th)))
+        if t in (aten.clone.default, aten.alias.default, aten.detach.default, aten.resolve_conj.default,
+                 aten.resolve_neg.default, aten.lift_fresh_copy.default):
+            return self.emit(aten.clone.default, x())
+        if t == aten._to_copy.default:
+            dtype = kw.get("dtype", _val(node).dtype)
+            if not is_complex(node):
+                raise _Unsupported("a cast from complex to real")
+            src = x() if is_complex(a[0]) else self.real_only(x())
+            return self.emit(aten._to_copy.default, src, dtype=REAL_OF[dtype])
+        if t in (aten._conj.default, aten.conj_physical.default, aten.conj.default):
+            return self.pair(self.part(x(), 0), self.emit(aten.neg.default, self.part(x(), 1)))
+        if t == aten.neg.default:
+            return self.emit(aten.neg.default, x())
+        if t == aten.abs.default:
+            return self.hypot(x())
+        if t in (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor) and len(a) == 2 \
+                and kw.get("alpha", 1) == 1:
+            return self.binary(t, operand(a[0]), operand(a[1]))
+        if t in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            return self.emit(aten.view.default, self.emit(aten.clone.default, x(), memory_format=torch.contiguous_format)
+                             if t != aten.view.default else x(), [*a[1], 2])
+        if t == aten.expand.default:
+            return self.emit(aten.expand.default, x(), [*a[1], 2])
+        if t == aten.unsqueeze.default:
+            return self.emit(aten.unsqueeze.default, x(), self.dim(a[0], a[1], extra=1))
+        if t == aten.squeeze.dim:
+            return self.emit(aten.squeeze.dim, x(), self.dim(a[0], a[1]))
+        if t == aten.squeeze.dims:
+            return self.emit(aten.squeeze.dims, x(), [self.dim(a[0], d) for d in a[1]])
+        if t == aten.permute.default:
+            n = _val(a[0]).dim()
+            return self.emit(aten.permute.default, x(), [d % n for d in a[1]] + [n])
+        if t == aten.transpose.int:
+            return self.emit(aten.transpose.int, x(), self.dim(a[0], a[1]), self.dim(a[0], a[2]))
+        if t == aten.t.default:
+            return self.emit(aten.transpose.int, x(), 0, 1) if _val(a[0]).dim() == 2 else x()
+        if t == aten.slice.Tensor:
+            return self.emit(aten.slice.Tensor, x(), self.dim(a[0], a[1] if len(a) > 1 else 0), *a[2:])
+        if t == aten.select.int:
+            return self.emit(aten.select.int, x(), self.dim(a[0], a[1]), a[2])
+        if t == aten.cat.default:
+            parts = [env[p] if is_complex(p) else self.real_only(env[p]) for p in a[0]]
+            return self.emit(t, parts, (a[1] if len(a) > 1 else 0) % _val(node).dim())
+        if t in (aten.sum.dim_IntList, aten.mean.dim) and len(a) >= 2 and not kw:
+            return self.emit(t, x(), [self.dim(a[0], d) for d in a[1]], *a[2:])
+        raise _Unsupported(f"{t}")
+
+    def hypot(self, z: fx.Node) -> fx.Node:
+        """|z| as torch computes it (hypot): max * sqrt(1 + (min / max)^2), no overflow or underflow in between;
+        0 for 0, inf when either part is infinite (even beside a NaN)."""
+        emit = self.emit
+        ar, ai = (emit(aten.abs.default, self.part(z, i)) for i in (0, 1))
+        hi, lo = emit(aten.maximum.default, ar, ai), emit(aten.minimum.default, ar, ai)
+        q = emit(aten.div.Tensor, lo, hi)
+        h = emit(aten.mul.Tensor, hi, emit(aten.sqrt.default, emit(aten.add.Tensor, emit(aten.mul.Tensor, q, q), 1.0)))
+        h = emit(aten.where.self, emit(aten.eq.Scalar, hi, 0.0), emit(aten.full_like.default, h, 0.0), h)
+        inf = emit(aten.logical_or.default, emit(aten.isinf.default, ar), emit(aten.isinf.default, ai))
+        return emit(aten.where.self, inf, emit(aten.full_like.default, h, float("inf")), h)
+
+    def binary(self, t: Any, lhs: tuple[str, Any], rhs: tuple[str, Any]) -> fx.Node:
+        """+, -, *, / with at least one complex side: on the pairs."""
+        (lk, lv), (rk, rv) = lhs, rhs
+        if t == aten.mul.Tensor and lk == "complex" and rk == "complex":
+            ar, ai, br, bi = self.part(lv, 0), self.part(lv, 1), self.part(rv, 0), self.part(rv, 1)
+            mul, emit = aten.mul.Tensor, self.emit
+            re = emit(aten.sub.Tensor, emit(mul, ar, br), emit(mul, ai, bi))
+            im = emit(aten.add.Tensor, emit(mul, ar, bi), emit(mul, ai, br))
+            return self.pair(re, im)
+        if t in (aten.mul.Tensor, aten.div.Tensor) and {lk, rk} <= {"complex", "real", "scalar"}:
+            if t == aten.div.Tensor and rk == "complex":
+                raise _Unsupported("division by a complex value")
+            if lk == "real":
+                lv = self.emit(aten.unsqueeze.default, lv, -1)
+            if rk == "real":
+                rv = self.emit(aten.unsqueeze.default, rv, -1)
+            return self.emit(t, lv, rv)
+        if t in (aten.add.Tensor, aten.sub.Tensor) and lk in ("complex", "real") and rk in ("complex", "real"):
+            lv = lv if lk == "complex" else self.real_only(lv)
+            rv = rv if rk == "complex" else self.real_only(rv)
+            return self.emit(t, lv, rv)
+        raise _Unsupported(f"{t} of {lk} and {rk}")
+
+
+def as_real_pairs(gm: fx.GraphModule) -> RealPairs | None:
+    """``gm`` with its complex values as real pairs, or None when it has none or one can't be rewritten."""
+    if not has_complex(gm):
+        return None
+    try:
+        return _Rewriter(gm).run()
+    except Exception as exc:  # an op without a real form, or a view the pair layout can't take: refused as is
+        log.debug("complex graph left as it is: %s", exc)
+        return None

@@ -1,0 +1,99 @@
+"""Complex values as real pairs (lowering/complex_pairs.py): complex rotary embeddings compile and match eager;
+complex ops without a real form are still refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile import backend as B
+from neuron_compile.errors import UnsupportedOpError
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    B.reset()
+
+
+def _compile(fn):
+    return torch.compile(fn, backend="neuron", dynamic=False)
+
+
+BATCH, SEQ, HEADS, HEAD_DIM = 2, 8, 4, 16
+
+
+def _freqs_cis() -> torch.Tensor:
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+    freqs = torch.outer(torch.arange(SEQ).float(), inv)
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def _rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs_cis.view(1, SEQ, 1, HEAD_DIM // 2)).flatten(3).type_as(x)
+
+
+def _x(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(BATCH, SEQ, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rope_with_a_complex_input_matches_eager(dtype):
+    x, fc = _x(dtype=dtype), _freqs_cis()
+    got = _compile(_rope)(x, fc)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, _rope(x, fc), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+def test_rope_with_freqs_computed_in_the_graph_matches_eager():
+    f = lambda x: _rope(x, _freqs_cis())  # noqa: E731
+    x = _x(1)
+    torch.testing.assert_close(_compile(f)(x), f(x), rtol=1e-5, atol=1e-5)
+
+
+def test_complex_outputs_and_arithmetic_match_eager():
+    def f(x, z):
+        c = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        w = (c * z.view(1, SEQ, 1, -1) + c.conj() * 0.5 - z.view(1, SEQ, 1, -1)) * 2.0
+        return w, w.abs(), torch.view_as_real(w - c).sum(-1)
+
+    x, z = _x(2), _freqs_cis() * 1.5
+    got, want = _compile(f)(x, z), f(x, z)
+    assert got[0].dtype == torch.complex64 and got[0].shape == want[0].shape
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_gradients_match_eager():
+    fc = _freqs_cis()
+    weights = torch.linspace(-1, 1, HEAD_DIM)
+
+    def loss(q, k):
+        return (_rope(q, fc) * weights).sum() + (_rope(k, fc) ** 2).sum()
+
+    grads = []
+    for fn in (loss, _compile(loss)):
+        q, k = _x(3).requires_grad_(), _x(4).requires_grad_()
+        fn(q, k).backward()
+        grads.append((q.grad, k.grad))
+    for g, w in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_complex_op_without_a_real_form_is_refused_by_name():
+    f = lambda x: torch.view_as_real(torch.exp(torch.view_as_complex(x.reshape(4, -1, 2))))  # noqa: E731
+    with pytest.raises(Exception) as info:
+        _compile(f)(torch.randn(4, 8))
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None and "aten.exp" in str(exc) and "complex64" in str(exc)
+
+
+def test_abs_of_extreme_complex_values_neither_overflows_nor_underflows():
+    z = torch.tensor([1e-30 + 1e-30j, 1e30 + 1e30j, 1e-30 + 1e30j, 0j, complex(float("inf"), 1.0),
+                      complex(3.0, -4.0), complex(-0.0, 2.0), complex(float("nan"), 1.0)], dtype=torch.complex64)
+    got = _compile(lambda t: (t * 1.0).abs())(z)
+    torch.testing.assert_close(got, z.abs(), rtol=1e-6, atol=0.0, equal_nan=True)
