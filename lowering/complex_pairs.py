@@ -41,15 +41,23 @@ class RealPairs:
 
     def wrap(self, runner: Callable[..., Any]) -> Callable[..., Any]:
         """``runner`` (compiled from ``gm``) called with complex inputs and giving complex outputs."""
-        ins, outs = set(self.complex_inputs), set(self.complex_outputs)
+        return with_complex_io(runner, self.complex_inputs, self.complex_outputs)
 
-        def with_complex(*args: Any) -> Any:
-            args = tuple(torch.view_as_real(a.resolve_conj()) if i in ins else a for i, a in enumerate(args))
-            results = runner(*args)
-            return type(results)(torch.view_as_complex(r.contiguous()) if i in outs else r
-                                 for i, r in enumerate(results))
 
-        return with_complex
+def with_complex_io(runner: Callable[..., Any], complex_inputs: list[int], complex_outputs: list[int]
+                    ) -> Callable[..., Any]:
+    """``runner`` of a real-pair graph, taking and giving complex tensors at those positions (``neuron_complex_io``
+    says which, so that a warm start rebuilds the same wrapper around the cached graph)."""
+    ins, outs = set(complex_inputs), set(complex_outputs)
+
+    def with_complex(*args: Any) -> Any:
+        args = tuple(torch.view_as_real(a.resolve_conj()) if i in ins else a for i, a in enumerate(args))
+        results = runner(*args)
+        return type(results)(torch.view_as_complex(r.contiguous()) if i in outs else r
+                             for i, r in enumerate(results))
+
+    with_complex.neuron_complex_io = (list(complex_inputs), list(complex_outputs))  # type: ignore[attr-defined]
+    return with_complex
 
 
 def _val(n: Any) -> Any:

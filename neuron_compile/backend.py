@@ -150,6 +150,8 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
             return inner(*args, *constants)
 
         with_constants.neuron_constants = constants  # type: ignore[attr-defined]  (a warm start needs them)
+        if hasattr(inner, "neuron_complex_io"):
+            with_constants.neuron_complex_io = inner.neuron_complex_io  # type: ignore[attr-defined]
         return with_constants
 
     from neuron_compile.collective_runner import compile_with_collectives, has_collectives, opaque_outputs

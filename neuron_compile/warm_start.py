@@ -61,6 +61,7 @@ class NeuronOutputCode(OutputCode):
     kind: str = ""
     digest: str | None = None
     constants: list[Any] = dataclasses.field(default_factory=list, repr=False)  # lifted tensor constants
+    complex_io: Any = None  # (complex inputs, complex outputs) of a graph compiled as real pairs
     runner: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,7 +99,8 @@ def serializable_compiler(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], ki
         stats = compiled_graphs()[before:]
         digest = stats[-1].get("key") if len(stats) == 1 and not stats[-1].get("fallback") else None
         constants = list(getattr(runner, "neuron_constants", ()))
-        return NeuronOutputCode(kind=kind, digest=digest, constants=constants, runner=runner)
+        return NeuronOutputCode(kind=kind, digest=digest, constants=constants, runner=runner,
+                                complex_io=getattr(runner, "neuron_complex_io", None))
 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_one)
 
@@ -294,7 +296,12 @@ def _load(key: Any, gm: fx.GraphModule | None, example_inputs: Sequence[Any] | N
             if not isinstance(code, NeuronOutputCode) or code.digest not in loaded:
                 raise ValueError(f"its AOTAutograd result refers to a graph it does not list ({code!r})")
             _kind, plan, sources, _files = loaded[code.digest]
-            code.runner = _with_constants(CompiledGraph(plan, sources), code.constants)
+            graph: Any = CompiledGraph(plan, sources)
+            if getattr(code, "complex_io", None):
+                from neuron_compile.lowering.complex_pairs import with_complex_io
+
+                graph = with_complex_io(graph, *code.complex_io)
+            code.runner = _with_constants(graph, code.constants)
         fn = _rebuild(result)
     except Exception as exc:  # never fail a compile because of the cache
         store.quarantine(key.digest, f"its warm-start state can't be loaded ({type(exc).__name__}: {exc})")

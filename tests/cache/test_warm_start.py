@@ -365,3 +365,45 @@ def _deco(fn):  # type: ignore[no-untyped-def]
 @_deco
 def _decorated(x: int) -> int:
     return x
+
+
+_COMPLEX = r"""
+import json, torch
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+freqs = torch.outer(torch.arange(8).float(), torch.linspace(0.1, 1.0, 4))
+fc = torch.polar(torch.ones_like(freqs), freqs)          # a complex graph input
+def f(x, fc):
+    c = torch.view_as_complex(x.reshape(2, 8, 4, 2))
+    y = c * fc.view(1, 8, 4)
+    return torch.view_as_real(y).flatten(2), y             # a real and a complex output
+compiled = torch.compile(f, backend="neuron", dynamic=False)
+torch.manual_seed(0)
+out = {}
+for train in (True, False):
+    x0 = torch.randn(2, 8, 8)
+    xe, xc = x0.clone().requires_grad_(train), x0.clone().requires_grad_(train)
+    with torch.set_grad_enabled(train):
+        (ye, ce), (yc, cc) = f(xe, fc), compiled(xc, fc)
+        torch.testing.assert_close(yc, ye)
+        torch.testing.assert_close(cc, ce)
+        if train:
+            (ye * ye).sum().backward()
+            (yc * yc).sum().backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
+    out["train" if train else "eval"] = float(yc.sum())
+print(json.dumps({"sums": out, "aot_calls": counters["aot_autograd"]["total"],
+                  "graphs": [[g["kind"], g["cache_hit"], bool(g.get("whole_graph"))] for g in B.compiled_graphs()]}))
+"""
+
+
+def test_complex_graphs_warm_start_with_their_complex_inputs_and_outputs(tmp_path: Path) -> None:
+    """A graph compiled as real pairs (complex input, complex output, its backward) rebuilt warm takes and gives
+    complex tensors as the cold one does."""
+    root = tmp_path / "cache"
+    cold = _run(root, _COMPLEX)
+    assert cold["aot_calls"] == 2
+    warm = _run(root, _COMPLEX)
+    assert warm["aot_calls"] == 0
+    assert warm["graphs"] == [["forward", True, True], ["backward", True, True], ["inference", True, True]]
+    assert warm["sums"] == cold["sums"]
