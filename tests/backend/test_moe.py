@@ -8,15 +8,7 @@ import math
 import pytest
 import torch
 
-from neuron_compile import backend as B
 from neuron_compile.errors import UnsupportedOpError
-
-
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    B.reset()
 
 
 def _compile(fn):
