@@ -126,7 +126,7 @@ class _Rewriter:
                 self.graph.output(type(results)(mapped) if isinstance(results, (list, tuple)) else mapped[0])
             elif node.op == "call_function" and (is_complex(node) or any(is_complex(a) for a in node.all_input_nodes)):
                 new = self.complex_op(node)
-                new.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+                new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
                 self.env[node] = new
             else:
                 self.env[node] = self.graph.node_copy(node, lambda a: self.env[a])
