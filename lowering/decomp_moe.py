@@ -63,9 +63,11 @@ def _sum_dim(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: 
 
 
 def _sum(x: torch.Tensor, *, dtype: Any = None) -> Any:
-    if dtype not in INTS or not x.is_floating_point():
-        return NotImplemented
-    return aten.sum.default(x.to(dtype), dtype=dtype)
+    """sum over everything as torch's core decomposition writes it (``sum.dim_IntList(x, [])``), the float input
+    of an integer ``dtype=`` cast first."""
+    if dtype in INTS and x.is_floating_point():
+        x = x.to(dtype)
+    return aten.sum.dim_IntList(x, [], dtype=dtype)
 
 
 def _groups(offs: torch.Tensor, n: int) -> torch.Tensor:
