@@ -118,10 +118,27 @@ def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 
     return out if beta == 0 else aten.add.Tensor(out, x if beta == 1 else aten.mul.Tensor(x, beta))
 
 
+def _dense_order(t: torch.Tensor) -> list[int] | None:
+    """The dims of ``t`` from outermost to innermost when its strides are a dense layout in that order, else None."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+    expected = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return None
+        expected *= t.shape[d]
+    return order
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """aten.copy (functional): ``src`` cast to ``dst``'s dtype and broadcast to its shape."""
+    """aten.copy (functional): ``src`` cast to ``dst``'s dtype and broadcast to its shape, laid out like ``dst``
+    as eager's copy is (a clone of ``dst`` written over): later views of it (autograd's among them) see the same
+    strides. A ``dst`` with gaps between its elements comes back contiguous."""
     out = aten.expand.default(src.to(dst.dtype), list(dst.shape))
-    return aten.clone.default(out)
+    order = _dense_order(dst)
+    if order is None or order == sorted(order):
+        return aten.clone.default(out, memory_format=torch.contiguous_format)
+    laid = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
+    return aten.permute.default(laid, [order.index(d) for d in range(dst.dim())])
 
 
 def _max_all(x: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,30 @@ def test_native_layer_norm_statistics_come_back_in_eagers_dtypes(affine):
         torch.testing.assert_close(g, e, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 2, 0), (0, 1, 2, 3)], ids=["swap", "reverse", "same"])
+def test_copy_into_a_buffer_keeps_the_buffers_layout_for_later_views(perm):
+    # copy_ into a fresh buffer (functionalized into aten.copy) must come out laid out like the buffer, not like the
+    # permuted source: the view after it (and autograd's views of its gradient) depend on those strides
+    shape = (2, 4, 6, 5)
+    src_shape = [0] * 4
+    for i, p in enumerate(perm):
+        src_shape[p] = shape[i]
+
+    def f(x):
+        y = torch.zeros(shape)
+        y.copy_(x.permute(*perm))
+        return y.view(8, 6, 5) * 2
+
+    x = torch.randn(*src_shape, requires_grad=True)
+    got = _compile(f)(x)
+    x2 = x.detach().clone().requires_grad_()
+    want = f(x2)
+    torch.testing.assert_close(got, want)
+    (got * torch.linspace(-1, 1, 240).view(8, 6, 5)).sum().backward()
+    (want * torch.linspace(-1, 1, 240).view(8, 6, 5)).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
 def test_torch_func_transforms_inlined_by_dynamo_match_eager():
     x = torch.randn(3, 4)
     vm = _compile(lambda v: torch.func.vmap(lambda r: (r * r).sum())(v))
