@@ -108,15 +108,17 @@ class _Rewriter:
     def run(self) -> RealPairs:
         ins: list[int] = []
         outs: list[int] = []
+        placeholders = 0
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 new = self.graph.placeholder(node.name)
                 new.meta = dict(node.meta)
                 if is_complex(node):
-                    ins.append(len([n for n in self.env if n.op == "placeholder"]))
+                    ins.append(placeholders)
                     new.meta["val"] = _meta(torch.view_as_real(torch.empty(tuple(_val(node).shape),
                                                                            dtype=_val(node).dtype)))
                 self.env[node] = new
+                placeholders += 1
             elif node.op == "output":
                 results = node.args[0]
                 flat = list(results) if isinstance(results, (list, tuple)) else [results]

@@ -115,20 +115,10 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: Any = None, bias: Any = 
     return NotImplemented
 
 
-def _fallback(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """transformers::grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E]) -> [S, N]."""
-    return grouped_rows(x, w, offs)
-
-
 def _fallback_backward(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor) -> Any:
-    """transformers::grouped_mm_fallback_backward -> (grad_input, grad_weight): each expert's rows only."""
-    e, s = w.shape[0], x.shape[0]
-    grad_input = grouped_rows(grad, w.transpose(1, 2), offs)
-    mine = (_groups(offs, s).unsqueeze(0) == torch.arange(e, dtype=torch.int64).unsqueeze(1)).unsqueeze(2)
-    zero = torch.zeros((), dtype=x.dtype)
-    x_e = torch.where(mine, x.unsqueeze(0), zero)  # [E, S, K]
-    g_e = torch.where(mine, grad.unsqueeze(0), zero)  # [E, S, N]
-    return grad_input, torch.bmm(x_e.transpose(1, 2), g_e)
+    """transformers::grouped_mm_fallback_backward -> (grad_input, grad_weight): grad_weight[e] sums expert e's rows
+    only (x^T grad with the contraction over rows grouped)."""
+    return grouped_rows(grad, w.transpose(1, 2), offs), grouped_contraction(x.t(), grad, offs)
 
 
 MOE: dict[Any, Callable[..., Any]] = {
@@ -145,7 +135,8 @@ def third_party() -> dict[Any, Callable[..., Any]]:
     imported after the first compile still gets them)."""
     table: dict[Any, Callable[..., Any]] = {}
     ns = getattr(torch.ops, "transformers", None)
-    for name, fn in (("grouped_mm_fallback", _fallback), ("grouped_mm_fallback_backward", _fallback_backward)):
+    # grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E]) -> [S, N]: the rows grouped
+    for name, fn in (("grouped_mm_fallback", grouped_rows), ("grouped_mm_fallback_backward", _fallback_backward)):
         try:
             table[getattr(ns, name).default] = fn
         except (AttributeError, RuntimeError):

@@ -193,14 +193,14 @@ def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why
             continue
         if not (isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor)) or not a.numel():
             continue
-        r = r.double()
-        finite = torch.isfinite(r)
-        if not torch.equal(finite, torch.isfinite(a.double())) and not torch.equal(torch.isfinite(e.double()),
-                                                                                 torch.isfinite(a.double())):
-            return why
-        ours = (a.double() - r)[finite].abs().max().item() if finite.any() else 0.0
-        eager = (e.double() - r)[finite].abs().max().item() if finite.any() else 0.0
-        ulp = torch.finfo(a.dtype).eps * (r[finite].abs().max().item() if finite.any() else 0.0)
+        a64, e64, r = a.double(), e.double(), r.double()
+        finite, ours_finite = torch.isfinite(r), torch.isfinite(a64)
+        if not (torch.equal(ours_finite, finite) or torch.equal(ours_finite, torch.isfinite(e64))):
+            return why  # inf / NaN where neither the float64 run nor eager has them
+        if not finite.any():
+            continue
+        ours, eager = ((x - r)[finite].abs().max().item() for x in (a64, e64))
+        ulp = torch.finfo(a.dtype).eps * r[finite].abs().max().item()
         if ours > 2 * eager + ulp:
             return f"{why} (error vs a float64 run: {ours:.3g}, eager's {eager:.3g})"
     return None
