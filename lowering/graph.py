@@ -96,6 +96,7 @@ class GraphLowering:
             self._emit_group(g)
             reasons.update((k.name, g.reason) for k in self.kernels[first:])
         outputs = self._outputs()
+        self._check_calls()
         summary = {
             "kernels": [{"name": k.name, "family": k.family, "ops": list(getattr(k, "source_ops", ())),
                          "reason": self.copy_reasons.get(k.name) or reasons.get(k.name, "")} for k in self.kernels],
@@ -104,6 +105,24 @@ class GraphLowering:
         }
         return Plan(tuple(self.kernels), tuple(self.buffers), tuple(self.calls), tuple(self.inputs),
                     tuple(outputs), tuple(self.constants), summary, tuple(self.checks), tuple(self.randoms))
+
+    def _check_calls(self) -> None:
+        """Each call runs the kernel its index names, with that kernel's arguments, and each kernel result buffer
+        names the kernel that writes it: a rule that took its kernel index before resolving its inputs (which may
+        emit a copy kernel first) fails here, at compile time, not as a wrong call at run time."""
+        writers = {b: c.kernel for c in self.calls for b in c.results}
+        for i, k in enumerate(self.kernels):
+            if not k.name.startswith(f"k{i}_"):
+                raise LoweringError(f"internal: kernel {i} is named {k.name}")
+        for c in self.calls:
+            k = self.kernels[c.kernel]
+            if len(c.args) != len(k.inputs) or len(c.results) != len(k.outputs):
+                raise LoweringError(f"internal: {k.name} takes {len(k.inputs)} inputs and {len(k.outputs)} outputs, "
+                                    f"called with {len(c.args)} and {len(c.results)}")
+        for b, ref in enumerate(self.buffers):
+            if ref.kind == "kernel" and b in writers and writers[b] != ref.index:
+                raise LoweringError(f"internal: buffer {b} names kernel {ref.index} but {self.kernels[writers[b]].name}"
+                                    f" writes it")
 
     def _placeholders(self) -> None:
         phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]

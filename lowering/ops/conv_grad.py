@@ -100,9 +100,9 @@ def lower_conv_weight_grad(gl: Any, node: fx.Node) -> None:
         buf = gl._buffer(BufferRef("empty", 0, 0, 0, storage_dtype(dtype) or "float32"))
         gl.views[node] = View(buf, shape, contiguous_strides(shape), 0, dtype)
         return
-    kernel_index = len(gl.kernels)
     geo = wgrad_geometry(node)
-    xv, gv = gl.view_of(node.args[0]), gl.view_of(node.args[1])
+    xv, gv = gl.view_of(node.args[0]), gl.view_of(node.args[1])  # may emit copies: take the index after
+    kernel_index = len(gl.kernels)
     cdt = storage_dtype(xv.torch_dtype) or "float32"
     plan = wgrad_plan(geo, cdt)
     assert plan is not None

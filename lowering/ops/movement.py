@@ -199,13 +199,13 @@ def lower_cat(gl, node: fx.Node) -> None:
     """aten.cat: one DMA per input into its slice of the output (HBM to HBM)."""
     tensors = [t for t in node.args[0] if math.prod(node_shape(t)) > 0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    srcs = [gl.view_of(t) for t in tensors]  # may emit copy kernels: the index is taken after
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     dim %= max(len(out.shape), 1)
     pairs = []
     start = 0
-    for t in tensors:
-        src = gl.view_of(t)
+    for src in srcs:
         dst = View(out.buffer, src.shape, out.strides, out.offset + start * out.strides[dim], out.torch_dtype)
         pairs.append((src, dst))
         start += src.shape[dim]
@@ -232,12 +232,12 @@ def lower_slice_scatter(gl, node: fx.Node) -> None:
     start = node.kwargs.get("start", extra[1])
     end = node.kwargs.get("end", extra[2])
     step = node.kwargs.get("step", extra[3] if extra[3] is not None else 1)
+    base_view, src = gl.view_of(base), gl.view_of(src_node)  # may emit copy kernels: the index is taken after
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     dim %= max(len(out.shape), 1)
     start, _ = _slice_bounds(out.shape[dim], start, end)
-    pairs = [(gl.view_of(base), out)]
-    src = gl.view_of(src_node)
+    pairs = [(base_view, out)]
     if src.numel > 0:
         strides = list(out.strides)
         strides[dim] *= step

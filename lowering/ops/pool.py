@@ -152,9 +152,9 @@ def lower_pool(gl: Any, node: fx.Node) -> None:
         gl.views[node] = View(buf, shape, contiguous_strides(shape), 0, dtype)
         return
     _, _, hw, ohw = _sizes(x, node, onode)
-    kernel_index = len(gl.kernels)
     xv = gl.view_of(x)
     gv = gl.view_of(go) if go is not None else None
+    kernel_index = len(gl.kernels)  # after the views: resolving one may emit a copy kernel
     buf, out = gl.new_output(node, kernel_index, 0)
     views = [v for v in (xv, gv, out) if v is not None]
     outer, rows, strides = plane_rows(views)

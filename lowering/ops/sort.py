@@ -310,12 +310,12 @@ def _search_check(node: fx.Node) -> str | None:
 def emit_search(gl: Any, node: fx.Node, seq_node: fx.Node, right: bool, sorter_node: Any, source: str) -> None:
     values, seq = gl.view_of(node.args[1] if node.target == aten.searchsorted.Tensor else node.args[0]), \
         gl.view_of(seq_node)
-    kernel_index = len(gl.kernels)
+    sorter = gl.view_of(sorter_node) if isinstance(sorter_node, fx.Node) else None
+    kernel_index = len(gl.kernels)  # after the views: resolving one may emit a copy kernel
     buf, out = gl.new_output(node, kernel_index, 0)
     if math.prod(values.shape) == 0:
         gl.buffers[buf] = BufferRef("empty", 0, 0, 0, gl.buffers[buf].dtype)
         return
-    sorter = gl.view_of(sorter_node) if isinstance(sorter_node, fx.Node) else None
     shape = values.shape or (1,)
     v_strides, o_strides = values.strides or (0,), out.strides or (0,)
     shared = len(seq.shape) <= 1

@@ -245,3 +245,23 @@ def test_float16_and_unbatched_inputs() -> None:
     torch.testing.assert_close(got.float(), F.conv2d(x, w, padding=1).float(), rtol=4e-3, atol=4e-3)
     torch._dynamo.reset()
     check_grads(lambda x, w: F.conv_transpose2d(x, w, stride=2), torch.randn(4, 5, 5), torch.randn(4, 3, 3, 3))
+
+
+def test_weight_gradient_of_a_permuted_gradient_matches_eager() -> None:
+    """The gradient reaching conv_weight_grad is a permuted view that needs a copy first (a depth-folded video
+    layout): the copy kernel and the weight-gradient kernel are two kernels with their own indices (the second
+    was once called with the copy's index and arguments)."""
+    x, w = torch.randn(6, 4, 8, 8), torch.randn(5, 4, 3, 3)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, w, padding=1).reshape(2, 3, 5, 8, 8).permute(0, 2, 1, 3, 4)
+        return y.relu()
+
+    w_got, w_want = w.clone().requires_grad_(), w.clone().requires_grad_()
+    got = torch.compile(fn, backend="neuron", dynamic=False)(x, w_got)
+    want = fn(x, w_want)
+    close(got, want, "forward")
+    grad = torch.randn_like(want)
+    got.backward(grad)
+    want.backward(grad)
+    close(w_got.grad, w_want.grad, "grad_weight")
