@@ -499,7 +499,12 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     """convolution_backward as two convolutions' worth of kernels: the grad_input is a convolution running
     the other way (transposed <-> not), the grad_weight a correlation of the input with grad_output."""
     nsp = x.dim() - 2
-    if nsp not in (1, 2):  # 3-D convolutions are refused: keep the op for the refusal message
+    if nsp == 3:
+        from neuron_compile.lowering.decomp_conv3d import _convolution_backward as conv3d_backward
+
+        return conv3d_backward(go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                               output_mask)
+    if nsp not in (1, 2):
         return NotImplemented
     stride, padding, dilation = (list(v) * nsp if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     gi = gw = gb = None

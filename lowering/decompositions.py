@@ -235,6 +235,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_conv import conv_decompositions
 
     table.update(conv_decompositions())
+    from neuron_compile.lowering.decomp_conv3d import CONV3D
+
+    table.update(CONV3D)
     from neuron_compile.lowering.decomp_moe import MOE
 
     table.update(MOE)

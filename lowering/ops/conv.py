@@ -183,12 +183,12 @@ def _conv_check(node: fx.Node) -> str | None:
     xv, wv = x.meta.get("val"), w.meta.get("val")
     if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor):
         return "convolution of non-tensor arguments"
-    if xv.dim() == 5:
-        return "3-D convolution (conv3d) is not supported by the neuron backend (1-D and 2-D are)"
-    if xv.dim() not in (3, 4):
-        return f"convolution of a {xv.dim()}-D input is not supported (expected [N, C, L] or [N, C, H, W])"
     if xv.dtype not in _FLOAT or wv.dtype not in _FLOAT:
         return f"convolution of {xv.dtype} x {wv.dtype} is not supported (floating point only)"
+    if xv.dim() == 5:
+        return "3-D convolution reached the lowering undecomposed (lowering.decomp_conv3d folds it into 2-D)"
+    if xv.dim() not in (3, 4):
+        return f"convolution of a {xv.dim()}-D input is not supported (expected [N, C, L] or [N, C, H, W])"
     if math.prod(node_shape(node)) == 0:
         return None
     geo, _, _, _, blocks = _plan(node)

@@ -6,8 +6,8 @@
 - ``aten.avg_pool2d`` / ``aten.avg_pool2d_backward`` (ceil_mode, count_include_pad, divisor_override).
 
 1-D pooling arrives as 2-D with H = 1. The plan: rows (N x C) on partitions, the taps' valid output ranges per
-spatial dim, and the stage height that fits the SBUF budget. 3-D max pooling has no rule (refused by name);
-3-D average pooling is rewritten to 2-D by lowering.decomp_conv.
+spatial dim, and the stage height that fits the SBUF budget. 3-D pooling is rewritten to 2-D first (average:
+lowering.decomp_conv; max: lowering.decomp_conv3d).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Forward and backward (grad_input, grad_weight, grad_bias) through ``torch.compil
 bundled simulator over the parameter grid (stride, padding incl. 'same', dilation, groups / depthwise, bias,
 odd sizes, batch 1 and > 1, channels > 128 and not multiples of 128, 1x1), transposed convolutions
 (output_padding, groups, dilation), bf16 autocast, channels_last inputs, an empty batch, the conv + BatchNorm
-(eval) + activation + residual epilogue fusion, and refusals (conv3d) by name. Rendered kernels use only
-current NKI names.
+(eval) + activation + residual epilogue fusion. Rendered kernels use only current NKI names (3-D convolutions:
+``test_conv3d.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cnn_helpers import api_checker, check_grads, close, families, unsupported
+from cnn_helpers import api_checker, check_grads, close, families
 
 from neuron_compile import backend as B
 
@@ -134,14 +134,6 @@ def test_empty_batch_weight_gradient_is_zero() -> None:
     out = torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron")(x, w)
     out.sum().backward()
     assert torch.equal(w.grad, torch.zeros_like(w))
-
-
-def test_conv3d_is_refused_by_name() -> None:
-    with pytest.raises(Exception) as info:
-        torch.compile(lambda x, w: F.conv3d(x, w), backend="neuron")(torch.randn(1, 2, 4, 4, 4),
-                                                                      torch.randn(3, 2, 2, 2, 2))
-    cause = unsupported(info.value)
-    assert "aten.convolution.default" in str(cause) and "3-D convolution (conv3d) is not supported" in str(cause)
 
 
 def test_large_width_streams_rows() -> None:

@@ -246,30 +246,30 @@ def test_reject_fft() -> None:
 
 
 def test_reject_lists_every_unsupported_op_in_one_message() -> None:
-    w = torch.randn(4, 3, 3, 3, 3)
+    g = torch.rand(2, 4, 3, 2, 3) * 2 - 1
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        y = F.conv3d(x, w).relu().flatten(1)
+        y = F.grid_sample(x, g, align_corners=False).relu().flatten(1)
         return torch.linalg.eigvalsh(y @ y.mT)
 
     err, msg = _reject(fn, torch.randn(2, 3, 9, 10, 5))
     assert "2 unsupported op(s)" in msg, msg
-    assert "aten.convolution.default(float32[2, 3, 9, 10, 5], float32[4, 3, 3, 3, 3]" in msg, msg
-    assert f"{_line_of(fn)}: y = F.conv3d(x, w).relu().flatten(1)" in msg, msg
+    assert "aten.grid_sampler_3d.default(float32[2, 3, 9, 10, 5], float32[2, 4, 3, 2, 3]" in msg, msg
+    assert f"{_line_of(fn)}: y = F.grid_sample(x, g, align_corners=False).relu().flatten(1)" in msg, msg
     assert "aten._linalg_eigh.default(float32[2, 2]" in msg, msg
     assert f"{_line_of(fn, 2)}: return torch.linalg.eigvalsh(y @ y.mT)" in msg, msg
     assert len(err.unsupported) == 2
 
 
 def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
-    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.conv3d(x, w).sum()
+    def fn(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(x, g, align_corners=False).sum()
 
     x = torch.randn(2, 3, 9, 10, 5, requires_grad=True)
-    w = torch.randn(4, 3, 3, 3, 3, requires_grad=True)
-    err, msg = _reject(fn, x, w)  # refused at the forward call, before any .backward()
+    g = (torch.rand(2, 4, 3, 2, 3) * 2 - 1).requires_grad_()
+    err, msg = _reject(fn, x, g)  # refused at the forward call, before any .backward()
     assert "training graph (forward + backward)" in msg, msg
-    assert "aten.convolution.default(float32[2, 3, 9, 10, 5], float32[4, 3, 3, 3, 3]" in msg, msg
-    assert "aten.convolution_backward.default(" in msg, msg
-    assert f"{_line_of(fn)}: return F.conv3d(x, w).sum()" in msg, msg
+    assert "aten.grid_sampler_3d.default(float32[2, 3, 9, 10, 5], float32[2, 4, 3, 2, 3]" in msg, msg
+    assert "aten.grid_sampler_3d_backward.default(" in msg, msg
+    assert f"{_line_of(fn)}: return F.grid_sample(x, g, align_corners=False).sum()" in msg, msg
     assert len(err.unsupported) == 2, err.unsupported

@@ -6,7 +6,7 @@ stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), av
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
 bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling (one trivial dim, or
 two 2-D passes; LocalResponseNorm and lp_pool3d use it), replication padding
-(its backward sums the edge gradients), and the refusal of 3-D max pooling by name.
+(its backward sums the edge gradients). 3-D max pooling: ``test_conv3d.py``.
 """
 
 from __future__ import annotations
@@ -156,12 +156,6 @@ def test_group_norm(groups: int, shape: tuple[int, ...]) -> None:
 def test_group_norm_bf16_autocast() -> None:
     x, w, b = torch.randn(2, 8, 5, 7), torch.randn(8), torch.randn(8)
     H.check_grads(lambda x, w, b: F.group_norm(x, 4, w, b), x, w, b, dtype=torch.bfloat16, autocast=True)
-
-
-def test_pool3d_is_refused_by_name() -> None:
-    with pytest.raises(Exception) as info:
-        torch.compile(lambda x: F.max_pool3d(x, 2), backend="neuron")(torch.randn(1, 2, 4, 4, 4))
-    assert "max_pool3d" in str(H.unsupported(info.value))
 
 
 AVG_POOL3D_TRIVIAL_DIM = [

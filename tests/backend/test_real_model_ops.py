@@ -224,8 +224,8 @@ def test_bilinear_forward_and_gradients_match_eager(shape):
 def test_op_inside_torch_module_is_located_by_its_module():
     """Dynamo records no stack trace inside torch's own modules; a refusal there names the module instead."""
     with pytest.raises(Exception) as info:
-        _compile(torch.nn.MaxPool3d(2))(torch.randn(1, 2, 4, 4, 4))
+        _compile(torch.nn.FractionalMaxPool3d(2, output_size=2))(torch.randn(1, 2, 4, 4, 4))
     msg = str(info.value)
     assert "UnsupportedOpError" in msg, msg
-    assert "aten.max_pool3d" in msg and "module fn (torch.nn.modules.pooling.MaxPool3d" in msg, msg
+    assert "aten.fractional_max_pool3d" in msg and "module fn (torch.nn.modules.pooling.FractionalMaxPool3d" in msg, msg
     assert "<unknown source line>" not in msg

@@ -21,7 +21,7 @@ _AA = "antialiased bilinear resampling: no lowering rule"
 _ASSCATTER = "as_strided_scatter (arbitrary strided writes): no lowering rule"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
-_3D = "3-D convolution / max pooling / grid sampling: only 1-D and 2-D spatial kernels exist (3-D average pooling runs as 2-D passes)"
+_3D = "3-D grid sampling (trilinear gathers at data-dependent positions): no lowering rule (3-D convolution and pooling run as 2-D kernels)"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
@@ -45,10 +45,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "gcd": _GCD,
     "lcm": _GCD,
     "grid_sampler_3d": _3D,
-    "nn.functional.adaptive_max_pool3d": _3D,
-    "nn.functional.conv3d": _3D,
-    "nn.functional.conv_transpose3d": _3D,
-    "nn.functional.max_pool3d": _3D,
     "hash_tensor": _HASH,
     "histogram": _HIST,
     "histogramdd": _HIST,
