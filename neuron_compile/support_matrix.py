@@ -81,6 +81,8 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.select.int: lambda d: ((_t(d), 0, 1), {}),
     aten.expand.default: lambda d: ((_t(d, (1, 8)), [4, 8]), {}),
     aten.as_strided.default: lambda d: ((_t(d), [8, 4], [1, 8]), {}),
+    aten.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
+    torch.ops.prims.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
     aten.view.default: lambda d: ((_t(d), [8, 4]), {}),
     aten._unsafe_view.default: lambda d: ((_t(d), [8, 4]), {}),
     aten.reshape.default: lambda d: ((_t(d), [8, 4]), {}),

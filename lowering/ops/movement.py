@@ -16,7 +16,7 @@ import torch
 from neuron_compile.lowering import index_algebra as ia
 from neuron_compile.lowering import partition
 from neuron_compile.lowering.partition import node_shape
-from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.registry import qualified_name, register_lowering
 from neuron_compile.lowering.views import View
 from torch import fx
 
@@ -244,3 +244,43 @@ def lower_slice_scatter(gl, node: fx.Node) -> None:
         dst = View(out.buffer, src.shape, tuple(strides), out.offset + start * out.strides[dim], out.torch_dtype)
         pairs.append((src, dst))
     gl.emit_copy(f"k{kernel_index}_slice_scatter", pairs, [buf], ("aten.slice_scatter.default",))
+
+
+def _as_strided_scatter_check(node: fx.Node) -> str | None:
+    base, src = node.args[0].meta.get("val"), node.args[1].meta.get("val")
+    size, stride = [int(s) for s in node.args[2]], [int(s) for s in node.args[3]]
+    offset = int(node.args[4]) if len(node.args) > 4 and node.args[4] is not None else 0
+    if not isinstance(base, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return "as_strided_scatter of non-tensor arguments"
+    if not base.is_contiguous() or base.storage_offset() != 0:
+        return (f"as_strided_scatter into a non-contiguous input (shape {tuple(base.shape)}, strides "
+                f"{tuple(base.stride())}, offset {base.storage_offset()}): only a whole contiguous input is supported")
+    if math.prod(size) == 0:
+        return None
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    if offset < 0 or last >= max(base.numel(), 1) or any(s < 0 for s in stride):
+        return (f"as_strided_scatter view (size {size}, stride {stride}, offset {offset}) reaches outside the "
+                f"input's {base.numel()} elements")
+    span = 1  # the view's elements are distinct when each dim's stride clears the span of the smaller ones
+    for s, n in sorted((s, n) for n, s in zip(size, stride, strict=True) if n > 1):
+        if s < span:
+            return (f"as_strided_scatter view (size {size}, stride {stride}) writes some elements more than once "
+                    f"(which write lands is unspecified)")
+        span = s * n
+    return None
+
+
+@register_lowering(aten.as_strided_scatter.default, torch.ops.prims.as_strided_scatter.default, family="movement",
+                   kind="copy", check=_as_strided_scatter_check)
+def lower_as_strided_scatter(gl, node: fx.Node) -> None:
+    """as_strided_scatter (an ``as_strided`` view's backward, as in Longformer): the input, then ``src`` over the
+    strided window of the output's storage: two DMAs in order on one queue of one copy kernel."""
+    base, src = gl.view_of(node.args[0]), gl.view_of(node.args[1])  # may emit copy kernels: the index is taken after
+    size, stride = tuple(int(s) for s in node.args[2]), tuple(int(s) for s in node.args[3])
+    offset = int(node.args[4]) if len(node.args) > 4 and node.args[4] is not None else 0
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    pairs = [(base, out)]
+    if src.numel > 0:
+        pairs.append((src, View(out.buffer, size, stride, out.offset + offset, out.torch_dtype)))
+    gl.emit_copy(f"k{kernel_index}_as_strided_scatter", pairs, [buf], (qualified_name(node.target),))
