@@ -84,7 +84,16 @@ def _stage(mode: str, in_hw: tuple[int, int], out_hw: tuple[int, int], kernel: t
 
 
 def _geom(node: fx.Node) -> tuple[Any, ...]:
-    """(mode, x node, go node, out-shape node, kernel, stride, padding, dilation, count_pad, divisor)."""
+    """(mode, x node, go node, out-shape node, kernel, stride, padding, dilation, count_pad, divisor); a kernel
+    longer than the padded input (EfficientNet's ``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7: a global pool)
+    is cut to the taps that can reach it, which changes no window."""
+    g = _geom_args(node)
+    hw = node_shape(g[1])[2:4]
+    ks = tuple(min(k, -(-(n + 2 * p) // d)) for k, n, p, d in zip(g[4], hw, g[6], g[7], strict=True))
+    return (*g[:4], ks, *g[5:])
+
+
+def _geom_args(node: fx.Node) -> tuple[Any, ...]:
     t = node.target
     a = node.args
     if t in (MAX_POOL, MAX_POOL_INDEX):

@@ -12,6 +12,7 @@ two 2-D passes; LocalResponseNorm and lp_pool3d use it), replication padding
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import cnn_helpers as H
@@ -151,6 +152,20 @@ def test_group_norm(groups: int, shape: tuple[int, ...]) -> None:
     H.check_grads(lambda x, w, b: F.group_norm(x, groups, w, b), torch.randn(*shape), torch.randn(c), torch.randn(c))
     fwd = B.compiled_graphs()[0]["plan"].kernels
     assert len(fwd) == 1  # statistics, normalization and affine in one reduction kernel
+
+
+KERNEL_LONGER_THAN_INPUT = [
+    (F.avg_pool2d, dict(kernel_size=320, ceil_mode=True)),  # EfficientNet's final pool over 7 x 7
+    (F.avg_pool2d, dict(kernel_size=9, stride=4, padding=1, ceil_mode=True)),
+    (F.avg_pool2d, dict(kernel_size=(10, 3), stride=(8, 2), padding=1, ceil_mode=True, count_include_pad=False)),
+    (F.max_pool2d, dict(kernel_size=64, ceil_mode=True)),
+]
+
+
+@pytest.mark.parametrize("fn,kw", KERNEL_LONGER_THAN_INPUT, ids=lambda v: str(v) if isinstance(v, dict) else v.__name__)
+def test_pool_kernel_longer_than_the_padded_input(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> None:
+    """Windows cut at the padded input's end: the kernel is cut to the taps that reach it (it once did not fit SBUF)."""
+    H.check_grads(lambda x: fn(x, **kw), torch.randn(2, 8, 7, 7))
 
 
 def test_group_norm_bf16_autocast() -> None:
