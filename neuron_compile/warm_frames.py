@@ -86,11 +86,15 @@ def loaded_graphs() -> list[str]:
 
 @contextlib.contextmanager
 def _precompile_scope() -> Iterator[None]:
-    """torch's caching precompile switched on, for one neuron ``torch.compile`` (its frames, its package)."""
+    """torch's caching precompile switched on, for one neuron ``torch.compile`` (its frames, its package).
+
+    Module hooks are guarded too (``skip_nnmodule_hook_guards`` off; by default Dynamo assumes the hooks it saw
+    never change): a frame compiled without a forward hook must not be loaded by a process that registered one
+    before compiling, where a fresh trace would run it."""
     depth = getattr(_scope, "depth", 0)
     _scope.depth = depth + 1
     try:
-        with torch._dynamo.config.patch(caching_precompile=True):
+        with torch._dynamo.config.patch(caching_precompile=True, skip_nnmodule_hook_guards=False):
             yield
     finally:
         _scope.depth = depth

@@ -92,6 +92,15 @@ class UsesGelu(torch.nn.Module):
         return F.gelu(x) * 2
 
 
+class Hooked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
 class Mode:
     pass
 
@@ -168,6 +177,13 @@ def main():
             model.gate = False
         changed.append(check("module flag changed", c, model, x))
 
+    model = Hooked()
+    c = compiled(model)
+    with torch.no_grad():
+        base.append(check("module hooks", c, model, x))
+        model.lin.register_forward_hook(lambda m, i, o: o * 10 if warm else o + 1)  # replaces lin's output
+        changed.append(check("forward hook registered", c, model, x))
+
     obj = Base()
     base.append(check("class", compiled(obj), obj, x))
     if warm:
@@ -214,7 +230,8 @@ def _kinds(root: Path) -> list[str]:
 
 def test_warm_frames_adversarial_cases_match_eager(tmp_path: Path) -> None:
     """Default settings: a rebound global function (to another function, to a lambda), a rebound global
-    constant, tensor and aliased object, a closure over another int or function, a module flag and ``train()``, another
+    constant, tensor and aliased object, a closure over another int or function, a module flag and ``train()``, a
+    forward hook registered after the first call (Dynamo skips hook guards by default), another
     class sharing the compiled ``forward``, a monkeypatched ``F.gelu`` (to another builtin), an input
     that requires grad, another shape and dtype: all equal to eager, in the compiling process and in a
     warm one that loaded every package (0 frames traced) and retraced exactly the changed cases."""
@@ -223,7 +240,7 @@ def test_warm_frames_adversarial_cases_match_eager(tmp_path: Path) -> None:
     assert [c for c in cold["base"] + cold["changed"] if not c["ok"]] == []
     assert cold["tensor_rebound"]["ok"] and [c["ok"] for c in cold["aliasing"]] == [True, True]
     assert all(c["traced"] == 1 for c in cold["base"] + cold["changed"]), cold  # every change recompiled
-    assert _kinds(root).count("dynamo-frame") == 10  # one package per compiled function
+    assert _kinds(root).count("dynamo-frame") == 11  # one package per compiled function
 
     warm = _phase(tmp_path, root, "warm")
     assert [c for c in warm["base"] + warm["changed"] if not c["ok"]] == []
