@@ -114,7 +114,49 @@ def trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: lis
     return torch.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3)
 
 
+def _pairs(n: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows i < j of pdist's upper triangle, in its order (a graph constant after folding)."""
+    ij = torch.triu_indices(n, n, 1, device=device)
+    return ij[0], ij[1]
+
+
+def pdist_forward(a: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """_pdist_forward: the p-norm of every row pair's difference (i < j, row-major), as eager computes it (direct
+    differences, not the Gram-matrix shortcut that cancels for close points)."""
+    n = a.shape[0]
+    if n < 2:
+        return a.new_zeros(0)
+    i, j = _pairs(n, a.device)
+    return torch.linalg.vector_norm(a.index_select(0, i) - a.index_select(0, j), p, -1)
+
+
+def pdist_backward(grad: torch.Tensor, a: torch.Tensor, p: float, dist: torch.Tensor) -> torch.Tensor:
+    """_pdist_backward with eager's per-p formulas (CPU DistanceOpsKernel): each pair's gradient added to row i and
+    subtracted from row j."""
+    n = a.shape[0]
+    if n < 2 or p == 0:
+        return torch.zeros_like(a)
+    i, j = _pairs(n, a.device)
+    diff = a.index_select(0, i) - a.index_select(0, j)
+    g, d = grad.unsqueeze(-1), dist.unsqueeze(-1)
+    zero = torch.zeros_like(diff)
+    if p == 1:
+        pair = torch.sign(diff) * g
+    elif p == 2:
+        pair = torch.where(d == 0, zero, g * diff / d)
+    elif p == float("inf"):
+        pair = g * torch.sign(diff) * (diff.abs() == d)
+    elif p < 2:
+        keep = (d != 0) & ~((diff == 0) & (p < 1))
+        pair = torch.where(keep, torch.sign(diff) * diff.abs().pow(p - 1) * g / d.pow(p - 1), zero)
+    else:
+        pair = torch.where(d == 0, zero, diff * diff.abs().pow(p - 2) * g / d.pow(p - 1))
+    return torch.zeros_like(a).index_add(0, i, pair).index_add(0, j, -pair)
+
+
 NN: dict[Any, Any] = {
+    aten._pdist_forward.default: pdist_forward,
+    aten._pdist_backward.default: pdist_backward,
     aten._trilinear.default: trilinear,
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,

@@ -272,3 +272,56 @@ def _resolve(gm: fx.GraphModule, target: str) -> Any:
     for part in target.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+_FOLD_LIMIT = 1 << 22  # elements: a larger constant is better computed on the device
+
+
+def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
+    """Ops of Python scalars only (no tensor input) that no lowering rule handles, as graph constants: their value
+    depends on the compile-time sizes alone (``tril_indices(n, n)``, window functions). Random ops and
+    uninitialized memory are left alone, and so is anything over ``_FOLD_LIMIT`` elements. Returns ``gm``
+    (changed in place)."""
+    from neuron_compile.lowering.registry import lookup
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or lookup(op) is not None:
+            continue
+        if torch.Tag.nondeterministic_seeded in op.tags or op._schema.name.startswith("aten::empty"):
+            continue
+        flat = [*node.args, *node.kwargs.values()]
+        if any(isinstance(a, fx.Node) for a in _leaves(flat)):
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.numel() > _FOLD_LIMIT:
+            continue
+        kwargs = {**node.kwargs, "device": torch.device("cpu")} if "device" in node.kwargs else node.kwargs
+        try:
+            with unset_fake_temporarily():  # AOTAutograd partitions under its FakeTensorMode: compute a real value
+                value = op(*node.args, **kwargs)
+        except Exception as e:  # leave it for the refusal, which names the op
+            log.debug("%s: not folded (%s)", node.name, e)
+            continue
+        name = f"_folded_{node.name}"
+        gm.register_buffer(name, value, persistent=False)
+        with gm.graph.inserting_before(node):
+            const = gm.graph.get_attr(name)
+        const.meta = dict(node.meta)
+        node.replace_all_uses_with(const)
+        gm.graph.erase_node(node)
+        changed = True
+        log.debug("%s (%s) folded into a graph constant", node.name, op)
+    if changed:
+        gm.recompile()
+    return gm
+
+
+def _leaves(a: Any) -> list[Any]:
+    if isinstance(a, (list, tuple)):
+        return [x for e in a for x in _leaves(e)]
+    if isinstance(a, dict):
+        return [x for e in a.values() for x in _leaves(e)]
+    return [a]

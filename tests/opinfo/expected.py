@@ -25,11 +25,9 @@ _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
 _LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
-_PDIST = "pdist (the upper triangle of a pairwise distance matrix): no lowering rule"
 _NONZERO = "nonzero_static: no lowering rule"
 _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 _BESSEL = "Bessel J/Y/K and Airy functions: no accurate fp32 evaluation written yet (I0/I1 and spherical j0 are lowered)"
-_INDICES = "tril_indices / triu_indices (index lists computed from scalar sizes): no lowering rule"
 
 EXPECTED_REFUSED: dict[str, str] = {
     "bitwise_left_shift": _BITWISE,
@@ -50,7 +48,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "igammac": _IGAMMA,
     "nn.functional.linear_cross_entropy.chunked": _LCE,
     "nn.functional.linear_cross_entropy.chunked_none": _LCE,
-    "nn.functional.pdist": _PDIST,
     "nonzero_static": _NONZERO,
     "norm.nuc": _SVD,
     "special.airy_ai": _BESSEL,
@@ -62,8 +59,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "special.modified_bessel_k1": _BESSEL,
     "special.scaled_modified_bessel_k0": _BESSEL,
     "special.scaled_modified_bessel_k1": _BESSEL,
-    "tril_indices": _INDICES,
-    "triu_indices": _INDICES,
 }
 
 

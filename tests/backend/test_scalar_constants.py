@@ -1,0 +1,86 @@
+"""Ops of Python scalars only folded into graph constants (lowering/graph_passes.fold_scalar_ops), and pdist.
+
+``tril_indices`` / ``triu_indices`` and the window functions depend on compile-time sizes alone: computed once at
+compile time, they are graph constants (in inference, forward and backward graphs alike). Random ops are not
+folded (refused by name). ``pdist`` gathers its row pairs with such a constant and follows eager's per-p formulas
+in its backward (zero distances, ties of the inf-norm, p < 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cnn_helpers import unsupported
+
+
+def _same(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> None:
+    got = torch.compile(fn, backend="neuron", dynamic=False)(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,cols,offset", [(6, 6, 0), (6, 6, -1), (5, 7, 2), (7, 4, -3), (3, 3, 5)])
+def test_tril_and_triu_indices_equal_eager(rows: int, cols: int, offset: int) -> None:
+    x = torch.randn(rows, cols)
+    _same(lambda x: x[tuple(torch.tril_indices(rows, cols, offset))], x)
+    _same(lambda x: torch.triu_indices(rows, cols, offset) + x.sum().long() * 0, x)
+    _same(lambda: torch.tril_indices(rows, cols, offset))  # a graph of the constant alone
+
+
+def test_triu_indices_in_a_training_graph() -> None:
+    """DLRM's pairwise interactions: the upper triangle of a Gram matrix, differentiated."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        gram = x @ x.transpose(1, 2)
+        i, j = torch.triu_indices(5, 5, 1)
+        return gram[:, i, j]
+
+    x = torch.randn(3, 5, 4)
+    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = torch.compile(fn, backend="neuron", dynamic=False)(got_x)
+    want = fn(want_x)
+    torch.testing.assert_close(got, want)
+    grad = torch.randn_like(want)
+    got.backward(grad)
+    want.backward(grad)
+    torch.testing.assert_close(got_x.grad, want_x.grad)
+
+
+@pytest.mark.parametrize("window", [torch.hann_window, torch.hamming_window, torch.blackman_window,
+                                    torch.kaiser_window, torch.bartlett_window])
+def test_window_functions(window: Callable[..., torch.Tensor]) -> None:
+    _same(lambda x: x * window(16), torch.randn(3, 16))
+
+
+def test_random_ops_are_not_folded() -> None:
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: x[torch.randperm(8)], backend="neuron")(torch.randn(8))
+    assert "aten.randperm.default(8): no lowering rule" in str(unsupported(info.value))
+
+
+def _rows() -> torch.Tensor:
+    a = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    a[3] = a[1]  # a zero distance
+    a[5, 2] = a[4, 2]  # an equal coordinate (p < 1, inf-norm ties)
+    a[6] = a[2] + 0.5  # every coordinate tied for the inf-norm
+    return a
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_pdist_forward_and_backward_match_eager(p: float) -> None:
+    a = _rows()
+    got_a, want_a = a.clone().requires_grad_(), a.clone().requires_grad_()
+    got = torch.compile(lambda x: F.pdist(x, p), backend="neuron", dynamic=False)(got_a)
+    want = F.pdist(want_a, p)
+    torch.testing.assert_close(got, want)
+    grad = torch.randn_like(want)
+    got.backward(grad)
+    want.backward(grad)
+    torch.testing.assert_close(got_a.grad, want_a.grad)
+
+
+def test_pdist_of_one_row_is_empty() -> None:
+    _same(lambda x: F.pdist(x), torch.randn(1, 4))
