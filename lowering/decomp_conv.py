@@ -171,8 +171,8 @@ def interpolate(input: torch.Tensor, size: Any = None, scale_factor: Any = None,
     return _resample(input, in_hw, osize, _INTERP_MODES[mode], bool(align_corners), scales, False)
 
 
-def _upsample(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-              align_corners: bool | None = None) -> torch.Tensor:
+def _upsample_call(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                   align_corners: bool | None = None) -> torch.Tensor:
     return interpolate(input, size, scale_factor, mode, align_corners)
 
 
@@ -184,7 +184,7 @@ def _upsample_bilinear(input: torch.Tensor, size: Any = None, scale_factor: Any 
     return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
 
 
-_INTERP_CALLS = {torch.nn.functional.interpolate: interpolate, torch.nn.functional.upsample: _upsample,
+_INTERP_CALLS = {torch.nn.functional.interpolate: interpolate, torch.nn.functional.upsample: _upsample_call,
                  torch.nn.functional.upsample_nearest: _upsample_nearest,
                  torch.nn.functional.upsample_bilinear: _upsample_bilinear}
 
@@ -293,10 +293,27 @@ def _vec_sizes(x: torch.Tensor, output_size: Any, scale_factors: Any) -> tuple[l
             [float(s) for s in scale_factors])
 
 
+def _aa_declined(in_hw: list[int], out_hw: list[int]) -> bool:
+    """Antialiased resampling to one column while the height changes: eager's CPU kernel repeats its first output
+    row down the column (torch 2.13; its backward is the true transpose), so no result can match it."""
+    return int(out_hw[-1]) == 1 and int(out_hw[0]) != int(in_hw[0])
+
+
+def _aa_reason(node: torch.fx.Node) -> str | None:
+    x = node.args[0].meta.get("val")
+    if isinstance(x, torch.Tensor) and _aa_declined(list(x.shape[2:]), list(node.args[1])):
+        return ("antialiased resampling to an output width of 1 while the height changes: eager's CPU kernel "
+                "repeats the first output row there, so a compiled result would differ from it; resample the "
+                "height first (to [H_out, W_in]), then the width")
+    return None
+
+
 def _upsample(mode: str, ac: bool | None) -> dict[str, Callable[..., Any]]:
     """Forward (.default / .vec) and backward decompositions of one upsample mode (ac None: no align_corners arg)."""
 
     def default(x: torch.Tensor, output_size: Any, *rest: Any) -> torch.Tensor:
+        if mode.endswith("_aa") and _aa_declined(list(x.shape[2:]), list(output_size)):
+            return NotImplemented
         align, scales = (False, list(rest)) if ac is None else (bool(rest[0]), list(rest[1:]))
         nsp = x.dim() - 2
         scales = (scales + [None] * nsp)[:nsp]
@@ -442,6 +459,9 @@ def _replication_pad_backward(go: torch.Tensor, x: torch.Tensor, padding: Any) -
 
 
 def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
+    from neuron_compile.lowering.registry import register_declined
+
+    register_declined(_aa_reason, aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default)
     table: dict[Any, Callable[..., Any]] = {
         aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
         aten._adaptive_avg_pool2d_backward.default: _batched(2, _adaptive_avg_pool_backward),
@@ -463,6 +483,8 @@ def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
             ("bilinear", True, aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward),
             ("bilinear", True, aten.upsample_linear1d, aten.upsample_linear1d_backward),
             ("bicubic", True, aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward),
+            ("bilinear_aa", True, aten._upsample_bilinear2d_aa, aten._upsample_bilinear2d_aa_backward),
+            ("bicubic_aa", True, aten._upsample_bicubic2d_aa, aten._upsample_bicubic2d_aa_backward),
             ("nearest", None, aten.upsample_nearest3d, aten.upsample_nearest3d_backward),
             ("nearest-exact", None, aten._upsample_nearest_exact3d, aten._upsample_nearest_exact3d_backward),
             ("bilinear", True, aten.upsample_trilinear3d, aten.upsample_trilinear3d_backward)):

@@ -118,6 +118,16 @@ def rules() -> dict[OpOverload, LoweringRule]:
     return dict(_RULES)
 
 
+_DECLINED: dict[Any, Callable[[torch.fx.Node], str | None]] = {}
+
+
+def register_declined(why: Callable[[torch.fx.Node], str | None], *ops: Any) -> None:
+    """Why a decomposition left ``ops`` in the graph (a case it declines): the refusal says so instead of
+    "no lowering rule"."""
+    for op in ops:
+        _DECLINED[op] = why
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ``node`` lowers; otherwise a short reason (no rule, or the rule's own check).
 
@@ -129,7 +139,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return None if lookup(producer.target) is not None else "item of an unsupported op"
     rule = lookup(node.target)
     if rule is None:
-        return "no lowering rule"
+        why = _DECLINED.get(node.target)
+        return (why(node) if why is not None else None) or "no lowering rule"
     if rule.check is not None:
         return rule.check(node)
     return None

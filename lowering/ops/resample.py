@@ -55,6 +55,10 @@ def _eager_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: 
         y = aten.upsample_bilinear2d.default(basis, [out_n, 1], align_corners, scale, None)
     elif mode == "bicubic":
         y = aten.upsample_bicubic2d.default(basis, [out_n, 1], align_corners, scale, None)
+    elif mode in ("bilinear_aa", "bicubic_aa"):  # antialiased (PIL-style, separable): the other dim 2 -> 2 is an
+        # identity (eager's antialiased kernels mishandle a 1 -> 1 dim, so the basis is two columns wide)
+        op = aten._upsample_bilinear2d_aa if mode == "bilinear_aa" else aten._upsample_bicubic2d_aa
+        y = op.default(basis.expand(1, in_n, in_n, 2).contiguous(), [out_n, 2], align_corners, scale, None)[..., :1]
     elif mode == "adaptive_avg":
         y = aten._adaptive_avg_pool2d.default(basis, [out_n, 1])
     elif mode == "identity":

@@ -4,7 +4,7 @@ Forward and backward through ``torch.compile(backend="neuron")`` on the simulato
 stride, dilation, ceil_mode, return_indices, ties, NaN and -inf inputs, 1-D), average pooling
 (count_include_pad, divisor_override, ceil_mode, 1-D), adaptive max and average pooling (1-D/2-D, non-divisible
 sizes), interpolate in every separable mode (nearest, nearest-exact, (bi)linear with align_corners both ways,
-bicubic; size or scale_factor), group_norm, bf16 autocast, 3-D average pooling (one trivial dim, or
+bicubic; size or scale_factor; antialiased bilinear/bicubic), group_norm, bf16 autocast, 3-D average pooling (one trivial dim, or
 two 2-D passes; LocalResponseNorm and lp_pool3d use it), replication padding
 (its backward sums the edge gradients). 3-D max pooling: ``test_conv3d.py``.
 """
@@ -166,6 +166,32 @@ KERNEL_LONGER_THAN_INPUT = [
 def test_pool_kernel_longer_than_the_padded_input(fn: Callable[..., torch.Tensor], kw: dict[str, Any]) -> None:
     """Windows cut at the padded input's end: the kernel is cut to the taps that reach it (it once did not fit SBUF)."""
     H.check_grads(lambda x: fn(x, **kw), torch.randn(2, 8, 7, 7))
+
+
+ANTIALIAS = [
+    dict(size=(7, 5), mode="bilinear"),
+    dict(size=(31, 40), mode="bilinear"),
+    dict(size=(9, 6), mode="bicubic", align_corners=True),
+    dict(scale_factor=0.37, mode="bilinear"),
+    dict(scale_factor=(0.5, 1.7), mode="bicubic"),
+    dict(size=(20, 1), mode="bilinear"),  # one column, the height unchanged
+]
+
+
+@pytest.mark.parametrize("kw", ANTIALIAS, ids=str)
+def test_antialiased_interpolate_matches_eager(kw: dict[str, Any]) -> None:
+    """torchvision-style ``antialias=True`` resizing: eager's own separable weights, forward and backward."""
+    H.check_grads(lambda x: F.interpolate(x, antialias=True, **kw), torch.randn(2, 3, 20, 17))
+
+
+def test_antialiased_resize_to_one_column_is_refused_by_name() -> None:
+    """torch 2.13's CPU kernel repeats the first output row when the width goes to 1 and the height changes."""
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: F.interpolate(x, size=(7, 1), mode="bilinear", antialias=True),
+                      backend="neuron")(torch.randn(2, 3, 20, 4))
+    msg = str(H.unsupported(info.value))
+    assert "aten._upsample_bilinear2d_aa.default(float32[2, 3, 20, 4], [7, 1], False)" in msg, msg
+    assert "eager's CPU kernel repeats the first output row there" in msg, msg
 
 
 def test_group_norm_bf16_autocast() -> None:

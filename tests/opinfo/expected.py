@@ -17,7 +17,6 @@ _BNUPD = (
     "_batch_norm_with_update called directly (F.batch_norm in training lowers through its functional form)"
 )
 _SEGMENT = "segment_reduce (ragged segments given by data): no lowering rule"
-_AA = "antialiased bilinear resampling: no lowering rule"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
 _3D = "3-D grid sampling (trilinear gathers at data-dependent positions): no lowering rule (3-D convolution and pooling run as 2-D kernels)"
@@ -35,7 +34,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "_batch_norm_with_update": _BNUPD,
     "_segment_reduce.lengths": _SEGMENT,
     "_segment_reduce.offsets": _SEGMENT,
-    "_upsample_bilinear2d_aa": _AA,
     "frexp": _BITS,
     "nextafter": _BITS,
     "gcd": _GCD,
