@@ -154,7 +154,20 @@ def pdist_backward(grad: torch.Tensor, a: torch.Tensor, p: float, dist: torch.Te
     return torch.zeros_like(a).index_add(0, i, pair).index_add(0, j, -pair)
 
 
+def weight_norm_interface_backward(grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, norms: torch.Tensor,
+                                   dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """_weight_norm_interface_backward (``w = v * g / ||v||``, the norm over every dim but ``dim``): grad_g is
+    ``<grad_w, v> / ||v||`` and grad_v ``(g / ||v||) (grad_w - v grad_g / ||v||)``, accumulated in fp32."""
+    acc = torch.float32 if v.dtype in (torch.bfloat16, torch.float16) else v.dtype
+    gw, vv, gg, nn_ = grad_w.to(acc), v.to(acc), g.to(acc), norms.to(acc)
+    dims = [i for i in range(v.dim()) if i != dim % v.dim()] if dim != -1 else list(range(v.dim()))
+    grad_g = (gw * vv).sum(dims, keepdim=True) / nn_
+    grad_v = (gg / nn_) * (gw - vv * (grad_g / nn_))
+    return grad_v.to(v.dtype), grad_g.reshape(g.shape).to(g.dtype)
+
+
 NN: dict[Any, Any] = {
+    aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
     aten._pdist_forward.default: pdist_forward,
     aten._pdist_backward.default: pdist_backward,
     aten._trilinear.default: trilinear,

@@ -229,3 +229,24 @@ def test_op_inside_torch_module_is_located_by_its_module():
     assert "UnsupportedOpError" in msg, msg
     assert "aten.fractional_max_pool3d" in msg and "module fn (torch.nn.modules.pooling.FractionalMaxPool3d" in msg, msg
     assert "<unknown source line>" not in msg
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(8, 8, 5, padding=2, groups=2), dim=2),
+     (2, 8, 12)),  # wav2vec2 / HuBERT's positional convolution
+    (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(6, 5)), (3, 6)),
+    (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(6, 5), dim=None), (3, 6)),
+], ids=["conv1d_dim2", "linear_dim0", "linear_whole"])
+def test_weight_norm_training_matches_eager(make, shape):
+    """``_weight_norm_interface_backward`` (no PyTorch decomposition) as reductions and elementwise ops."""
+    torch.manual_seed(0)
+    mod, ref = make(), make()
+    ref.load_state_dict(mod.state_dict())
+    x = torch.randn(*shape)
+    out, expected = _compile(mod)(x), ref(x)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    for (name, p), q in zip(mod.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
