@@ -48,6 +48,7 @@ import importlib
 import itertools
 import logging
 import os
+import pickle
 import re
 import struct
 import sys
@@ -614,6 +615,9 @@ def _keep_installed_modules(manager: Any, guards: list[Any], output_graph: Any) 
             package.add_import_source(name, value.__name__)
 
 
+_UNPICKLABLE = (RuntimeError, pickle.PicklingError, AttributeError, NotImplementedError)
+
+
 def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], output_graph: Any) -> bytes:
     try:
         portable = portable_guards(guards, builder)
@@ -625,6 +629,9 @@ def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], ou
             local = re.match(r"Type (<class '[^']*'>)", str(exc))
             raise Unfingerprintable(f"a guard on a {local.group(1) if local else 'value'} can't be saved: "
                                     f"{'its class is defined in local scope' if local else exc}") from exc
+        except _UNPICKLABLE as exc:  # e.g. a module with parametrizations (weight_norm) refuses to be pickled
+            raise Unfingerprintable(f"the guards' state can't be saved ({type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
     except Unfingerprintable as exc:
         # torch's own way out (raising PackageError) ends in an AssertionError in convert_frame when the
         # guards state is None; bypassing the package entry and returning bytes that are never stored does not.
@@ -637,7 +644,7 @@ def _serialize(serialize: Any, manager: Any, builder: Any, guards: list[Any], ou
             raise torch._dynamo.exc.PackageError(f"neuron: {exc}") from exc
         try:
             return serialize(manager, builder, [g for g in guards if not _is_identity(g)], output_graph)
-        except TypeError:  # a local class again: the entry is bypassed, so these bytes are never read or stored
+        except (TypeError, *_UNPICKLABLE):  # again: the entry is bypassed, so these bytes are never read or stored
             return b""
 
 
