@@ -156,6 +156,20 @@ def _cdist(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: Any = Non
     return aten.linalg_vector_norm.default(d, p, [-1])
 
 
+def _repeat(x: torch.Tensor, repeats: Any) -> torch.Tensor:
+    """aten.repeat, contiguous as eager's result always is (PyTorch's decomposition keeps the input's layout, and a
+    later ``view`` of a permuted input's repeat then fails to trace: WavLM's position bias)."""
+    repeats = [int(r) for r in repeats]
+    t = x
+    for _ in range(len(repeats) - x.dim()):
+        t = t.unsqueeze(0)
+    for i in range(len(repeats)):
+        t = t.unsqueeze(2 * i)  # [1, s0, 1, s1, ...]
+    sizes = [n for r, s in zip(repeats, t.shape[1::2], strict=True) for n in (r, s)]
+    out = t.expand(sizes).reshape([r * s for r, s in zip(repeats, sizes[1::2], strict=True)])
+    return aten.clone.default(out, memory_format=torch.contiguous_format)  # a view of the expand when it can be
+
+
 def _diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
     """diagonal_scatter: the two dims moved last, their diagonal written by an index_put, moved back."""
     d1, d2 = dim1 % x.dim(), dim2 % x.dim()
@@ -199,6 +213,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.new_empty_strided.default: _new_empty,
     aten.empty_like.default: _empty_like,
     aten.diagonal_scatter.default: _diagonal_scatter,
+    aten.repeat.default: _repeat,
     aten.addbmm.default: _addbmm,
     aten.copy.default: _copy,
     aten.max.default: _max_all,

@@ -250,3 +250,17 @@ def test_weight_norm_training_matches_eager(make, shape):
     expected.backward(grad)
     for (name, p), q in zip(mod.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+@pytest.mark.parametrize("fn,shape", [
+    (lambda x: (x * 2).permute(0, 1, 3, 2).repeat(1, 4, 1, 1).view(8, 5, 5), (2, 1, 5, 5)),  # WavLM's bias
+    (lambda x: x.t().repeat(2, 1, 3), (4, 5)),
+    (lambda x: x.repeat(3, 2), ()),
+    (lambda x: x.repeat(0, 2), (3, 2)),
+], ids=["permuted_then_view", "transposed_more_dims", "zero_dim", "zero_repeat"])
+def test_repeat_is_contiguous_like_eager(fn, shape):
+    """Eager's repeat always returns a contiguous tensor; PyTorch's decomposition kept a permuted input's layout
+    (or a view of an expand), and a later ``view`` failed to trace."""
+    x = torch.randn(shape)
+    got, want = _compile(fn)(x), fn(x)
+    assert torch.equal(got, want) and got.stride() == want.stride()
