@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from cnn_helpers import unsupported
+from cnn_helpers import check_grads, unsupported
 
 X = torch.arange(24.0).reshape(4, 6) * 0.5 - 3
 S = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
@@ -39,14 +39,7 @@ def _grad_check(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
     """Compiled forward and input gradient vs eager; returns the ops of the compiled graphs."""
     from neuron_compile import backend as B
 
-    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
-    got = torch.compile(fn, backend="neuron", dynamic=False)(got_x)
-    want = fn(want_x)
-    torch.testing.assert_close(got, want)
-    grad = torch.randn_like(want)
-    got.backward(grad)
-    want.backward(grad)
-    torch.testing.assert_close(got_x.grad, want_x.grad)
+    check_grads(fn, x)
     return [op for g in B.compiled_graphs() for op in g["plan"].summary["ops"]]
 
 

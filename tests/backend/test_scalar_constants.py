@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from cnn_helpers import unsupported
+from cnn_helpers import check_grads, unsupported
 
 
 def _same(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> None:
@@ -38,15 +38,7 @@ def test_triu_indices_in_a_training_graph() -> None:
         i, j = torch.triu_indices(5, 5, 1)
         return gram[:, i, j]
 
-    x = torch.randn(3, 5, 4)
-    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
-    got = torch.compile(fn, backend="neuron", dynamic=False)(got_x)
-    want = fn(want_x)
-    torch.testing.assert_close(got, want)
-    grad = torch.randn_like(want)
-    got.backward(grad)
-    want.backward(grad)
-    torch.testing.assert_close(got_x.grad, want_x.grad)
+    check_grads(fn, torch.randn(3, 5, 4))
 
 
 @pytest.mark.parametrize("window", [torch.hann_window, torch.hamming_window, torch.blackman_window,
@@ -71,15 +63,7 @@ def _rows() -> torch.Tensor:
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
 def test_pdist_forward_and_backward_match_eager(p: float) -> None:
-    a = _rows()
-    got_a, want_a = a.clone().requires_grad_(), a.clone().requires_grad_()
-    got = torch.compile(lambda x: F.pdist(x, p), backend="neuron", dynamic=False)(got_a)
-    want = F.pdist(want_a, p)
-    torch.testing.assert_close(got, want)
-    grad = torch.randn_like(want)
-    got.backward(grad)
-    want.backward(grad)
-    torch.testing.assert_close(got_a.grad, want_a.grad)
+    check_grads(lambda x: F.pdist(x, p), _rows())
 
 
 def test_pdist_of_one_row_is_empty() -> None:
