@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from neuron_compile.lowering.registry import register_declined
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -250,11 +251,17 @@ def _adaptive_max_gathered(x: torch.Tensor, out: list[int]) -> tuple[torch.Tenso
     return values, indices
 
 
+def _scatter_back(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, nsp: int) -> torch.Tensor:
+    """Each output gradient added at its input position (``indices`` flat over the ``nsp`` spatial dims)."""
+    lead = x.dim() - nsp
+    flat = go.new_zeros(*x.shape[:lead], x.shape[lead:].numel())
+    return flat.scatter_add(-1, indices.flatten(lead), go.flatten(lead)).view(x.shape)
+
+
 def _adaptive_max_pool2d_backward(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> Any:
     k = _adaptive_windows(x, go.shape[-2:])
     if k is None:  # each output's gradient added at its max's input position
-        flat = go.new_zeros(*x.shape[:-2], x.shape[-2] * x.shape[-1])
-        return flat.scatter_add(-1, indices.flatten(-2), go.flatten(-2)).view(x.shape)
+        return _scatter_back(go, x, indices, 2)
     return _max_pool2d_with_indices_backward(go, x, k, k, [0, 0], [1, 1], False, indices)
 
 
@@ -306,6 +313,9 @@ def _aa_reason(node: torch.fx.Node) -> str | None:
                 "repeats the first output row there, so a compiled result would differ from it; resample the "
                 "height first (to [H_out, W_in]), then the width")
     return None
+
+
+register_declined(_aa_reason, aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default)
 
 
 def _upsample(mode: str, ac: bool | None) -> dict[str, Callable[..., Any]]:
@@ -459,9 +469,6 @@ def _replication_pad_backward(go: torch.Tensor, x: torch.Tensor, padding: Any) -
 
 
 def _resample_decompositions() -> dict[Any, Callable[..., Any]]:
-    from neuron_compile.lowering.registry import register_declined
-
-    register_declined(_aa_reason, aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default)
     table: dict[Any, Callable[..., Any]] = {
         aten._adaptive_avg_pool2d.default: _batched(2, _adaptive_avg_pool),
         aten._adaptive_avg_pool2d_backward.default: _batched(2, _adaptive_avg_pool_backward),

@@ -23,15 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from neuron_compile.lowering.decomp_conv import _adaptive_window_rows
+from neuron_compile.lowering.decomp_conv import _adaptive_window_rows, _scatter_back, _triple
 
 aten = torch.ops.aten
-
-
-def _three(v: Any, default: list[int]) -> list[int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    v = v or default
-    return [int(e) for e in (v * 3 if len(v) == 1 else v)]
 
 
 def _depth_taps(x: torch.Tensor, out_d: int, k: int, s: int, p: int, d: int) -> torch.Tensor:
@@ -110,9 +104,9 @@ def _convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, st
     """aten.convolution: 3-D ones as 2-D kernels; 1-D and 2-D stay for their own lowering rule."""
     if x.dim() != 5 or not x.dtype.is_floating_point or w.dim() != 5:
         return NotImplemented
-    st, pad, dil = _three(stride, [1]), _three(padding, [0]), _three(dilation, [1])
+    st, pad, dil = _triple(stride, [1, 1, 1]), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
     if transposed:
-        return _conv_transpose3d(x, w, bias, st, pad, dil, _three(output_padding, [0]), groups)
+        return _conv_transpose3d(x, w, bias, st, pad, dil, _triple(output_padding, [0, 0, 0]), groups)
     return _conv3d(x, w, bias, st, pad, dil, groups)
 
 
@@ -132,7 +126,7 @@ def _conv3d_weight_grad(x: torch.Tensor, go: torch.Tensor, weight_size: list[int
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: Any,
                           padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
                           output_mask: list[bool]) -> Any:
-    st, pad, dil = _three(stride, [1]), _three(padding, [0]), _three(dilation, [1])
+    st, pad, dil = _triple(stride, [1, 1, 1]), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
@@ -189,8 +183,8 @@ def _max_pool3d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = ()
         return v.squeeze(0), i.squeeze(0)
     if x.dim() != 5 or not x.dtype.is_floating_point:
         return NotImplemented
-    ks = _three(kernel_size, [1])
-    st, pad, dil = _three(stride, ks), _three(padding, [0]), _three(dilation, [1])
+    ks = _triple(kernel_size, [1, 1, 1])
+    st, pad, dil = _triple(stride, ks), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
     n, c, depth, h, w = x.shape
     v2, i2 = aten.max_pool2d_with_indices.default(x.reshape(n, c * depth, h, w), ks[1:], st[1:], pad[1:], dil[1:],
                                                   ceil_mode)
@@ -205,13 +199,6 @@ def _max_pool3d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = ()
     depth_of = flat.reshape(1, 1, out_d, ks[0], 1, 1).expand(n, c, out_d, ks[0], oh, ow)
     index = depth_of.gather(3, pick).squeeze(3) * (h * w) + ti.gather(3, pick).squeeze(3)
     return values, index
-
-
-def _scatter_back(go: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, nsp: int) -> torch.Tensor:
-    """Each output gradient added at its input position (``indices`` flat over the ``nsp`` spatial dims)."""
-    lead = x.dim() - nsp
-    flat = go.new_zeros(*x.shape[:lead], x.shape[lead:].numel())
-    return flat.scatter_add(-1, indices.flatten(lead), go.flatten(lead)).view(x.shape)
 
 
 def _max_pool3d_with_indices_backward(go: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any,

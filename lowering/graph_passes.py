@@ -284,6 +284,7 @@ def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
     (changed in place)."""
     from neuron_compile.lowering.registry import lookup
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._pytree import tree_leaves
 
     changed = False
     for node in list(gm.graph.nodes):
@@ -292,8 +293,7 @@ def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
             continue
         if torch.Tag.nondeterministic_seeded in op.tags or op._schema.name.startswith("aten::empty"):
             continue
-        flat = [*node.args, *node.kwargs.values()]
-        if any(isinstance(a, fx.Node) for a in _leaves(flat)):
+        if any(isinstance(a, fx.Node) for a in tree_leaves((node.args, node.kwargs))):
             continue
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.numel() > _FOLD_LIMIT:
@@ -317,11 +317,3 @@ def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
     if changed:
         gm.recompile()
     return gm
-
-
-def _leaves(a: Any) -> list[Any]:
-    if isinstance(a, (list, tuple)):
-        return [x for e in a for x in _leaves(e)]
-    if isinstance(a, dict):
-        return [x for e in a.values() for x in _leaves(e)]
-    return [a]

@@ -246,10 +246,15 @@ def lower_slice_scatter(gl, node: fx.Node) -> None:
     gl.emit_copy(f"k{kernel_index}_slice_scatter", pairs, [buf], ("aten.slice_scatter.default",))
 
 
+def _strided_window(node: fx.Node) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(size, stride, storage offset) of an as_strided_scatter's window."""
+    offset = node.args[4] if len(node.args) > 4 and node.args[4] is not None else 0
+    return tuple(int(s) for s in node.args[2]), tuple(int(s) for s in node.args[3]), int(offset)
+
+
 def _as_strided_scatter_check(node: fx.Node) -> str | None:
     base, src = node.args[0].meta.get("val"), node.args[1].meta.get("val")
-    size, stride = [int(s) for s in node.args[2]], [int(s) for s in node.args[3]]
-    offset = int(node.args[4]) if len(node.args) > 4 and node.args[4] is not None else 0
+    size, stride, offset = _strided_window(node)
     if not isinstance(base, torch.Tensor) or not isinstance(src, torch.Tensor):
         return "as_strided_scatter of non-tensor arguments"
     if not base.is_contiguous() or base.storage_offset() != 0:
@@ -276,8 +281,7 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
     """as_strided_scatter (an ``as_strided`` view's backward, as in Longformer): the input, then ``src`` over the
     strided window of the output's storage: two DMAs in order on one queue of one copy kernel."""
     base, src = gl.view_of(node.args[0]), gl.view_of(node.args[1])  # may emit copy kernels: the index is taken after
-    size, stride = tuple(int(s) for s in node.args[2]), tuple(int(s) for s in node.args[3])
-    offset = int(node.args[4]) if len(node.args) > 4 and node.args[4] is not None else 0
+    size, stride, offset = _strided_window(node)
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     pairs = [(base, out)]
