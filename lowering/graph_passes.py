@@ -278,8 +278,9 @@ _FOLD_LIMIT = 1 << 22  # elements: a larger constant is better computed on the d
 
 
 def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
-    """Ops of Python scalars only (no tensor input) that no lowering rule handles, as graph constants: their value
-    depends on the compile-time sizes alone (``tril_indices(n, n)``, window functions). Random ops and
+    """Ops of Python scalars only (no tensor input) that no lowering rule handles (or whose rule declines these
+    arguments), as graph constants: their value depends on the compile-time sizes alone (``tril_indices(n, n)``,
+    window functions, a fractional ``arange``). Random ops and
     uninitialized memory are left alone, and so is anything over ``_FOLD_LIMIT`` elements. Returns ``gm``
     (changed in place)."""
     from neuron_compile.lowering.registry import lookup
@@ -289,8 +290,11 @@ def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
     changed = False
     for node in list(gm.graph.nodes):
         op = node.target
-        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or lookup(op) is not None:
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
             continue
+        rule = lookup(op)
+        if rule is not None and (rule.check is None or rule.check(node) is None):
+            continue  # lowered on the device
         if torch.Tag.nondeterministic_seeded in op.tags or op._schema.name.startswith("aten::empty"):
             continue
         if any(isinstance(a, fx.Node) for a in tree_leaves((node.args, node.kwargs))):

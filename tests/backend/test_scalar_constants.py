@@ -68,3 +68,20 @@ def test_pdist_forward_and_backward_match_eager(p: float) -> None:
 
 def test_pdist_of_one_row_is_empty() -> None:
     _same(lambda x: F.pdist(x), torch.randn(1, 4))
+
+
+@pytest.mark.parametrize("start,end,step", [(0.0, -8.000001, -4.0), (0.5, 2.0, 0.1), (-1.0, 1.0, 0.3)])
+def test_fractional_arange_is_eager_values(start: float, end: float, step: float) -> None:
+    """The device's iota takes integer starts and steps; a fractional arange is eager's own values, folded (exact:
+    eager computes ``start + i * step`` in double before rounding, which an fp32 iota would not repeat)."""
+    got = torch.compile(lambda x: x + torch.arange(start, end, step), backend="neuron", dynamic=False)
+    n = torch.arange(start, end, step).numel()
+    x = torch.randn(n)
+    assert torch.equal(got(x), x + torch.arange(start, end, step))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, float("inf")])
+def test_cdist_of_points_with_no_coordinates_is_zero(p: float) -> None:
+    """Eager's distance between points of zero coordinates is 0 for every p (a vector norm of nothing would
+    refuse p = inf)."""
+    _same(lambda a, b: torch.cdist(a, b, p=p), torch.randn(2, 3, 0), torch.randn(2, 4, 0))
