@@ -64,6 +64,8 @@ def _compare(actual: Any, expected: Any, atol: float | None, rtol: float | None)
     if len(a_flat) != len(e_flat):
         return f"{len(a_flat)} outputs, eager has {len(e_flat)}"
     for a, e in zip(a_flat, e_flat, strict=True):
+        if (a is None) != (e is None):
+            return f"got {type(a).__name__}, eager gives {type(e).__name__}"
         if isinstance(e, torch.Tensor):
             if not isinstance(a, torch.Tensor):
                 return f"got {type(a).__name__}, eager gives a tensor"
@@ -79,7 +81,8 @@ def _compare(actual: Any, expected: Any, atol: float | None, rtol: float | None)
     return None
 
 
-def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict: bool = False) -> dict[str, Any]:
+def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict: bool = False,
+           grad: bool = False) -> dict[str, Any]:
     import warnings
 
     import torch
@@ -100,8 +103,11 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
     if dtype not in op.supported_dtypes("cpu"):
         result.update(status="n/a", detail=f"no {dtype_name} samples")
         return result
+    if grad and (not op.supports_autograd or not dtype.is_floating_point or op.name in NONDETERMINISTIC):
+        result.update(status="n/a", detail="no gradient")
+        return result
     try:
-        gen = op.sample_inputs("cpu", dtype, requires_grad=False)
+        gen = op.sample_inputs("cpu", dtype, requires_grad=grad)
         todo = []
         for s in gen:
             todo.append(s)
@@ -123,18 +129,24 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
 
             try:
                 torch.manual_seed(0)
-                expected = call(*[t.clone() for t in leaves])
+                eager_leaves = _fresh(leaves)
+                expected = call(*eager_leaves)
+                if grad:
+                    expected = (expected, _grads(expected, eager_leaves))
             except Exception:
-                continue  # eager itself rejects the sample
+                continue  # eager itself rejects the sample (or its backward)
             torch._dynamo.reset()
             # The sample's tensors reach the compiled function through its closure (Dynamo makes them graph
             # inputs), so tracing does not walk the pytree rebuild of the sample's structure.
-            inp, args, kwargs = rebuild(*[t.clone() for t in leaves])
+            ours = _fresh(leaves)
+            inp, args, kwargs = rebuild(*ours)
             compiled = torch.compile(lambda: op.op(inp, *args, **kwargs),  # noqa: B023 (called in this iteration)
                                      backend="neuron", dynamic=False)
             try:
                 torch.manual_seed(0)
                 actual = compiled()
+                if grad:
+                    actual = (actual, _grads(actual, ours))
             except (UnsupportedOpError, DynamicShapeError) as exc:
                 result.update(status="refused", detail=str(exc).splitlines()[1:2] or str(exc)[:200])
                 return result
@@ -156,9 +168,9 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
                 result["samples"] += 1
                 continue
             why = _compare(actual, expected, atol, rtol)
-            if why is not None and dtype in (torch.bfloat16, torch.float16) and not strict:
+            if why is not None and dtype in (torch.bfloat16, torch.float16) and not strict and not grad:
                 why = _rounding_only(call, leaves, actual, expected, why)
-            if why is not None and op.name in TIE_ORDER_UNSPECIFIED:
+            if why is not None and op.name in TIE_ORDER_UNSPECIFIED and not grad:
                 why = _tie_order_only(op.name, s, actual, expected, atol, rtol, why)
             if why is not None:
                 result.update(status="wrong", detail=why, sample=repr(s)[:300])
@@ -167,6 +179,26 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
     if result["samples"] == 0:
         result.update(status="n/a", detail="no sample eager accepts")
     return result
+
+
+def _fresh(leaves: list[Any]) -> list[Any]:
+    """Copies of a sample's tensors, leaves of their own autograd graph where the sample's require grad."""
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
+
+
+def _grads(outputs: Any, leaves: list[Any]) -> list[Any]:
+    """Gradients of ``outputs`` against seeded cotangents with respect to the sample's differentiable tensors
+    (None for a tensor the outputs do not depend on)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    outs = [o for o in tree_flatten(outputs)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+    wrt = [t for t in leaves if t.requires_grad]
+    if not outs or not wrt:
+        return []
+    gen = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
+    return list(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
 
 
 def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why: str) -> str | None:
@@ -255,7 +287,7 @@ NONDETERMINISTIC = {"bernoulli", "normal", "uniform", "rand_like", "randn_like",
                     "log_normal"}
 
 
-def _worker(args: tuple[tuple[str, str], int, str, bool]) -> dict[str, Any]:
+def _worker(args: tuple[tuple[str, str], int, str, bool, bool]) -> dict[str, Any]:
     try:
         return run_op(*args)
     except Exception as exc:  # the harness itself
@@ -271,6 +303,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", default="")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--strict", action="store_true", help="torch.testing.assert_close's default tolerances")
+    p.add_argument("--grad", action="store_true", help="also compare the gradients of every differentiable input")
     a = p.parse_args(argv)
     os.environ.setdefault("NEURON_COMPILE_CACHE", "0")
     from torch.testing._internal.common_methods_invocations import op_db
@@ -286,7 +319,7 @@ def main(argv: list[str]) -> int:
     ctx = mp.get_context("spawn")
     results = []
     with ctx.Pool(a.workers, maxtasksperchild=20) as pool:
-        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.strict),))) for t in todo]
+        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.strict, a.grad),))) for t in todo]
         for t, f in futs:
             try:
                 r = f.get(timeout=a.timeout)
