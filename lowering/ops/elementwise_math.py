@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import mathlib as m
+from neuron_compile.lowering import mathlib_bessel as mb
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
 from neuron_compile.lowering.registry import register_lowering
@@ -98,6 +99,32 @@ def lower_bessel_i(ctx: Any, node: fx.Node, x: Any) -> Any:
     order = 1 if node.target in (aten.special_i1.default, aten.special_i1e.default) else 0
     scaled = node.target in (aten.special_i0e.default, aten.special_i1e.default)
     return m.bessel_i(ctx.b, _tile(ctx.b, x), order, scaled)
+
+
+_BESSEL = {
+    aten.special_bessel_j0.default: lambda b, x: mb.bessel_j(b, x, 0),
+    aten.special_bessel_j1.default: lambda b, x: mb.bessel_j(b, x, 1),
+    aten.special_bessel_y0.default: lambda b, x: mb.bessel_y(b, x, 0),
+    aten.special_bessel_y1.default: lambda b, x: mb.bessel_y(b, x, 1),
+    aten.special_modified_bessel_k0.default: lambda b, x: mb.bessel_k(b, x, 0, False),
+    aten.special_modified_bessel_k1.default: lambda b, x: mb.bessel_k(b, x, 1, False),
+    aten.special_scaled_modified_bessel_k0.default: lambda b, x: mb.bessel_k(b, x, 0, True),
+    aten.special_scaled_modified_bessel_k1.default: lambda b, x: mb.bessel_k(b, x, 1, True),
+    aten.special_airy_ai.default: mb.airy_ai,
+}
+
+
+def _bessel_check(node: fx.Node) -> str | None:
+    d = dtype_of(node)
+    if d in (torch.bfloat16, torch.float16):  # eager raises NotImplementedError for these dtypes
+        return f"eager has no {str(d).removeprefix('torch.')} kernel for this function; cast the input to float32"
+    return _float_out(node)
+
+
+@register_lowering(*_BESSEL, family="elementwise", check=_bessel_check)
+def lower_bessel_jyk_airy(ctx: Any, node: fx.Node, x: Any) -> Any:
+    """aten.special_bessel_j0/j1/y0/y1, (scaled_)modified_bessel_k0/k1, airy_ai: Chebyshev expansions per range."""
+    return _BESSEL[node.target](ctx.b, _tile(ctx.b, x))
 
 
 @register_lowering(aten.polygamma.default, family="elementwise", check=_float_out)

@@ -26,7 +26,6 @@ _IGAMMA = "incomplete gamma functions: no lowering rule"
 _LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
 _NONZERO = "nonzero_static: no lowering rule"
 _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
-_BESSEL = "Bessel J/Y/K and Airy functions: no accurate fp32 evaluation written yet (I0/I1 and spherical j0 are lowered)"
 
 EXPECTED_REFUSED: dict[str, str] = {
     "bitwise_left_shift": _BITWISE,
@@ -48,15 +47,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "nn.functional.linear_cross_entropy.chunked_none": _LCE,
     "nonzero_static": _NONZERO,
     "norm.nuc": _SVD,
-    "special.airy_ai": _BESSEL,
-    "special.bessel_j0": _BESSEL,
-    "special.bessel_j1": _BESSEL,
-    "special.bessel_y0": _BESSEL,
-    "special.bessel_y1": _BESSEL,
-    "special.modified_bessel_k0": _BESSEL,
-    "special.modified_bessel_k1": _BESSEL,
-    "special.scaled_modified_bessel_k0": _BESSEL,
-    "special.scaled_modified_bessel_k1": _BESSEL,
 }
 
 
