@@ -522,6 +522,27 @@ def _native_group_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
     return out, aten.view.default(mean, [n, group]).to(x.dtype), aten.view.default(rstd, [n, group]).to(x.dtype)
 
 
+def crop_windows(gi: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The grad_input of a transposed convolution, a convolution back over grad_output, cut to the input's size:
+    with an output_padding of at least the stride it has more windows than the input has positions, and those
+    start past the input's last position."""
+    for d in range(2, x.dim()):
+        if gi.shape[d] > x.shape[d]:
+            gi = aten.slice.Tensor(gi, d, 0, x.shape[d])
+    return gi
+
+
+def pad_windows(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+                dilation: list[int]) -> torch.Tensor:
+    """The input of a transposed convolution, zero-padded at the end to every window the convolution back over
+    grad_output has (see :func:`crop_windows`; the added positions contribute nothing to the weight's gradient)."""
+    pads: list[int] = []
+    for i in reversed(range(x.dim() - 2)):
+        windows = (go.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1) // stride[i] + 1
+        pads += [0, max(windows - x.shape[2 + i], 0)]
+    return aten.constant_pad_nd.default(x, pads) if any(pads) else x
+
+
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                           groups: int, output_mask: list[bool]) -> Any:
@@ -539,7 +560,8 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
-            gi = aten.convolution.default(go, w, None, stride, padding, dilation, False, [0] * nsp, groups)
+            gi = crop_windows(aten.convolution.default(go, w, None, stride, padding, dilation, False, [0] * nsp,
+                                                       groups), x)
         else:
             # the output_padding that makes the transposed convolution come back to the input's size
             op = [x.shape[2 + i] - ((go.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
@@ -547,7 +569,8 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
             gi = aten.convolution.default(go, w, None, stride, padding, dilation, True, op, groups)
     if output_mask[1]:
         if transposed:  # y = conv_transpose(x, w) is the grad_input of x = conv(y, w): swap the roles
-            gw = CONV_WEIGHT_GRAD(go, x, list(w.shape), stride, padding, dilation, groups)
+            gw = CONV_WEIGHT_GRAD(go, pad_windows(go, x, w, stride, padding, dilation), list(w.shape), stride,
+                                  padding, dilation, groups)
         else:
             gw = CONV_WEIGHT_GRAD(x, go, list(w.shape), stride, padding, dilation, groups)
     if output_mask[2]:

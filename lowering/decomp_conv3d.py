@@ -23,7 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from neuron_compile.lowering.decomp_conv import _adaptive_window_rows, _scatter_back, _triple
+from neuron_compile.lowering.decomp_conv import (
+    _adaptive_window_rows,
+    _scatter_back,
+    _triple,
+    crop_windows,
+    pad_windows,
+)
 
 aten = torch.ops.aten
 
@@ -130,13 +136,13 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
-            gi = _conv3d(go, w, None, st, pad, dil, groups)
+            gi = crop_windows(_conv3d(go, w, None, st, pad, dil, groups), x)
         else:  # the output_padding that brings the transposed convolution back to the input's size
             op = [x.shape[2 + i] - ((go.shape[2 + i] - 1) * st[i] - 2 * pad[i] + dil[i] * (w.shape[2 + i] - 1) + 1)
                   for i in range(3)]
             gi = _conv_transpose3d(go, w, None, st, pad, dil, op, groups)
     if output_mask[1]:  # a transposed convolution's weight is that of the convolution running back
-        a, b = (go, x) if transposed else (x, go)
+        a, b = (go, pad_windows(go, x, w, st, pad, dil)) if transposed else (x, go)
         gw = _conv3d_weight_grad(a, b, list(w.shape), st, pad, dil, groups)
     if output_mask[2]:
         gb = aten.sum.dim_IntList(go, [0, 2, 3, 4])

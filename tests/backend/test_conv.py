@@ -93,6 +93,21 @@ def test_conv_transpose2d(case: tuple[int, ...]) -> None:
     assert "conv_wgrad" in families(kernels)
 
 
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_conv_transpose_output_padding_past_the_stride(dims: int) -> None:
+    """An output_padding of at least the stride (allowed up to the dilation) leaves the convolution running back
+    over grad_output with more windows than the input has positions: the gradients are cut / padded to the input
+    (eager's shapes; a shape error in the backward before)."""
+    conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[dims - 1]
+    first = 1 if dims == 1 else 0  # the 1-D case takes the second dim's geometry, the one with extra windows
+    stride, padding, out_pad, dilation, k = ((3, 2, 2)[first:first + dims], (1, 2, 0)[first:first + dims],
+                                             (2, 3, 1)[first:first + dims], (4, 4, 2)[first:first + dims],
+                                             (4, 5, 2)[first:first + dims])
+    x = torch.randn(2, 2, *[4] * dims)
+    w = torch.randn(2, 2, *k)
+    check_grads(lambda x, w, b: conv(x, w, b, stride, padding, out_pad, 2, dilation), x, w, torch.randn(4))
+
+
 def test_conv_transpose1d() -> None:
     x, w = torch.randn(2, 4, 9), torch.randn(4, 3, 3)
     check_grads(lambda x, w: F.conv_transpose1d(x, w, stride=2, padding=1, output_padding=1), x, w)
