@@ -193,6 +193,11 @@ def _empty(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Ten
     return _zeros(size, dtype)
 
 
+def _zero_tensor(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
+    """_efficientzerotensor (autograd's gradient of a piecewise-constant op, e.g. sgn): a memset of zeros."""
+    return _zeros(size, dtype)
+
+
 def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
     return _zeros(size, dtype, x)
 
@@ -211,6 +216,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty,
     aten.empty_permuted.default: _empty,
+    aten._efficientzerotensor.default: _zero_tensor,
     aten.new_empty.default: _new_empty,
     aten.new_empty_strided.default: _new_empty,
     aten.empty_like.default: _empty_like,

@@ -309,6 +309,8 @@ def fold_scalar_ops(gm: fx.GraphModule) -> fx.GraphModule:
         except Exception as e:  # leave it for the refusal, which names the op
             log.debug("%s: not folded (%s)", node.name, e)
             continue
+        if value.layout != torch.strided or value._is_zerotensor():
+            continue  # not a plain dense constant (a ZeroTensor has no storage to copy)
         name = f"_folded_{node.name}"
         gm.register_buffer(name, value, persistent=False)
         with gm.graph.inserting_before(node):

@@ -85,3 +85,10 @@ def test_cdist_of_points_with_no_coordinates_is_zero(p: float) -> None:
     """Eager's distance between points of zero coordinates is 0 for every p (a vector norm of nothing would
     refuse p = inf)."""
     _same(lambda a, b: torch.cdist(a, b, p=p), torch.randn(2, 3, 0), torch.randn(2, 4, 0))
+
+
+@pytest.mark.parametrize("fn", [torch.sgn, lambda x: torch.sgn(x) * x.exp()])
+def test_gradient_of_sgn_is_a_zero_tensor_memset(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Autograd writes sgn's gradient as an ``_efficientzerotensor`` (no storage): it becomes a memset of zeros
+    (AOTAutograd's copy of a backward graph holding it as a constant crashed before)."""
+    check_grads(fn, torch.randn(5, 5))
