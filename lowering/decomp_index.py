@@ -122,6 +122,8 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
         inv = [perm.index(i) for i in range(len(perm))]
         vals = vals.permute(inv)
     tokens = lin.reshape(-1)
+    if tokens.shape[0] == 0 or x.numel() == 0:
+        return x.clone()  # no index entry (or no element): nothing is written
     vals = vals.reshape(tokens.shape[0], *[x.shape[d] for d in rest])
     if accumulate:
         out = aten.index_put.default(flat, [tokens], vals, True)

@@ -264,3 +264,17 @@ def test_rendered_index_kernels_use_only_current_nki_api():
                 seen.add(k.family)
                 assert check_source_against_api(src) == [], name
     assert seen == {"gather", "index_put", "scan"}
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_with_no_index_entries_writes_nothing(accumulate: bool) -> None:
+    """A zero-length index (an empty matrix's diagonal_scatter in svd's backward, a batch with no selected rows):
+    the result is the input (tracing crashed on a max over zero writers before)."""
+    def f(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return x.index_put((i, j), torch.ones(0), accumulate=accumulate) * 2
+
+    x, i = torch.randn(4, 3), torch.zeros(0, dtype=torch.long)
+    got = torch.compile(f, backend="neuron", dynamic=False)(x, i, i)
+    torch.testing.assert_close(got, f(x, i, i))
+    empty = torch.compile(lambda v: torch.diagonal_scatter(torch.zeros(0, 0), v), backend="neuron", dynamic=False)
+    assert empty(torch.ones(0)).shape == (0, 0)
