@@ -27,6 +27,8 @@ def refine(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
     b = [d for d in b if d != 1]
     if math.prod(a) != math.prod(b):
         return None
+    if math.prod(a) == 0:
+        return (0,)  # both empty: one dim of nothing (the kernel has no element to visit)
     out: list[int] = []
     i = j = 0
     ra = a[0] if a else 1

@@ -255,6 +255,20 @@ def test_argmax_without_dim_flattens(fn):
     torch.testing.assert_close(_compile(fn)(x), fn(x))
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (3, 0), (0, 3), (0, 0)])
+def test_empty_results_whose_fused_shapes_differ(shape):
+    """Empty values fused with views of another layout ([2, 0] next to [0, 2]): the kernel has nothing to visit
+    (the iteration-space algebra divided by the zero size before)."""
+    n, m = shape
+
+    def fn(t):
+        return torch.eye(n, m) + (t.reshape(m, n) * 2).exp().t()
+
+    x = torch.zeros(n, m)
+    got = _compile(fn)(x)
+    assert got.shape == fn(x).shape
+
+
 def test_empty_contraction_matmul_is_zeros():
     a, b = torch.randn(3, 0), torch.randn(0, 4)
     torch.testing.assert_close(_compile(lambda x, y: x @ y)(a, b), torch.zeros(3, 4))
