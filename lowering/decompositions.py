@@ -193,6 +193,25 @@ def _empty(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Ten
     return _zeros(size, dtype)
 
 
+def _searchsorted_scalar(seq: torch.Tensor, value: Any, *, out_int32: bool = False, right: bool = False,
+                         side: Any = None, sorter: Any = None) -> torch.Tensor:
+    """searchsorted of one Python number: the Tensor overload with a 0-d value (a 0-d result, as eager's)."""
+    v = aten.scalar_tensor.default(value, dtype=torch.result_type(seq, value))
+    return aten.searchsorted.Tensor(seq, v, out_int32=out_int32, right=right, side=side, sorter=sorter)
+
+
+def _embedding_renorm(w: torch.Tensor, indices: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:
+    """embedding_renorm (``nn.Embedding(max_norm=...)``): every row the indices name whose norm exceeds max_norm
+    is scaled by max_norm / (norm + 1e-7), as eager; the other rows are unchanged."""
+    rows = w.shape[0]
+    flat = indices.reshape(-1)
+    counts = aten.index_put.default(aten.full.default([rows], 0.0, dtype=torch.float32), [flat],
+                                    aten.full.default([flat.shape[0]], 1.0, dtype=torch.float32), True)
+    norms = torch.linalg.vector_norm(w.float(), float(norm_type), dim=1)
+    scale = torch.where((counts > 0) & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return (w.float() * scale.unsqueeze(1)).to(w.dtype)
+
+
 def _zero_tensor(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
     """_efficientzerotensor (autograd's gradient of a piecewise-constant op, e.g. sgn): a memset of zeros."""
     return _zeros(size, dtype)
@@ -217,6 +236,8 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.empty_strided.default: _empty,
     aten.empty_permuted.default: _empty,
     aten._efficientzerotensor.default: _zero_tensor,
+    aten.searchsorted.Scalar: _searchsorted_scalar,
+    aten.embedding_renorm.default: _embedding_renorm,
     aten.new_empty.default: _new_empty,
     aten.new_empty_strided.default: _new_empty,
     aten.empty_like.default: _empty_like,

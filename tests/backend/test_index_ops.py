@@ -278,3 +278,26 @@ def test_index_put_with_no_index_entries_writes_nothing(accumulate: bool) -> Non
     torch.testing.assert_close(got, f(x, i, i))
     empty = torch.compile(lambda v: torch.diagonal_scatter(torch.zeros(0, 0), v), backend="neuron", dynamic=False)
     assert empty(torch.ones(0)).shape == (0, 0)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_embedding_max_norm_renormalizes_the_weight_in_place(train: bool) -> None:
+    """``nn.Embedding(max_norm=...)`` scales the looked-up rows whose norm exceeds max_norm, in the weight itself
+    (eager's in-place embedding_renorm_): the outputs, the updated weight and its gradient match eager."""
+    torch.manual_seed(0)
+    eager = torch.nn.Embedding(50, 8, max_norm=1.0, norm_type=1.5)
+    ours = torch.nn.Embedding(50, 8, max_norm=1.0, norm_type=1.5)
+    ours.load_state_dict(eager.state_dict())
+    idx = torch.tensor([[1, 4, 4, 9], [0, 49, 3, 1]])
+    before = eager.weight.detach().clone()
+    compiled = torch.compile(ours, backend="neuron", dynamic=False)
+    with torch.set_grad_enabled(train):
+        want, got = eager(idx), compiled(idx)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ours.weight.detach(), eager.weight.detach())
+    changed = (eager.weight.detach() != before).any(1)
+    assert changed.any() and set(changed.nonzero().flatten().tolist()) <= set(idx.flatten().tolist())
+    if train:
+        want.square().sum().backward()
+        got.square().sum().backward()
+        torch.testing.assert_close(ours.weight.grad, eager.weight.grad)

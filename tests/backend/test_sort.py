@@ -379,3 +379,15 @@ def test_gradients_flow_to_the_selected_positions(op: str) -> None:
     (oe * grad).sum().backward()
     (oc * grad).sum().backward()
     torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_of_a_python_number(right: bool) -> None:
+    """``torch.searchsorted(seq, 1.5)``: the Scalar overload, a 0-d result like eager's."""
+    seq = torch.tensor([0.5, 1.0, 1.5, 1.5, 2.0, 7.0])
+
+    def fn(s: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(s, 1.5, right=right) + torch.searchsorted(s * 2, 3, right=right)
+
+    got = torch.compile(fn, backend="neuron", dynamic=False)(seq)
+    assert got.shape == () and torch.equal(got, fn(seq))
