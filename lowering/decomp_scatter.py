@@ -200,6 +200,21 @@ def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -
     return torch.where(mask_b, vals, x.expand(shape))
 
 
+def _masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: Any) -> Any:
+    """source's gradient: grad's masked elements in order (the inverse of the forward's running-count gather),
+    then zeros for the source elements the mask did not reach."""
+    n = 1
+    for s_ in sizes:
+        n *= int(s_)
+    out = torch.zeros(n, dtype=grad.dtype)
+    if n == 0 or grad.numel() == 0:
+        return out.view(list(sizes))
+    m = mask.expand(grad.shape).reshape(-1)
+    pos = torch.clamp(torch.cumsum(m.to(torch.int64), 0) - 1, 0, n - 1)
+    vals = torch.where(m, grad.reshape(-1), 0)
+    return torch.scatter_add(out, 0, pos, vals).view(list(sizes))
+
+
 SCATTER: dict[Any, Callable[..., Any]] = {
     aten.gather.default: _gather,
     aten.scatter.src: _scatter_src,
@@ -215,6 +230,7 @@ SCATTER: dict[Any, Callable[..., Any]] = {
     aten.index_reduce.default: _index_reduce,
     aten.put.default: _put,
     aten.masked_scatter.default: _masked_scatter,
+    aten.masked_scatter_backward.default: _masked_scatter_backward,
     **BAG,  # EmbeddingBag (lowering/decomp_bag.py)
     **SORT,  # topk of long rows (lowering/decomp_sort.py)
 }

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from cnn_helpers import check_grads
 
 from neuron_compile.errors import IndexOutOfRangeError
 
@@ -225,3 +226,13 @@ def test_int64_scatter_add_is_exact_near_the_int32_limit_and_raises_beyond() -> 
     over[0, 0] = 100  # 2**31 - 10 - 6 + 100 > 2**31 - 1
     with pytest.raises(DeviceAssertionError, match="an int64 sum left the int32 range"):
         f(x, idx, over)
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_masked_scatter_gradients(broadcast: bool) -> None:
+    """source's gradient is grad's masked elements in order, zeros past the mask's count (source has spare
+    elements here); self's is grad where the mask is off. The mask may broadcast against self."""
+    mask = torch.rand(4, 6, generator=torch.Generator().manual_seed(3)) > 0.5
+    if broadcast:
+        mask = mask[:1]
+    check_grads(lambda x, src: x.masked_scatter(mask, src * 3), torch.randn(4, 6), torch.randn(5, 7))
