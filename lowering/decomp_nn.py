@@ -130,28 +130,44 @@ def pdist_forward(a: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     return torch.linalg.vector_norm(a.index_select(0, i) - a.index_select(0, j), p, -1)
 
 
+def _distance_grad(diff: torch.Tensor, g: torch.Tensor, d: torch.Tensor, p: float) -> torch.Tensor:
+    """The gradient of one pair's p-norm ``d`` of ``diff`` times ``g``, with eager's per-p formulas (CPU
+    DistanceOpsKernel): 0 at a zero distance, every tied coordinate for the inf-norm, none at a zero coordinate
+    for p < 1."""
+    zero = torch.zeros_like(diff)
+    if p == 0:
+        return zero
+    if p == 1:
+        return torch.sign(diff) * g
+    if p == 2:
+        return torch.where(d == 0, zero, g * diff / d)
+    if p == float("inf"):
+        return g * torch.sign(diff) * (diff.abs() == d)
+    if p < 2:
+        keep = (d != 0) & ~((diff == 0) & (p < 1))
+        return torch.where(keep, torch.sign(diff) * diff.abs().pow(p - 1) * g / d.pow(p - 1), zero)
+    return torch.where(d == 0, zero, diff * diff.abs().pow(p - 2) * g / d.pow(p - 1))
+
+
 def pdist_backward(grad: torch.Tensor, a: torch.Tensor, p: float, dist: torch.Tensor) -> torch.Tensor:
-    """_pdist_backward with eager's per-p formulas (CPU DistanceOpsKernel): each pair's gradient added to row i and
-    subtracted from row j."""
+    """_pdist_backward: each pair's gradient added to row i and subtracted from row j."""
     n = a.shape[0]
     if n < 2 or p == 0:
         return torch.zeros_like(a)
     i, j = _pairs(n, a.device)
-    diff = a.index_select(0, i) - a.index_select(0, j)
-    g, d = grad.unsqueeze(-1), dist.unsqueeze(-1)
-    zero = torch.zeros_like(diff)
-    if p == 1:
-        pair = torch.sign(diff) * g
-    elif p == 2:
-        pair = torch.where(d == 0, zero, g * diff / d)
-    elif p == float("inf"):
-        pair = g * torch.sign(diff) * (diff.abs() == d)
-    elif p < 2:
-        keep = (d != 0) & ~((diff == 0) & (p < 1))
-        pair = torch.where(keep, torch.sign(diff) * diff.abs().pow(p - 1) * g / d.pow(p - 1), zero)
-    else:
-        pair = torch.where(d == 0, zero, diff * diff.abs().pow(p - 2) * g / d.pow(p - 1))
+    pair = _distance_grad(a.index_select(0, i) - a.index_select(0, j), grad.unsqueeze(-1), dist.unsqueeze(-1), p)
     return torch.zeros_like(a).index_add(0, i, pair).index_add(0, j, -pair)
+
+
+def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                   dist: torch.Tensor) -> torch.Tensor:
+    """_cdist_backward (x1's gradient; autograd gets x2's by swapping the operands): every pair's gradient summed
+    over the rows of x2."""
+    if p == 0 or x1.numel() == 0 or x2.shape[-2] == 0:
+        return torch.zeros_like(x1)
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    pair = _distance_grad(diff, grad.unsqueeze(-1), dist.unsqueeze(-1), p)
+    return pair.sum(-2).sum_to_size(x1.shape)
 
 
 def weight_norm_interface_backward(grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, norms: torch.Tensor,
@@ -170,6 +186,7 @@ NN: dict[Any, Any] = {
     aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
     aten._pdist_forward.default: pdist_forward,
     aten._pdist_backward.default: pdist_backward,
+    aten._cdist_backward.default: cdist_backward,
     aten._trilinear.default: trilinear,
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,

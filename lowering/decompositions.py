@@ -153,7 +153,7 @@ def _min_all(x: torch.Tensor) -> torch.Tensor:
 def _cdist(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: Any = None) -> torch.Tensor:
     """cdist as the p-norm of pairwise differences (exact; torch's own direct path)."""
     d = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))
-    if x1.shape[-1] == 0:  # points of no coordinates are all at distance 0 (an inf norm of nothing is an error)
+    if d.numel() == 0:  # no pairs, or points of no coordinates (all at distance 0): an inf norm of nothing raises
         return aten.sum.dim_IntList(aten.abs.default(d), [-1])
     return aten.linalg_vector_norm.default(d, p, [-1])
 

@@ -92,3 +92,27 @@ def test_gradient_of_sgn_is_a_zero_tensor_memset(fn: Callable[[torch.Tensor], to
     """Autograd writes sgn's gradient as an ``_efficientzerotensor`` (no storage): it becomes a memset of zeros
     (AOTAutograd's copy of a backward graph holding it as a constant crashed before)."""
     check_grads(fn, torch.randn(5, 5))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_forward_and_backward_match_eager(p: float) -> None:
+    """cdist's direct path (_cdist_forward / _cdist_backward) with eager's per-p gradient formulas, shared with
+    pdist: zero distances, tied inf-norm coordinates and zero coordinates for p < 1 included."""
+    a = _rows()
+    b = torch.cat([a[:3], a[3:] + 0.25])  # equal rows (zero distance), shifted rows (all inf-norm coordinates tie)
+    check_grads(lambda x, y: torch.cdist(x, y, p, compute_mode="donot_use_mm_for_euclid_dist"), a, b)
+
+
+@pytest.mark.parametrize("shapes", [((0, 5), (4, 5)), ((2, 4, 5), (2, 0, 5)), ((0, 4, 5), (3, 5))])
+def test_cdist_of_no_pairs_is_empty(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(x, y, float("inf"))
+
+    ours = [torch.randn(s, requires_grad=True) for s in shapes]
+    eager = [t.detach().clone().requires_grad_() for t in ours]
+    got, want = torch.compile(fn, backend="neuron", dynamic=False)(*ours), fn(*eager)
+    assert got.shape == want.shape and got.numel() == 0
+    got.sum().backward()
+    want.sum().backward()
+    for a, b in zip(ours, eager, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
