@@ -450,10 +450,12 @@ def _avg_pool3d_backward(go: torch.Tensor, x: torch.Tensor, kernel: Any, stride:
 
 def _replication_pad_backward(go: torch.Tensor, x: torch.Tensor, padding: Any) -> torch.Tensor:
     """replication_padNd_backward: per padded dim (last first), the gradient of the replicated edge rows is summed
-    into the first / last input row. Negative (cropping) padding is left to the rule lookup (refused by name)."""
+    into the first / last input row. Negative (cropping) padding: the vjp of the forward's decomposition."""
     pads = [int(p) for p in padding]
     if any(p < 0 for p in pads):
-        return NotImplemented
+        from neuron_compile.lowering.decomp_vjp import replication_pad_backward_by_vjp
+
+        return replication_pad_backward_by_vjp(go, x, pads)
     g = go
     for i in range(len(pads) // 2):
         dim, lo, hi = x.dim() - 1 - i, pads[2 * i], pads[2 * i + 1]

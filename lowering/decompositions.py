@@ -285,6 +285,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_moe import MOE
 
     table.update(MOE)
+    from neuron_compile.lowering.decomp_vjp import VJP
+
+    table.update(VJP)
     return table
 
 

@@ -1,0 +1,105 @@
+"""Backward ops as the traced vector-Jacobian product of their forward's decomposition.
+
+Some ATen backward ops have no decomposition while their forward has one onto ops we lower (grid_sampler_2d's
+gathers, replication padding with negative, cropping pads). Their backward is then the vjp of that forward
+decomposition: :func:`traced_vjp` traces ``torch.func.vjp`` of the forward with fresh fake tensors of the same
+shapes, dtypes and strides, outside the trace in progress (its modes and dispatch-key state set aside, so autograd
+runs normally), functionalized, and replays the traced ATen ops on the real arguments, where the outer trace
+records (and further decomposes) them like any other op. The gradients are then autograd's formulas for the
+decomposition: the same as eager's analytic backward wherever the decomposition is differentiable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+aten = torch.ops.aten
+
+
+def _clean_dispatch_keys() -> tuple[Any, Any]:
+    """The thread-local dispatch-key sets of code running outside any dispatch (the defaults a thread starts with):
+    backend selection and view tracking on, autocast off."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C.DispatchKeySet(keys.Undefined)
+    for name in dir(keys):
+        if name.startswith("Autocast"):
+            exclude = exclude.add(getattr(keys, name))
+    return torch._C.DispatchKeySet(keys.BackendSelect).add(keys.ADInplaceOrView), exclude
+
+
+def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Tensor], cotangent: torch.Tensor,
+               wanted: Sequence[bool]) -> list[torch.Tensor | None]:
+    """The gradients of ``forward(*primals)`` (a decomposition onto ATen ops) against ``cotangent``: one per
+    primal, None where ``wanted`` is False."""
+    def vjp(go: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        _, pull = torch.func.vjp(forward, *xs)
+        return pull(go)
+
+    include, exclude = _clean_dispatch_keys()
+    with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude):
+        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (cotangent, *primals)]
+        gm = make_fx(torch.func.functionalize(vjp, remove="mutations"), tracing_mode="fake")(*examples)
+    grads = gm(cotangent, *primals)
+    return [g if want else None for g, want in zip(grads, wanted, strict=True)]
+
+
+def _on_or_past_the_clip(grid: torch.Tensor, sizes: tuple[int, int], padding_mode: int,
+                         align_corners: bool) -> torch.Tensor:
+    """Where eager's bilinear/nearest backward zeroes the grid's gradient: a border- or reflection-padded source
+    coordinate (after reflecting) at or past [0, size - 1]. Eager counts the borders themselves as out of bounds,
+    where the decomposition's clamp would pass the gradient."""
+    parts = []
+    for k, size in enumerate(sizes):  # grid[..., 0] is x (width), grid[..., 1] is y (height)
+        c = grid[..., k]
+        u = (c + 1) * (size - 1) / 2 if align_corners else ((c + 1) * size - 1) / 2
+        if padding_mode == 2:  # reflect about the borders (align) or the pixel edges (not), then clip
+            low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+            if span <= 0:
+                parts.append(torch.ones_like(c, dtype=torch.bool))
+                continue
+            d = (u - low).abs()
+            extra = torch.fmod(d, span)
+            flips = torch.floor(d / span)
+            u = torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
+        parts.append((u <= 0) | (u >= size - 1))
+    return torch.stack(parts, -1)
+
+
+def _grid_sampler_2d_backward(grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int,
+                              padding_mode: int, align_corners: bool, output_mask: Sequence[bool]) -> Any:
+    """grid_sampler_2d_backward (every interpolation and padding mode) as the vjp of torch's grid_sampler_2d
+    decomposition: the input's gradient scattered to the sampled corners, the grid's through the weights (cut where
+    eager clips a coordinate, borders included)."""
+    from torch._decomp.decompositions import _grid_sampler_2d
+
+    sizes = (x.shape[3], x.shape[2])
+
+    def forward(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if padding_mode != 0 and interpolation_mode != 2:  # bicubic pads its taps, not the coordinate
+            g = torch.where(_on_or_past_the_clip(g.detach(), sizes, padding_mode, align_corners), g.detach(), g)
+        return _grid_sampler_2d(a, g, interpolation_mode=interpolation_mode, padding_mode=padding_mode,
+                                align_corners=align_corners)
+
+    return tuple(traced_vjp(forward, (x, grid), grad, output_mask))
+
+
+def replication_pad_backward_by_vjp(go: torch.Tensor, x: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
+    """replication_padNd_backward with negative (cropping) pads: the vjp of the forward's decomposition."""
+    from torch._decomp import decomposition_table
+
+    op = {1: aten.replication_pad1d, 2: aten.replication_pad2d, 3: aten.replication_pad3d}[len(padding) // 2]
+    pad = decomposition_table[op.default]
+    grad = traced_vjp(lambda a: pad(a, list(padding)), (x,), go, (True,))[0]
+    assert grad is not None
+    return grad
+
+
+VJP: dict[Any, Callable[..., Any]] = {
+    aten.grid_sampler_2d_backward.default: _grid_sampler_2d_backward,
+}
