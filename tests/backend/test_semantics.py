@@ -289,3 +289,25 @@ def test_activation_of_a_constant_matches_eager(fn):
 def test_dist_matches_eager(p):
     a, b = torch.randn(3, 5), torch.randn(5)
     torch.testing.assert_close(_compile(lambda x, y: torch.dist(x, y, p))(a, b), torch.dist(a, b, p))
+
+
+@pytest.mark.parametrize("with_update", [True, False])
+def test_batch_norm_with_update_called_directly(with_update):
+    """``aten._batch_norm_with_update`` (the op BatchNorm's training step dispatches to) updates the running
+    statistics in place as eager does; ``_batch_norm_no_update`` leaves them alone."""
+    aten = torch.ops.aten
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rm: torch.Tensor, rv: torch.Tensor):
+        if with_update:
+            return aten._batch_norm_with_update(x, w, b, rm, rv, 0.3, 1e-5)[:3]
+        return aten._batch_norm_no_update(x, w, b, rm, rv, 0.3, 1e-5)[:3]
+
+    x, w, b = torch.randn(4, 3, 5) * 2 + 1, torch.randn(3), torch.randn(3)
+    ours = [torch.randn(3), torch.rand(3) + 0.5]
+    eager = [t.clone() for t in ours]
+    got = torch.compile(fn, backend="neuron", dynamic=False)(x, w, b, *ours)
+    want = fn(x, w, b, *eager)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)
+    for g, e in zip(ours, eager, strict=True):
+        torch.testing.assert_close(g, e)
