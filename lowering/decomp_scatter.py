@@ -215,6 +215,23 @@ def _masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: Any)
     return torch.scatter_add(out, 0, pos, vals).view(list(sizes))
 
 
+def _nonzero_static(x: torch.Tensor, *, size: int, fill_value: int = -1) -> Any:
+    """nonzero_static: the coordinates of the first ``size`` nonzero elements in row-major order, ``fill_value``
+    rows after them. The k-th nonzero is where the running count first reaches k + 1 (a binary search)."""
+    size = int(size)
+    if x.dim() == 0 or size == 0 or x.numel() == 0:
+        return torch.full((size, x.dim()), fill_value, dtype=torch.int64)
+    count = torch.cumsum((x.reshape(-1) != 0).to(torch.int64), 0)
+    k = torch.arange(size, dtype=torch.int64)
+    lin = torch.clamp(torch.searchsorted(count, k + 1), max=x.numel() - 1)
+    coords, rest = [], lin
+    for n in reversed(x.shape):
+        coords.append(torch.remainder(rest, n))
+        rest = torch.div(rest, n, rounding_mode="floor")
+    found = (k < count[-1]).unsqueeze(1)
+    return torch.where(found, torch.stack(coords[::-1], 1), fill_value)
+
+
 SCATTER: dict[Any, Callable[..., Any]] = {
     aten.gather.default: _gather,
     aten.scatter.src: _scatter_src,
@@ -231,6 +248,7 @@ SCATTER: dict[Any, Callable[..., Any]] = {
     aten.put.default: _put,
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
+    aten.nonzero_static.default: _nonzero_static,
     **BAG,  # EmbeddingBag (lowering/decomp_bag.py)
     **SORT,  # topk of long rows (lowering/decomp_sort.py)
 }

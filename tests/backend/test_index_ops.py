@@ -301,3 +301,16 @@ def test_embedding_max_norm_renormalizes_the_weight_in_place(train: bool) -> Non
         want.square().sum().backward()
         got.square().sum().backward()
         torch.testing.assert_close(ours.weight.grad, eager.weight.grad)
+
+
+@pytest.mark.parametrize("size,fill", [(5, -1), (2, 7), (70, -2), (0, -1)])
+def test_nonzero_static_matches_eager(size: int, fill: int) -> None:
+    """The first ``size`` nonzero coordinates in row-major order, then ``fill`` rows (bool, float, 3-D, 0-d and
+    empty inputs)."""
+    gen = torch.Generator().manual_seed(0)
+    for x in (torch.tensor([[0, 1.0, 0], [2, 0, 3]]), torch.randn(3, 4, 5, generator=gen) > 0.3, torch.tensor(3.0),
+              torch.zeros(2, 0)):
+        torch._dynamo.reset()
+        fn = lambda t: torch.nonzero_static(t, size=size, fill_value=fill)  # noqa: E731
+        got, want = torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x)
+        assert got.dtype == want.dtype and torch.equal(got, want)

@@ -21,7 +21,6 @@ _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
 _LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
-_NONZERO = "nonzero_static: no lowering rule"
 _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 
 EXPECTED_REFUSED: dict[str, str] = {
@@ -41,7 +40,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "igammac": _IGAMMA,
     "nn.functional.linear_cross_entropy.chunked": _LCE,
     "nn.functional.linear_cross_entropy.chunked_none": _LCE,
-    "nonzero_static": _NONZERO,
     "norm.nuc": _SVD,
 }
 
