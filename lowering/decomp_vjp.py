@@ -1,9 +1,9 @@
 """Backward ops as the traced vector-Jacobian product of their forward's decomposition.
 
-Some ATen backward ops have no decomposition while their forward has one onto ops we lower (grid_sampler_2d's
+Some ATen backward ops have no decomposition while their forward has one onto ops we lower (grid_sampler_2d/3d's
 gathers, replication padding with negative, cropping pads). Their backward is then the vjp of that forward
 decomposition: :func:`traced_vjp` traces ``torch.func.vjp`` of the forward with fresh fake tensors of the same
-shapes, dtypes and strides, outside the trace in progress (its modes and dispatch-key state set aside, so autograd
+shapes, dtypes and strides, outside the trace in progress (its modes, tracing context and dispatch-key state set aside, so autograd
 runs normally), functionalized, and replays the traced ATen ops on the real arguments, where the outer trace
 records (and further decomposes) them like any other op. The gradients are then autograd's formulas for the
 decomposition: the same as eager's analytic backward wherever the decomposition is differentiable.
@@ -42,47 +42,48 @@ def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Ten
         return pull(go)
 
     include, exclude = _clean_dispatch_keys()
-    with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude):
+    # no tracing context either: make_fx would take the outer trace's fake mode (and its shape env) from it
+    with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude), \
+            torch._guards.tracing(None):
         examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (cotangent, *primals)]
         gm = make_fx(torch.func.functionalize(vjp, remove="mutations"), tracing_mode="fake")(*examples)
+    for node in gm.graph.nodes:  # replayed values may have other strides than the trace's (the outer trace's
+        if node.target in (aten.view.default, aten._unsafe_view.default):  # decompositions): reshape copies
+            node.target = aten.reshape.default  # where a view cannot be taken
+    gm.recompile()
     grads = gm(cotangent, *primals)
     return [g if want else None for g, want in zip(grads, wanted, strict=True)]
 
 
-def _on_or_past_the_clip(grid: torch.Tensor, sizes: tuple[int, int], padding_mode: int,
+def _on_or_past_the_clip(grid: torch.Tensor, sizes: Sequence[int], padding_mode: int,
                          align_corners: bool) -> torch.Tensor:
     """Where eager's bilinear/nearest backward zeroes the grid's gradient: a border- or reflection-padded source
     coordinate (after reflecting) at or past [0, size - 1]. Eager counts the borders themselves as out of bounds,
-    where the decomposition's clamp would pass the gradient."""
+    where the decomposition's clamp would pass the gradient. ``sizes`` are (W, H[, D]), as the grid's last dim."""
+    from neuron_compile.lowering.decomp_grid3d import source_coordinate
+
     parts = []
-    for k, size in enumerate(sizes):  # grid[..., 0] is x (width), grid[..., 1] is y (height)
-        c = grid[..., k]
-        u = (c + 1) * (size - 1) / 2 if align_corners else ((c + 1) * size - 1) / 2
-        if padding_mode == 2:  # reflect about the borders (align) or the pixel edges (not), then clip
-            low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
-            if span <= 0:
-                parts.append(torch.ones_like(c, dtype=torch.bool))
-                continue
-            d = (u - low).abs()
-            extra = torch.fmod(d, span)
-            flips = torch.floor(d / span)
-            u = torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
+    for k, size in enumerate(sizes):
+        u = source_coordinate(grid[..., k], size, padding_mode, align_corners)
         parts.append((u <= 0) | (u >= size - 1))
     return torch.stack(parts, -1)
 
 
-def _grid_sampler_2d_backward(grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int,
-                              padding_mode: int, align_corners: bool, output_mask: Sequence[bool]) -> Any:
-    """grid_sampler_2d_backward (every interpolation and padding mode) as the vjp of torch's grid_sampler_2d
-    decomposition: the input's gradient scattered to the sampled corners, the grid's through the weights (cut where
-    eager clips a coordinate, borders included)."""
+def _grid_sampler_backward(grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, interpolation_mode: int,
+                           padding_mode: int, align_corners: bool, output_mask: Sequence[bool]) -> Any:
+    """grid_sampler_2d/3d_backward (every interpolation and padding mode) as the vjp of the forward's
+    decomposition (torch's in 2-D, lowering/decomp_grid3d.py's in 3-D): the input's gradient scattered to the
+    sampled corners, the grid's through the weights (cut where eager clips a coordinate, borders included)."""
+    from neuron_compile.lowering.decomp_grid3d import grid_sampler_3d
     from torch._decomp.decompositions import _grid_sampler_2d
 
-    sizes = (x.shape[3], x.shape[2])
+    sizes = tuple(reversed(x.shape[2:]))
 
     def forward(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if padding_mode != 0 and interpolation_mode != 2:  # bicubic pads its taps, not the coordinate
             g = torch.where(_on_or_past_the_clip(g.detach(), sizes, padding_mode, align_corners), g.detach(), g)
+        if a.dim() == 5:
+            return grid_sampler_3d(a, g, interpolation_mode, padding_mode, align_corners)
         return _grid_sampler_2d(a, g, interpolation_mode=interpolation_mode, padding_mode=padding_mode,
                                 align_corners=align_corners)
 
@@ -101,5 +102,6 @@ def replication_pad_backward_by_vjp(go: torch.Tensor, x: torch.Tensor, padding: 
 
 
 VJP: dict[Any, Callable[..., Any]] = {
-    aten.grid_sampler_2d_backward.default: _grid_sampler_2d_backward,
+    aten.grid_sampler_2d_backward.default: _grid_sampler_backward,
+    aten.grid_sampler_3d_backward.default: _grid_sampler_backward,
 }

@@ -286,8 +286,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_moe import MOE
 
     table.update(MOE)
+    from neuron_compile.lowering.decomp_grid3d import GRID3D
     from neuron_compile.lowering.decomp_vjp import VJP
 
+    table.update(GRID3D)
     table.update(VJP)
     return table
 

@@ -1,7 +1,8 @@
 """Backward ops lowered as the traced vjp of their forward's decomposition (lowering/decomp_vjp.py).
 
-grid_sampler_2d_backward (spatial transformers, deformable attention) in every interpolation and padding mode, and
-replication padding's backward with cropping (negative) pads, compared with eager's analytic backwards.
+grid_sampler_2d/3d_backward (spatial transformers, deformable attention, volumetric warps) in every interpolation
+and padding mode, and replication padding's backward with cropping (negative) pads, compared with eager's analytic
+backwards; the 3-D forward (lowering/decomp_grid3d.py) too.
 """
 
 from __future__ import annotations
@@ -63,3 +64,31 @@ def test_grid_sample_gradient_of_the_grid_only() -> None:
 def test_replication_pad_with_cropping_pads_backward(pad: tuple[int, ...]) -> None:
     x = torch.randn(2, 3, *[5] * (len(pad) // 2))
     check_grads(lambda t: F.pad(t, pad, mode="replicate") * 2, x)
+
+
+def _grid3d(n: int, d: int, h: int, w: int, seed: int) -> torch.Tensor:
+    g = torch.rand(n, d, h, w, 3, generator=torch.Generator().manual_seed(seed)) * 2.6 - 1.3
+    g[0, 0, 0, 0] = torch.tensor([1.0, -1.0, 0.0])  # corner pixels exactly (align_corners=True)
+    return g
+
+
+@pytest.mark.parametrize("mode,padding,align", [("bilinear", p, a) for p in ("zeros", "border", "reflection")
+                                                for a in (False, True)] + [("nearest", "zeros", False),
+                                                                           ("nearest", "reflection", True)])
+def test_grid_sample_3d_forward_and_backward_match_eager(mode: str, padding: str, align: bool) -> None:
+    """5-D grid_sample (lowering/decomp_grid3d.py: one row gather of all eight corners) and its backward (the vjp
+    of that decomposition, the grid's gradient cut where eager clips)."""
+    x = torch.randn(2, 3, 4, 5, 6, generator=torch.Generator().manual_seed(5))
+    check_grads(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align),
+                x, _grid3d(2, 3, 2, 4, 6))
+
+
+def test_grid_sample_3d_half_precision_and_empty() -> None:
+    """bf16 is computed in fp32 and rounded once (eager rounds every weight to bf16: up to 15% off here)."""
+    x, g = torch.randn(1, 2, 3, 4, 5).to(torch.bfloat16), _grid3d(1, 2, 2, 2, 7).to(torch.bfloat16)
+    f = torch.compile(lambda x, g: F.grid_sample(x, g, align_corners=False), backend="neuron", dynamic=False)
+    got = f(x, g)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.grid_sample(x.float(), g.float(), align_corners=False).to(torch.bfloat16))
+    empty = torch.zeros(1, 2, 3, 0, 3)  # no output points
+    assert f(torch.randn(1, 2, 3, 4, 5), empty).shape == (1, 2, 2, 3, 0)

@@ -16,7 +16,6 @@ _BITWISE = "shifts of integer tensors: refused (integers are int32 on a NeuronCo
 _SEGMENT = "segment_reduce (ragged segments given by data): no lowering rule"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
-_3D = "3-D grid sampling (trilinear gathers at data-dependent positions): no lowering rule (3-D convolution and pooling run as 2-D kernels)"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
@@ -32,7 +31,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "nextafter": _BITS,
     "gcd": _GCD,
     "lcm": _GCD,
-    "grid_sampler_3d": _3D,
     "hash_tensor": _HASH,
     "histogram": _HIST,
     "histogramdd": _HIST,
