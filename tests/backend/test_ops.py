@@ -246,30 +246,31 @@ def test_reject_fft() -> None:
 
 
 def test_reject_lists_every_unsupported_op_in_one_message() -> None:
-    g = torch.rand(2, 4, 3, 2, 3) * 2 - 1
+    lengths = torch.tensor([2, 1, 3])
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        y = F.grid_sample(x, g, align_corners=False).relu().flatten(1)
-        return torch.linalg.eigvalsh(y @ y.mT)
+        y = torch.segment_reduce(x, "sum", lengths=lengths).relu()[:2]
+        return torch.linalg.eigvalsh(y.unsqueeze(1) * y.unsqueeze(0))
 
-    err, msg = _reject(fn, torch.randn(2, 3, 9, 10, 5))
+    err, msg = _reject(fn, torch.randn(6))
     assert "2 unsupported op(s)" in msg, msg
-    assert "aten.grid_sampler_3d.default(float32[2, 3, 9, 10, 5], float32[2, 4, 3, 2, 3]" in msg, msg
-    assert f"{_line_of(fn)}: y = F.grid_sample(x, g, align_corners=False).relu().flatten(1)" in msg, msg
+    assert "aten.segment_reduce.default(float32[6], 'sum')" in msg, msg
+    assert f"{_line_of(fn)}: y = torch.segment_reduce(x, \"sum\", lengths=lengths).relu()[:2]" in msg, msg
     assert "aten._linalg_eigh.default(float32[2, 2]" in msg, msg
-    assert f"{_line_of(fn, 2)}: return torch.linalg.eigvalsh(y @ y.mT)" in msg, msg
+    assert f"{_line_of(fn, 2)}: return torch.linalg.eigvalsh(y.unsqueeze(1) * y.unsqueeze(0))" in msg, msg
     assert len(err.unsupported) == 2
 
 
 def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
-    def fn(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return F.grid_sample(x, g, align_corners=False).sum()
+    lengths = torch.tensor([2, 1, 3])
 
-    x = torch.randn(2, 3, 9, 10, 5, requires_grad=True)
-    g = (torch.rand(2, 4, 3, 2, 3) * 2 - 1).requires_grad_()
-    err, msg = _reject(fn, x, g)  # refused at the forward call, before any .backward()
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.segment_reduce(x, "sum", lengths=lengths).sum()
+
+    x = torch.randn(6, requires_grad=True)
+    err, msg = _reject(fn, x)  # refused at the forward call, before any .backward()
     assert "training graph (forward + backward)" in msg, msg
-    assert "aten.grid_sampler_3d.default(float32[2, 3, 9, 10, 5], float32[2, 4, 3, 2, 3]" in msg, msg
-    assert "aten.grid_sampler_3d_backward.default(" in msg, msg
-    assert f"{_line_of(fn)}: return F.grid_sample(x, g, align_corners=False).sum()" in msg, msg
+    assert "aten.segment_reduce.default(float32[6], 'sum')" in msg, msg
+    assert "aten._segment_reduce_backward.default(" in msg, msg
+    assert f"{_line_of(fn)}: return torch.segment_reduce(x, \"sum\", lengths=lengths).sum()" in msg, msg
     assert len(err.unsupported) == 2, err.unsupported
