@@ -18,6 +18,7 @@ an IndexError, 'runtime' a RuntimeError).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -203,9 +204,7 @@ def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -
 def _masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: Any) -> Any:
     """source's gradient: grad's masked elements in order (the inverse of the forward's running-count gather),
     then zeros for the source elements the mask did not reach."""
-    n = 1
-    for s_ in sizes:
-        n *= int(s_)
+    n = math.prod(int(s_) for s_ in sizes)
     out = torch.zeros(n, dtype=grad.dtype)
     if n == 0 or grad.numel() == 0:
         return out.view(list(sizes))

@@ -190,7 +190,8 @@ def _zeros(size: Any, dtype: Any, like: torch.Tensor | None = None) -> torch.Ten
 
 
 def _empty(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
-    """empty / empty_strided / empty_permuted: uninitialized in torch, zeros here (never stale data)."""
+    """empty / empty_strided / empty_permuted: uninitialized in torch, zeros here (never stale data). Also
+    _efficientzerotensor (autograd's gradient of a piecewise-constant op, e.g. sgn): a memset of zeros."""
     return _zeros(size, dtype)
 
 
@@ -213,11 +214,6 @@ def _embedding_renorm(w: torch.Tensor, indices: torch.Tensor, max_norm: float, n
     return (w.float() * scale.unsqueeze(1)).to(w.dtype)
 
 
-def _zero_tensor(size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
-    """_efficientzerotensor (autograd's gradient of a piecewise-constant op, e.g. sgn): a memset of zeros."""
-    return _zeros(size, dtype)
-
-
 def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
     return _zeros(size, dtype, x)
 
@@ -236,7 +232,7 @@ OWN: dict[Any, Callable[..., Any]] = {
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty,
     aten.empty_permuted.default: _empty,
-    aten._efficientzerotensor.default: _zero_tensor,
+    aten._efficientzerotensor.default: _empty,
     aten.searchsorted.Scalar: _searchsorted_scalar,
     aten.embedding_renorm.default: _embedding_renorm,
     aten.new_empty.default: _new_empty,
