@@ -34,24 +34,28 @@ def _clean_dispatch_keys() -> tuple[Any, Any]:
 
 
 def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Tensor], cotangent: torch.Tensor,
-               wanted: Sequence[bool]) -> list[torch.Tensor | None]:
-    """The gradients of ``forward(*primals)`` (a decomposition onto ATen ops) against ``cotangent``: one per
-    primal, None where ``wanted`` is False."""
+               wanted: Sequence[bool], constants: Sequence[torch.Tensor] = ()) -> list[torch.Tensor | None]:
+    """The gradients of ``forward(*primals, *constants)`` (a decomposition onto ATen ops) against ``cotangent``:
+    one per primal, None where ``wanted`` is False. ``constants`` are the other tensors forward reads (integer
+    targets, class weights): never differentiated, and passed in rather than closed over, since the trace runs
+    on tensors of its own."""
+    n = len(primals)
+
     def vjp(go: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        _, pull = torch.func.vjp(forward, *xs)
+        _, pull = torch.func.vjp(lambda *ps: forward(*ps, *xs[n:]), *xs[:n])
         return pull(go)
 
     include, exclude = _clean_dispatch_keys()
     # no tracing context either: make_fx would take the outer trace's fake mode (and its shape env) from it
     with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude), \
             torch._guards.tracing(None):
-        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (cotangent, *primals)]
+        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (cotangent, *primals, *constants)]
         gm = make_fx(torch.func.functionalize(vjp, remove="mutations"), tracing_mode="fake")(*examples)
     for node in gm.graph.nodes:  # replayed values may have other strides than the trace's (the outer trace's
         if node.target in (aten.view.default, aten._unsafe_view.default):  # decompositions): reshape copies
             node.target = aten.reshape.default  # where a view cannot be taken
     gm.recompile()
-    grads = gm(cotangent, *primals)
+    grads = gm(cotangent, *primals, *constants)
     return [g if want else None for g, want in zip(grads, wanted, strict=True)]
 
 

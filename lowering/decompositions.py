@@ -283,15 +283,19 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
     table.update(MOE)
     from neuron_compile.lowering.decomp_grid3d import GRID3D
+    from neuron_compile.lowering.decomp_pool import POOL
     from neuron_compile.lowering.decomp_vjp import VJP
 
     table.update(GRID3D)
     table.update(VJP)
+    table.update(POOL)
     return table
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
-    """The table a compile uses: ours, plus the MoE custom ops of libraries loaded by now."""
+    """The table a compile uses: ours, plus the custom ops of libraries loaded by now (MoE kernels, PyTorch's
+    chunked linear_cross_entropy)."""
+    from neuron_compile.lowering.decomp_lce import loaded
     from neuron_compile.lowering.decomp_moe import third_party
 
-    return {**decomposition_table(), **third_party()}
+    return {**decomposition_table(), **third_party(), **loaded()}

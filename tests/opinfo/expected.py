@@ -19,7 +19,6 @@ _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
-_LCE = "the chunked linear_cross_entropy custom ops (torch_nn namespace): no lowering rule"
 _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 
 EXPECTED_REFUSED: dict[str, str] = {
@@ -36,8 +35,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "histogramdd": _HIST,
     "igamma": _IGAMMA,
     "igammac": _IGAMMA,
-    "nn.functional.linear_cross_entropy.chunked": _LCE,
-    "nn.functional.linear_cross_entropy.chunked_none": _LCE,
     "norm.nuc": _SVD,
 }
 
