@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from neuron_compile import torch_fixes
 from neuron_compile.config import config
 from neuron_compile.errors import ConfigError, DynamicShapeError, source_line
 from neuron_compile.pipeline import (  # noqa: F401  (the pipeline's names, also reachable from here)
@@ -35,6 +36,7 @@ from neuron_compile.pipeline import (  # noqa: F401  (the pipeline's names, also
 )
 
 log = logging.getLogger(__name__)
+torch_fixes.install()  # PyTorch's tracing kernels that disagree with eager, corrected before any trace
 
 OPTIONS = {
     "target": "target",
