@@ -284,11 +284,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(MOE)
     from neuron_compile.lowering.decomp_grid3d import GRID3D
     from neuron_compile.lowering.decomp_pool import POOL
+    from neuron_compile.lowering.decomp_segment import SEGMENT
     from neuron_compile.lowering.decomp_vjp import VJP
 
     table.update(GRID3D)
     table.update(VJP)
     table.update(POOL)
+    table.update(SEGMENT)
     return table
 
 

@@ -245,32 +245,53 @@ def test_reject_fft() -> None:
     assert _line_of(fn) in msg, msg
 
 
-def test_reject_lists_every_unsupported_op_in_one_message() -> None:
-    lengths = torch.tensor([2, 1, 3])
+@torch.library.custom_op("neuron_compile_tests::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op with no lowering rule (a library's custom kernel), forward and backward."""
+    return x.sin()
 
+
+@opaque.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("neuron_compile_tests::opaque_backward", mutates_args=())
+def opaque_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return grad * x.cos()
+
+
+@opaque_backward.register_fake
+def _(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+opaque.register_autograd(lambda ctx, grad: opaque_backward(grad, ctx.saved_tensors[0]),
+                         setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+
+
+def test_reject_lists_every_unsupported_op_in_one_message() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
-        y = torch.segment_reduce(x, "sum", lengths=lengths).relu()[:2]
+        y = opaque(x).relu()[:2]
         return torch.linalg.eigvalsh(y.unsqueeze(1) * y.unsqueeze(0))
 
     err, msg = _reject(fn, torch.randn(6))
     assert "2 unsupported op(s)" in msg, msg
-    assert "aten.segment_reduce.default(float32[6], 'sum')" in msg, msg
-    assert f"{_line_of(fn)}: y = torch.segment_reduce(x, \"sum\", lengths=lengths).relu()[:2]" in msg, msg
+    assert "neuron_compile_tests.opaque.default(float32[6])" in msg, msg
+    assert f"{_line_of(fn)}: y = opaque(x).relu()[:2]" in msg, msg
     assert "aten._linalg_eigh.default(float32[2, 2]" in msg, msg
     assert f"{_line_of(fn, 2)}: return torch.linalg.eigvalsh(y.unsqueeze(1) * y.unsqueeze(0))" in msg, msg
     assert len(err.unsupported) == 2
 
 
 def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
-    lengths = torch.tensor([2, 1, 3])
-
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.segment_reduce(x, "sum", lengths=lengths).sum()
+        return opaque(x).sum()
 
     x = torch.randn(6, requires_grad=True)
     err, msg = _reject(fn, x)  # refused at the forward call, before any .backward()
     assert "training graph (forward + backward)" in msg, msg
-    assert "aten.segment_reduce.default(float32[6], 'sum')" in msg, msg
-    assert "aten._segment_reduce_backward.default(" in msg, msg
-    assert f"{_line_of(fn)}: return torch.segment_reduce(x, \"sum\", lengths=lengths).sum()" in msg, msg
+    assert "neuron_compile_tests.opaque.default(float32[6])" in msg, msg
+    assert "neuron_compile_tests.opaque_backward.default(" in msg, msg
+    assert f"{_line_of(fn)}: return opaque(x).sum()" in msg, msg
     assert len(err.unsupported) == 2, err.unsupported

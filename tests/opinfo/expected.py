@@ -13,7 +13,6 @@ OUT_OF_SCOPE = (
 )
 
 _BITWISE = "shifts of integer tensors: refused (integers are int32 on a NeuronCore, whose right shift is logical only; an int64 left shift can leave int32)"
-_SEGMENT = "segment_reduce (ragged segments given by data): no lowering rule"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
@@ -24,8 +23,6 @@ _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 EXPECTED_REFUSED: dict[str, str] = {
     "bitwise_left_shift": _BITWISE,
     "bitwise_right_shift": _BITWISE,
-    "_segment_reduce.lengths": _SEGMENT,
-    "_segment_reduce.offsets": _SEGMENT,
     "frexp": _BITS,
     "nextafter": _BITS,
     "gcd": _GCD,
