@@ -222,12 +222,35 @@ def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -
     return _zeros(x.shape, dtype, x)
 
 
+# Euclid's steps never exceed 46 for magnitudes below 2**31 (integers compute in int32 on a NeuronCore): the
+# worst pair is two consecutive Fibonacci numbers, and F(47) > 2**31.
+_EUCLID_STEPS = 46
+
+
+def _gcd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """gcd (prims.gcd, behind aten.gcd and aten.lcm): Euclid's algorithm on the magnitudes, a fixed number of
+    remainder steps (a pair that is done stays as it is), as eager's loop computes it."""
+    a, b = torch.abs(a), torch.abs(b)
+    for _ in range(_EUCLID_STEPS):
+        going = a != 0
+        a, b = torch.where(going, torch.remainder(b, torch.where(going, a, 1)), 0), torch.where(going, a, b)
+    return b
+
+
+def _lcm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """lcm: ``|a / gcd * b|`` (exact: the gcd divides a), 0 where both are 0, as eager."""
+    g = _gcd(a, b)
+    return torch.where(g == 0, 0, torch.abs(torch.div(a, torch.where(g == 0, 1, g), rounding_mode="trunc") * b))
+
+
 def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
     """aten.dist: the p-norm of the broadcast difference."""
     return torch.linalg.vector_norm(a - b, float(p))
 
 
 OWN: dict[Any, Callable[..., Any]] = {
+    torch.ops.prims.gcd.default: _gcd,
+    aten.lcm.default: _lcm,
     aten.dist.default: _dist,
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty,

@@ -279,3 +279,14 @@ def test_int_kernels_use_only_current_nki_api() -> None:
     _check(lambda x: (x.cumsum(-1), x.sum(-1), x.argmax(-1), x * 2 - x.amax(-1, keepdim=True)), x)
     for src in _sources():
         assert check_source_against_api(src) == [], src
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_gcd_lcm_exact(dtype: torch.dtype) -> None:
+    """Euclid's fixed step count covers the worst int32 pair (consecutive Fibonacci numbers F(46), F(45)); zeros,
+    signs and values above 2**24 as eager."""
+    a = torch.tensor([1836311903, 0, 0, -12, 2**30, B24 + 1, 46368, -(2**29) * 3, 7, 1])
+    b = torch.tensor([1134903170, 0, 9, 18, 2**20 * 3, B24 + 3, -28657, 2**28, -7, 1])
+    _check(lambda x, y: torch.gcd(x, y), a.to(dtype), b.to(dtype))
+    small = (a % 5000 - 2000).to(dtype), (b % 3000 - 1500).to(dtype)  # lcm inside the int32 range
+    _check(lambda x, y: torch.lcm(x, y), *small)

@@ -14,7 +14,6 @@ OUT_OF_SCOPE = (
 
 _BITWISE = "shifts of integer tensors: refused (integers are int32 on a NeuronCore, whose right shift is logical only; an int64 left shift can leave int32)"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
-_GCD = "gcd / lcm (integer Euclid loops): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _HIST = "histograms (data-dependent bin counts over the whole input): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
@@ -25,8 +24,6 @@ EXPECTED_REFUSED: dict[str, str] = {
     "bitwise_right_shift": _BITWISE,
     "frexp": _BITS,
     "nextafter": _BITS,
-    "gcd": _GCD,
-    "lcm": _GCD,
     "hash_tensor": _HASH,
     "histogram": _HIST,
     "histogramdd": _HIST,
