@@ -2,6 +2,7 @@
 
 Used by ``tests/opinfo/test_opinfo.py`` (one op per test) and as the full sweep:
 ``python tests/opinfo/harness.py [--workers N] [--samples K] [--dtype float32] [--ops a,b] [--json out.json]``
+(``--grad`` compares gradients too; ``--reference`` takes OpInfo's reference inputs beyond the sample inputs)
 
 Each op's first K sample inputs are compiled as a one-op function and compared with eager:
 ``pass`` (every sample matches), ``refused`` (an UnsupportedOpError/DynamicShapeError names the op),
@@ -82,7 +83,7 @@ def _compare(actual: Any, expected: Any, atol: float | None, rtol: float | None)
 
 
 def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict: bool = False,
-           grad: bool = False) -> dict[str, Any]:
+           grad: bool = False, reference: bool = False) -> dict[str, Any]:
     import warnings
 
     import torch
@@ -106,10 +107,19 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
     if grad and (not op.supports_autograd or not dtype.is_floating_point or op.name in NONDETERMINISTIC):
         result.update(status="n/a", detail="no gradient")
         return result
+    if reference and op.reference_inputs_func is None:
+        result.update(status="n/a", detail="no reference inputs")
+        return result
     try:
         gen = op.sample_inputs("cpu", dtype, requires_grad=grad)
+        skip = 0
+        if reference:  # the reference inputs beyond the sample inputs they start with
+            skip = sum(1 for _ in gen)
+            gen = op.reference_inputs("cpu", dtype, requires_grad=grad)
         todo = []
-        for s in gen:
+        for i, s in enumerate(gen):
+            if i < skip:
+                continue
             todo.append(s)
             if len(todo) >= samples:
                 break
@@ -287,7 +297,7 @@ NONDETERMINISTIC = {"bernoulli", "normal", "uniform", "rand_like", "randn_like",
                     "log_normal"}
 
 
-def _worker(args: tuple[tuple[str, str], int, str, bool, bool]) -> dict[str, Any]:
+def _worker(args: tuple[tuple[str, str], int, str, bool, bool, bool]) -> dict[str, Any]:
     try:
         return run_op(*args)
     except Exception as exc:  # the harness itself
@@ -304,6 +314,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--strict", action="store_true", help="torch.testing.assert_close's default tolerances")
     p.add_argument("--grad", action="store_true", help="also compare the gradients of every differentiable input")
+    p.add_argument("--reference", action="store_true",
+                   help="OpInfo's reference inputs (extremal values, broadcasting, large and odd shapes) instead")
     a = p.parse_args(argv)
     os.environ.setdefault("NEURON_COMPILE_CACHE", "0")
     from torch.testing._internal.common_methods_invocations import op_db
@@ -319,7 +331,7 @@ def main(argv: list[str]) -> int:
     ctx = mp.get_context("spawn")
     results = []
     with ctx.Pool(a.workers, maxtasksperchild=20) as pool:
-        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.strict, a.grad),))) for t in todo]
+        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.strict, a.grad, a.reference),))) for t in todo]
         for t, f in futs:
             try:
                 r = f.get(timeout=a.timeout)
