@@ -281,20 +281,40 @@ def lower_fmax_fmin(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
 # -- division modes, fmod, remainder ----------------------------------------------------------------
 
 
+# Long division by 21-bit digits: the divisor is scaled by 2**k for k = 273, 252, ..., 0 (21 apart), so each step's
+# quotient stays below 2**21 (exact in fp32, its product split exactly) and the reduction mod d * 2**k keeps
+# fmod(a, d). 273 covers the widest fp32 ratio (2**128 over the smallest subnormal, 2**-149).
+_FMOD_STEPS = tuple(range(273, -1, -21))
+
+
+def _fmod_step(b: ProgramBuilder, r: TileVal, dk: TileVal) -> TileVal:
+    """r mod dk for magnitudes with r < dk * 2**21: quotient estimate, exact residual, one correction (an estimate
+    off by one), exact residual. Far from 1 both are scaled by a power of two first (exact), so that Dekker's
+    split neither overflows nor loses bits among subnormals; r < dk (including dk = inf) keeps r."""
+    big, tiny = b.binary("greater", dk, 2.0**100), b.binary("less", dk, 2.0**-100)
+    s = b.select(big, 2.0**-60, b.select(tiny, b.fill(2.0**60, r.kind), b.fill(1.0, r.kind)))
+    rs, ds = b.binary("multiply", r, s), b.binary("multiply", dk, s)
+    q = m.trunc(b, b.divide(rs, ds))  # type: ignore[arg-type]
+    r1 = _residual(b, rs, q, ds)
+    q = b.select(b.binary("less", r1, 0.0), b.binary("subtract", q, 1.0), q)
+    q = b.select(b.binary("greater_equal", r1, ds), b.binary("add", q, 1.0), q)
+    back = b.select(big, 2.0**60, b.select(tiny, b.fill(2.0**-60, r.kind), b.fill(1.0, r.kind)))
+    out = b.binary("multiply", _residual(b, rs, q, ds), back)
+    return b.select(b.binary("less", r, dk), r, out)  # type: ignore[return-value]
+
+
 def _float_fmod(b: ProgramBuilder, a: TileVal, d: TileVal) -> TileVal:
-    """Exact fmod for fp32: r = a - q d with q = trunc(a / d), the product split exactly (Dekker),
-    then one correction step for a quotient estimate off by one."""
-    q = m.trunc(b, b.divide(a, d))  # type: ignore[arg-type]
-    r = _residual(b, a, q, d)
-    # a quotient one too large in magnitude flips r's sign against a; one too small leaves |r| >= |d|
-    over = b.binary("logical_and", b.binary("not_equal", r, 0.0),
-                    b.binary("not_equal", b.binary("less", r, 0.0), b.binary("less", a, 0.0)))
+    """Exact fmod for fp32 over the whole range: |a| reduced modulo |d| * 2**k for k from 273 down to 0 (see
+    _FMOD_STEPS), then a's sign; fmod(a, +-inf) = a, NaN for an infinite a or a zero d."""
     ad = m.absval(b, d)
-    under = b.binary("greater_equal", m.absval(b, r), ad)
-    sgn = b.select(b.binary("less", b.binary("multiply", a, d), 0.0), -1.0, b.fill(1.0, a.kind))  # sign of a/d
-    q = b.select(over, b.binary("subtract", q, sgn), q)
-    q = b.select(under, b.binary("add", q, sgn), q)
-    r = _residual(b, a, q, d)
+    r = m.absval(b, a)
+    for k in _FMOD_STEPS:
+        dk = ad
+        for part in (min(k, 127), min(max(k - 127, 0), 127), max(k - 254, 0)):
+            if part:
+                dk = b.binary("multiply", dk, 2.0**part)  # exact; inf past the range (the step keeps r)
+        r = _fmod_step(b, r, dk)  # type: ignore[arg-type]
+    r = b.select(m.signbit(b, a), m.neg(b, r), r)
     r = b.select(b.binary("equal", ad, math.inf), a, r)  # fmod(a, +-inf) = a for finite a
     r = b.select(b.binary("equal", m.absval(b, a), math.inf), math.nan, r)
     r = b.select(b.binary("equal", d, 0.0), math.nan, r)
@@ -385,6 +405,7 @@ def lower_remainder(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     r = _float_fmod(b, a, d)
     fix = b.binary("logical_and", b.binary("not_equal", r, 0.0),
                    b.binary("not_equal", b.binary("less", r, 0.0), b.binary("less", d, 0.0)))
+    fix = b.binary("logical_and", fix, b.binary("equal", r, r))  # a NaN remainder (inf or NaN operands) stays
     out = b.select(fix, b.binary("add", r, d), r)
     # remainder(a, +-inf): a if the signs agree (or a is 0), else +-inf
     return b.select(b.binary("logical_and", b.binary("equal", m.absval(b, d), math.inf), fix), d, out)

@@ -94,6 +94,23 @@ def test_integer_division_is_exact(fn):
     _same(fn, a, b)
 
 
+@pytest.mark.parametrize("op", [torch.fmod, torch.remainder])
+def test_float_fmod_and_remainder_exact_over_the_whole_range(op):
+    """fmod / remainder of fp32 pairs of any magnitudes (quotients up to 2**277, subnormals) are exact, as eager's
+    scalar path (std::fmod); e.g. fmod(-1e20, 501) = -41, not the residue of a rounded quotient."""
+    gen = torch.Generator().manual_seed(0)
+    def spread(n):
+        exponent = torch.randint(-149, 128, (n,), generator=gen).double()
+        sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).double()
+        return (sign * (torch.rand(n, generator=gen).double() + 0.5) * torch.pow(2.0, exponent)).float()
+    a = torch.cat([spread(3000), torch.tensor([-1e20, 1e20, 5.0, -6.0, -0.0, 3.4e38, 1e-45, 7.5, float("inf")])])
+    d = torch.cat([spread(3000), torch.tensor([501.0, -1001.25, float("inf"), 3.0, 2.0, 1e-45, 1e-45, -2.5, 2.0])])
+    got = torch.compile(op, backend="neuron", dynamic=False)(a, d)
+    want = torch.stack([op(x, y) for x, y in zip(a, d, strict=True)])  # element by element: eager's exact path
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
 @pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
                                 lambda t: t.argmax(), lambda t: t.min(0).indices, lambda t: torch.sign(t)],
                          ids=["argmax", "argmin", "max_dim", "argmax_flat", "min_dim_indices", "sign"])
@@ -221,8 +238,15 @@ def test_bilinear_forward_and_gradients_match_eager(shape):
         torch.testing.assert_close(got, want)
 
 
-def test_op_inside_torch_module_is_located_by_its_module():
-    """Dynamo records no stack trace inside torch's own modules; a refusal there names the module instead."""
+def test_op_inside_torch_module_is_located_by_its_module(monkeypatch):
+    """Dynamo records no stack trace for some functionals inside torch's own modules (boolean_dispatch ones, such
+    as fractional max pooling); a refusal there names the module instead. The op lowers, so its decomposition is
+    taken out of the table here to make it a refused op."""
+    import neuron_compile.lowering.decompositions as D
+
+    table = D.decompositions()
+    del table[torch.ops.aten.fractional_max_pool3d.default]
+    monkeypatch.setattr(D, "decompositions", lambda: table)
     with pytest.raises(Exception) as info:
         _compile(torch.nn.FractionalMaxPool3d(2, output_size=2))(torch.randn(1, 2, 4, 4, 4))
     msg = str(info.value)
