@@ -164,12 +164,38 @@ _PIO2_HI = float(np.float32(math.pi / 2))
 _PIO2_LO = float(np.float32(math.pi / 2 - _PIO2_HI))
 
 
+def _twelve_bits(v: float) -> float:
+    """``v`` rounded to 12 significant bits (so that its product with a 12-bit integer is exact in fp32)."""
+    e = math.floor(math.log2(abs(v))) - 11
+    return round(v / 2.0**e) * 2.0**e
+
+
+# 2 pi for long reductions: 8, 12 and 12 significant bits, then the rest. The quotient k (up to 2**24) is split
+# into two 12-bit halves, so every partial product with the first three parts is exact.
+_P1 = 6.28125
+_P2 = _twelve_bits(2 * math.pi - _P1)
+_P3 = _twelve_bits(2 * math.pi - _P1 - _P2)
+_P4 = float(np.float32(2 * math.pi - _P1 - _P2 - _P3))
+_TWO_PI_REST = float(np.float32(2 * math.pi - _P1))
+
+
 def reduce_2pi(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """x - 2 pi k in [-pi, pi], k = round(x / 2 pi), with 2 pi in three parts (accurate to ~1 ulp)."""
+    """x - 2 pi k in [-pi, pi], k = round(x / 2 pi), to ~1e-7 absolute for |x| < 2**24 * 2 pi (1.05e8): Cody and
+    Waite's reduction with k in two 12-bit halves and 2 pi in four parts (the partial products exact), then one
+    step back into [-pi, pi] where the fp32 quotient estimate was off by one."""
     k = rint(b, b.binary("multiply", x, 1.0 / (2 * math.pi)))  # type: ignore[arg-type]
-    r = b.binary("subtract", x, b.binary("multiply", k, _C1))
-    r = b.binary("subtract", r, b.binary("multiply", k, _C2))
-    r = b.binary("subtract", r, b.binary("multiply", k, _C3))
+    # beyond the exact range the result is only kept finite (in [-pi, pi]): k is capped so its split cannot overflow
+    k = b.binary("minimum", b.binary("maximum", k, -(2.0**30)), 2.0**30)
+    kh, kl = split(b, k)  # type: ignore[arg-type]
+    r: TileVal = x
+    for part in (_P1, _P2, _P3):
+        r = b.binary("subtract", r, b.binary("multiply", kh, part))  # type: ignore[assignment]
+        r = b.binary("subtract", r, b.binary("multiply", kl, part))  # type: ignore[assignment]
+    r = b.binary("subtract", r, b.binary("multiply", k, _P4))  # type: ignore[assignment]
+    over = b.binary("subtract", b.binary("subtract", r, _P1), _TWO_PI_REST)
+    under = b.binary("add", b.binary("add", r, _P1), _TWO_PI_REST)
+    r = b.select(b.binary("greater", r, math.pi), over, r)
+    r = b.select(b.binary("less", r, -math.pi), under, r)
     return b.binary("minimum", b.binary("maximum", r, -math.pi), math.pi)  # type: ignore[return-value]
 
 

@@ -3,6 +3,8 @@ random ops, torch.nn fast paths. Every result is compared with eager; every bad 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -109,6 +111,17 @@ def test_float_fmod_and_remainder_exact_over_the_whole_range(op):
     want = torch.stack([op(x, y) for x, y in zip(a, d, strict=True)])  # element by element: eager's exact path
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
+def test_sin_cos_of_large_arguments():
+    """Rotary tables at long context take sin/cos of positions up to millions: the reduction by 2 pi stays exact to
+    ~1e-7 up to |x| = 2**24 * 2 pi (1e8); a single-part quotient product was wrong beyond ~4e5."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.pow(10.0, torch.rand(20000, generator=gen).double() * 8).float()
+    x = torch.cat([x, -x, torch.tensor([0.0, 1e-30, math.pi, 4.9884e6, 1.048575e8])])
+    got = torch.compile(lambda t: (torch.sin(t), torch.cos(t)), backend="neuron", dynamic=False)(x)
+    torch.testing.assert_close(got[0], torch.sin(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[1], torch.cos(x), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
