@@ -12,6 +12,8 @@ torch is left alone. Eager is never affected: these kernels run only while a tra
   0-d. It is replaced by a decomposition that follows eager: the loss sums ``max(0, 1 - (x[y_j] - x[i]))`` over
   the target slots ``j`` before the first ``-1`` and the classes ``i`` not among them, divided by the class
   count.
+- ``multi_margin_loss``: for a 1-D input with ``reduction="none"`` the decomposition returns ``[1]`` where eager's
+  loss has the target's shape (0-d for a 0-d target); wrapped to take that shape.
 """
 
 from __future__ import annotations
@@ -66,11 +68,31 @@ def _multilabel_margin_wrong() -> bool:
     return got.shape != expected.shape or not torch.allclose(got.reshape(-1), expected.reshape(-1))
 
 
+def _target_shaped(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(kernel)
+    def fixed(x: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1, weight: Any = None,
+              reduction: int = 1) -> torch.Tensor:
+        loss = kernel(x, target, p, margin, weight, reduction)
+        return loss.reshape(target.shape) if reduction == 0 and loss.shape != target.shape else loss
+
+    return fixed
+
+
+def _multi_margin_shape_wrong() -> bool:
+    kernel = aten.multi_margin_loss.default.py_kernels.get(DispatchKey.Meta)
+    if kernel is None:
+        return False
+    x, target = torch.empty(3, device="meta"), torch.zeros((), dtype=torch.long, device="meta")
+    return kernel(x, target, 1, 1.0, None, 0).shape != target.shape
+
+
 # (op, dispatch keys whose Python kernels are replaced, kernel -> replacement, probe: True while torch shows the
 # defect)
 FIXES: list[tuple[Any, tuple[DispatchKey, ...], Callable[..., Any], Callable[[], bool]]] = [
     (aten.multilabel_margin_loss_forward.default, (DispatchKey.Meta, DispatchKey.Autograd),
      _replace_with(multilabel_margin_loss_forward), _multilabel_margin_wrong),
+    (aten.multi_margin_loss.default, (DispatchKey.Meta, DispatchKey.Autograd), _target_shaped,
+     _multi_margin_shape_wrong),
 ]
 
 _installed: list[Any] = []

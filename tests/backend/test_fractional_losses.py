@@ -4,7 +4,8 @@
   compiled graph pool the same windows: values, indices (first maximum, the last NaN of a window with NaNs),
   unbatched inputs, bf16 (window starts computed in bf16 as eager does) and the backward.
 - ``nn.MultiLabelMarginLoss`` (neuron_compile/torch_fixes.py): torch's own tracing kernel counts target slots
-  after the first -1 and gives a 1-D input's unreduced loss the shape [1]; ours follows eager.
+  after the first -1 and gives a 1-D input's unreduced loss the shape [1]; ours follows eager. Likewise
+  ``F.multi_margin_loss`` without reduction takes the target's shape.
 - ``F.linear_cross_entropy`` with batch chunking (lowering/decomp_lce.py): loss and gradients of the input, the
   linear weight and bias, with class weights and ignore_index.
 """
@@ -104,3 +105,15 @@ def test_chunked_linear_cross_entropy_matches_eager(reduction: str, kwargs: dict
                                       options=options, **kwargs)
 
     check_grads(loss, x, w, b)
+
+
+def test_multi_margin_loss_unreduced_takes_the_targets_shape() -> None:
+    assert "aten.multi_margin_loss.default" in torch_fixes.install()
+    for x, target in ((torch.randn(5), torch.tensor(2)), (torch.randn(()), torch.tensor(0)),
+                      (torch.randn(5), torch.tensor([3])), (torch.randn(3, 4), torch.tensor([0, 3, 1]))):
+        for kwargs in (dict(reduction="none"), dict(reduction="none", p=2, margin=0.5), dict(reduction="sum")):
+            torch._dynamo.reset()
+            fn = lambda t, target=target, kwargs=kwargs: F.multi_margin_loss(t, target, **kwargs)  # noqa: E731
+            got, want = _compiled(fn)(x), fn(x)
+            assert got.shape == want.shape, (x.shape, target.shape, kwargs, got.shape, want.shape)
+            torch.testing.assert_close(got, want)
