@@ -7,6 +7,7 @@ layer_norm, addmm, var_mean, dropout, ...), minus the ops we lower directly.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -243,6 +244,15 @@ def _lcm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(g == 0, 0, torch.abs(torch.div(a, torch.where(g == 0, 1, g), rounding_mode="trunc") * b))
 
 
+def _angle(x: torch.Tensor) -> Any:
+    """angle of a real tensor: pi below zero, 0 elsewhere (-0.0 included), NaN kept; complex stays refused."""
+    if x.is_complex():
+        return NotImplemented
+    out_dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    xf = x.to(out_dtype)
+    return torch.where(torch.isnan(xf), xf, torch.where(xf < 0, math.pi, 0.0).to(out_dtype))
+
+
 def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
     """aten.dist: the p-norm of the broadcast difference."""
     return torch.linalg.vector_norm(a - b, float(p))
@@ -251,6 +261,7 @@ def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
 OWN: dict[Any, Callable[..., Any]] = {
     torch.ops.prims.gcd.default: _gcd,
     aten.lcm.default: _lcm,
+    aten.angle.default: _angle,
     aten.dist.default: _dist,
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty,

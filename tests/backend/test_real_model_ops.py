@@ -301,3 +301,14 @@ def test_repeat_is_contiguous_like_eager(fn, shape):
     x = torch.randn(shape)
     got, want = _compile(fn)(x), fn(x)
     assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+def test_angle_of_real_tensors():
+    """angle of a real tensor: pi below zero, 0 at or above (-0.0 included), NaN kept; ints give floats."""
+    x = torch.tensor([-1.0, 0.0, -0.0, 2.0, float("nan"), float("-inf"), float("inf")])
+    got = torch.compile(torch.angle, backend="neuron", dynamic=False)(x)
+    torch.testing.assert_close(got, torch.angle(x), equal_nan=True)
+    i = torch.tensor([-3, 0, 4])
+    torch._dynamo.reset()
+    got = torch.compile(torch.angle, backend="neuron", dynamic=False)(i)
+    torch.testing.assert_close(got, torch.angle(i))
