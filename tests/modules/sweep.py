@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -23,7 +21,7 @@ from collections import Counter
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "opinfo"))
-from harness import _compare, _rounding_only  # noqa: E402  (the OpInfo sweep's comparisons)
+from harness import _compare, _rounding_only, add_common_options, run_pool, write_json  # noqa: E402  (the OpInfo sweep's)
 
 NONDETERMINISTIC: set[str] = set()  # modules whose outputs depend on random draws made inside forward
 
@@ -165,12 +163,8 @@ def _worker(args: tuple[str, int, str, bool]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--samples", type=int, default=1000)
-    p.add_argument("--dtype", default="float32")
+    add_common_options(p, samples=1000, timeout=600.0)
     p.add_argument("--modules", default="")
-    p.add_argument("--json", default="")
-    p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--grad", action="store_true", help="also compare the gradients of parameters and inputs")
     a = p.parse_args(argv)
     os.environ.setdefault("NEURON_COMPILE_CACHE", "0")
@@ -179,22 +173,13 @@ def main(argv: list[str]) -> int:
     wanted = set(a.modules.split(",")) if a.modules else None
     todo = [m.name for m in module_db if not wanted or m.name in wanted]
     start = time.time()
-    results = []
-    with mp.get_context("spawn").Pool(a.workers, maxtasksperchild=10) as pool:
-        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.grad),))) for t in todo]
-        for t, f in futs:
-            try:
-                r = f.get(timeout=a.timeout)
-            except mp.TimeoutError:
-                r = {"module": t, "status": "crash", "detail": "timeout"}
-            results.append(r)
-            print(f"{r['status']:8s} {r['module']:30s} {r.get('samples', 0):3d} {str(r.get('detail'))[:160]}",
-                  flush=True)
+    results = run_pool(_worker, [(t, (t, a.samples, a.dtype, a.grad)) for t in todo], a.workers, a.timeout,
+                       lambda t: {"module": t, "status": "crash", "detail": "timeout"},
+                       lambda r: f"{r['status']:8s} {r['module']:30s} {r.get('samples', 0):3d} "
+                                 f"{str(r.get('detail'))[:160]}", per_child=10)
     counts = Counter(r["status"] for r in results)
     print(f"\nall: {dict(counts)}  ({time.time() - start:.0f} s)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(a.json, results)
     return 0
 
 

@@ -297,6 +297,38 @@ NONDETERMINISTIC = {"bernoulli", "normal", "uniform", "rand_like", "randn_like",
                     "log_normal"}
 
 
+def add_common_options(p: argparse.ArgumentParser, samples: int, timeout: float) -> None:
+    """The options both sweeps (this one and tests/modules/sweep.py) take."""
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--samples", type=int, default=samples)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--json", default="")
+    p.add_argument("--timeout", type=float, default=timeout)
+
+
+def run_pool(worker: Any, jobs: list[tuple[Any, tuple[Any, ...]]], workers: int, timeout: float,
+             on_timeout: Any, show: Any, per_child: int) -> list[dict[str, Any]]:
+    """``worker(args)`` for every (key, args) job in spawned worker processes, each result printed as it comes
+    (``show(result)``); a job past ``timeout`` seconds is ``on_timeout(key)``."""
+    results = []
+    with mp.get_context("spawn").Pool(workers, maxtasksperchild=per_child) as pool:
+        futs = [(key, pool.apply_async(worker, (args,))) for key, args in jobs]
+        for key, f in futs:
+            try:
+                r = f.get(timeout=timeout)
+            except mp.TimeoutError:
+                r = on_timeout(key)
+            results.append(r)
+            print(show(r), flush=True)
+    return results
+
+
+def write_json(path: str, results: list[dict[str, Any]]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def _worker(args: tuple[tuple[str, str], int, str, bool, bool, bool]) -> dict[str, Any]:
     try:
         return run_op(*args)
@@ -306,12 +338,8 @@ def _worker(args: tuple[tuple[str, str], int, str, bool, bool, bool]) -> dict[st
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--samples", type=int, default=3)
-    p.add_argument("--dtype", default="float32")
+    add_common_options(p, samples=3, timeout=300.0)
     p.add_argument("--ops", default="")
-    p.add_argument("--json", default="")
-    p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--strict", action="store_true", help="torch.testing.assert_close's default tolerances")
     p.add_argument("--grad", action="store_true", help="also compare the gradients of every differentiable input")
     p.add_argument("--reference", action="store_true",
@@ -328,27 +356,19 @@ def main(argv: list[str]) -> int:
             continue
         todo.append((o.name, o.variant_test_name))
     start = time.time()
-    ctx = mp.get_context("spawn")
-    results = []
-    with ctx.Pool(a.workers, maxtasksperchild=20) as pool:
-        futs = [(t, pool.apply_async(_worker, ((t, a.samples, a.dtype, a.strict, a.grad, a.reference),))) for t in todo]
-        for t, f in futs:
-            try:
-                r = f.get(timeout=a.timeout)
-            except mp.TimeoutError:
-                r = {"op": ".".join(x for x in t if x), "status": "crash", "detail": "timeout"}
-            r["excluded"] = excluded(t[0])
-            results.append(r)
-            print(f"{r['status']:8s} {r['op']:45s} {str(r.get('detail'))[:150]}", flush=True)
+    results = run_pool(_worker, [(t, (t, a.samples, a.dtype, a.strict, a.grad, a.reference)) for t in todo],
+                       a.workers, a.timeout,
+                       lambda t: {"op": ".".join(x for x in t if x), "status": "crash", "detail": "timeout"},
+                       lambda r: f"{r['status']:8s} {r['op']:45s} {str(r.get('detail'))[:150]}", per_child=20)
+    for t, r in zip(todo, results, strict=True):
+        r["excluded"] = excluded(t[0])
     counts = Counter(r["status"] for r in results)
     inside = [r for r in results if not r["excluded"] and r["status"] != "n/a"]
     ic = Counter(r["status"] for r in inside)
     print(f"\nall: {dict(counts)}  ({time.time() - start:.0f} s)")
     print(f"outside linalg/fft/complex: {dict(ic)}; pass {ic['pass']}/{len(inside)} = "
           f"{100 * ic['pass'] / max(len(inside), 1):.1f}%")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(a.json, results)
     return 0
 
 
