@@ -144,7 +144,10 @@ def histogramdd_bin_edges(x: torch.Tensor, bins: Sequence[int], *, range: Sequen
                           weight: torch.Tensor | None = None, density: bool = False) -> Any:
     if _too_many(bins, range):
         return NotImplemented
-    points = _points(x)
+    return _dd_edges(_points(x), bins, range)
+
+
+def _dd_edges(points: torch.Tensor, bins: Sequence[int], range: Sequence[float] | None) -> list[torch.Tensor]:  # noqa: A002
     return [_edges(points[:, d].contiguous(), int(b), _limits(range, d)) for d, b in enumerate(bins)]
 
 
@@ -152,8 +155,8 @@ def histogramdd_from_bin_cts(x: torch.Tensor, bins: Sequence[int], *, range: Seq
                              weight: torch.Tensor | None = None, density: bool = False) -> Any:
     if _too_many(bins, range):
         return NotImplemented
-    edges = histogramdd_bin_edges(x, bins, range=range)
-    return _count(_points(x), edges, weight, density, x.dtype)
+    points = _points(x)
+    return _count(points, _dd_edges(points, bins, range), weight, density, x.dtype)
 
 
 def histogramdd_from_bin_tensors(x: torch.Tensor, bins: Sequence[torch.Tensor], *, weight: torch.Tensor | None = None,

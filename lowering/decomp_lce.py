@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+from neuron_compile.lowering.decomp_moe import registered
 from neuron_compile.lowering.decomp_vjp import traced_vjp
 
 
@@ -65,12 +66,5 @@ def _chunked_no_reduction(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor
 
 def loaded() -> dict[Any, Callable[..., Any]]:
     """The decompositions of the chunked ops, when PyTorch has registered them (else an empty table)."""
-    ns = getattr(torch.ops, "torch_nn", None)
-    table: dict[Any, Callable[..., Any]] = {}
-    for name, fn in (("_linear_cross_entropy_batch_chunked", _chunked),
-                     ("_linear_cross_entropy_batch_chunked_no_reduction", _chunked_no_reduction)):
-        try:
-            table[getattr(ns, name).default] = fn
-        except (AttributeError, RuntimeError):
-            continue
-    return table
+    return registered("torch_nn", (("_linear_cross_entropy_batch_chunked", _chunked),
+                                   ("_linear_cross_entropy_batch_chunked_no_reduction", _chunked_no_reduction)))

@@ -17,7 +17,7 @@ not bf16). With static shapes none of this needs data-dependent sizes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -130,15 +130,21 @@ MOE: dict[Any, Callable[..., Any]] = {
 }
 
 
-def third_party() -> dict[Any, Callable[..., Any]]:
-    """Decompositions of MoE custom ops of libraries that are loaded (looked up at every compile: a library
-    imported after the first compile still gets them)."""
+def registered(namespace: str, ops: Sequence[tuple[str, Callable[..., Any]]]) -> dict[Any, Callable[..., Any]]:
+    """``{torch.ops.<namespace>.<name>.default: fn}`` for the custom ops a loaded library has registered by now
+    (looked up at every compile: a library imported after the first compile still gets them)."""
+    ns = getattr(torch.ops, namespace, None)
     table: dict[Any, Callable[..., Any]] = {}
-    ns = getattr(torch.ops, "transformers", None)
-    # grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E]) -> [S, N]: the rows grouped
-    for name, fn in (("grouped_mm_fallback", grouped_rows), ("grouped_mm_fallback_backward", _fallback_backward)):
+    for name, fn in ops:
         try:
             table[getattr(ns, name).default] = fn
         except (AttributeError, RuntimeError):
             continue
     return table
+
+
+def third_party() -> dict[Any, Callable[..., Any]]:
+    """Decompositions of the MoE custom ops of loaded libraries: transformers' grouped_mm_fallback(input [S, K],
+    weight [E, K, N], offs [E]) -> [S, N] (the rows grouped) and its backward."""
+    return registered("transformers", (("grouped_mm_fallback", grouped_rows),
+                                       ("grouped_mm_fallback_backward", _fallback_backward)))
