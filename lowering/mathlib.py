@@ -156,10 +156,6 @@ def expm1(b: ProgramBuilder, x: TileVal) -> TileVal:
 # -- trigonometric and hyperbolic -------------------------------------------------------------------
 
 
-# 2 pi in three parts (Cody and Waite): C1 has 8 significant bits, so k * C1 is exact for |k| < 2^16.
-_C1 = 6.28125
-_C2 = float(np.float32(2 * math.pi - _C1))
-_C3 = float(np.float32(2 * math.pi - _C1 - _C2))
 _PIO2_HI = float(np.float32(math.pi / 2))
 _PIO2_LO = float(np.float32(math.pi / 2 - _PIO2_HI))
 
@@ -176,27 +172,63 @@ _P1 = 6.28125
 _P2 = _twelve_bits(2 * math.pi - _P1)
 _P3 = _twelve_bits(2 * math.pi - _P1 - _P2)
 _P4 = float(np.float32(2 * math.pi - _P1 - _P2 - _P3))
+_P4_12 = _twelve_bits(2 * math.pi - _P1 - _P2 - _P3)  # tan's reduction: one more exact part, then the rest
+_P5 = float(np.float32(2 * math.pi - _P1 - _P2 - _P3 - _P4_12))
 _TWO_PI_REST = float(np.float32(2 * math.pi - _P1))
 
 
-def reduce_2pi(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """x - 2 pi k in [-pi, pi], k = round(x / 2 pi), to ~1e-7 absolute for |x| < 2**24 * 2 pi (1.05e8): Cody and
-    Waite's reduction with k in two 12-bit halves and 2 pi in four parts (the partial products exact), then one
-    step back into [-pi, pi] where the fp32 quotient estimate was off by one."""
+def _reduce_2pi_terms(b: ProgramBuilder, x: TileVal, exact_parts: tuple[float, ...] = (_P1, _P2, _P3),
+                      rest: float = _P4) -> list[tuple[TileVal, float]]:
+    """The products k * part to take from x, as (factor, part), k = round(x / 2 pi) in two 12-bit halves and 2 pi
+    as 12-bit ``exact_parts`` and their ``rest``: every product but the last (k * rest) is exact, and so are the
+    first four subtractions."""
     k = rint(b, b.binary("multiply", x, 1.0 / (2 * math.pi)))  # type: ignore[arg-type]
     # beyond the exact range the result is only kept finite (in [-pi, pi]): k is capped so its split cannot overflow
     k = b.binary("minimum", b.binary("maximum", k, -(2.0**30)), 2.0**30)
     kh, kl = split(b, k)  # type: ignore[arg-type]
-    r: TileVal = x
-    for part in (_P1, _P2, _P3):
-        r = b.binary("subtract", r, b.binary("multiply", kh, part))  # type: ignore[assignment]
-        r = b.binary("subtract", r, b.binary("multiply", kl, part))  # type: ignore[assignment]
-    r = b.binary("subtract", r, b.binary("multiply", k, _P4))  # type: ignore[assignment]
+    return [(half, part) for part in exact_parts for half in (kh, kl)] + [(k, rest)]  # type: ignore[list-item]
+
+
+def _wrap_pi(b: ProgramBuilder, r: TileVal) -> TileVal:
+    """r (at most a period beyond [-pi, pi], where the fp32 quotient estimate was off by one) back into it."""
     over = b.binary("subtract", b.binary("subtract", r, _P1), _TWO_PI_REST)
     under = b.binary("add", b.binary("add", r, _P1), _TWO_PI_REST)
     r = b.select(b.binary("greater", r, math.pi), over, r)
     r = b.select(b.binary("less", r, -math.pi), under, r)
     return b.binary("minimum", b.binary("maximum", r, -math.pi), math.pi)  # type: ignore[return-value]
+
+
+def reduce_2pi(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """x - 2 pi k in [-pi, pi], k = round(x / 2 pi), to ~1e-7 absolute for |x| < 2**24 * 2 pi (1.05e8): Cody and
+    Waite's reduction with exact partial products, then one step back into [-pi, pi]."""
+    r: TileVal = x
+    for factor, part in _reduce_2pi_terms(b, x):
+        r = b.binary("subtract", r, b.binary("multiply", factor, part))  # type: ignore[assignment]
+    return _wrap_pi(b, r)
+
+
+def reduce_2pi_pair(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal]:
+    """x - 2 pi k as an unevaluated pair (hi, lo), to ~1e-13 for |x| < 1.05e8 (for functions that magnify the
+    reduction's error): 2 pi in five parts, the subtractions after the fourth are two-sums whose rounding errors
+    collect in lo."""
+    terms = _reduce_2pi_terms(b, x, (_P1, _P2, _P3, _P4_12), _P5)
+    hi: TileVal = x
+    for factor, part in terms[:4]:
+        hi = b.binary("subtract", hi, b.binary("multiply", factor, part))  # type: ignore[assignment]
+    lo: TileVal | None = None
+    for factor, part in terms[4:]:
+        hi, err = two_sum(b, hi, b.binary("multiply", factor, -part))  # type: ignore[arg-type]
+        lo = err if lo is None else b.binary("add", lo, err)  # type: ignore[assignment]
+    assert lo is not None
+    return hi, lo
+
+
+def two_sum(b: ProgramBuilder, a: TileVal, c: TileVal) -> tuple[TileVal, TileVal]:
+    """Knuth's two-sum: s = fl(a + c) and its rounding error e, a + c = s + e exactly."""
+    s = b.binary("add", a, c)
+    cc = b.binary("subtract", s, a)
+    e = b.binary("add", b.binary("subtract", a, b.binary("subtract", s, cc)), b.binary("subtract", c, cc))
+    return s, e  # type: ignore[return-value]
 
 
 def sin(b: ProgramBuilder, x: TileVal) -> TileVal:
@@ -261,23 +293,23 @@ def acos(b: ProgramBuilder, x: TileVal) -> TileVal:
     return keep_nan(b, x, r)  # type: ignore[arg-type]
 
 
+# pi in three parts for the last step of tan's reduction (a multiple m of at most 3): m * _PI_A is exact
+_PI_A = _P1 / 2
+_PI_B = float(np.float32(math.pi - _PI_A))
+_PI_C = float(np.float32(math.pi - _PI_A - _PI_B))
+
+
 def tan(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - 2 pi k kept as an exact pair
-    (hi, lo): near the poles tan magnifies the reduction's rounding error by 1 + tan^2."""
-    k = rint(b, b.binary("multiply", x, 1.0 / (2 * math.pi)))  # type: ignore[arg-type]
-    t1 = b.binary("subtract", x, b.binary("multiply", k, _C1))  # exact
-    p = b.binary("multiply", k, _C2)
-    kh, kl = split(b, k)
-    ch, cl = _C2_SPLIT
-    e = b.binary("add", b.binary("add", b.binary("add", b.binary("subtract", b.binary("multiply", kh, ch), p),
-                                                    b.binary("multiply", kh, cl)), b.binary("multiply", kl, ch)),
-                 b.binary("multiply", kl, cl))  # k * C2 - p, exactly
-    hi = b.binary("subtract", t1, p)
-    lo = b.binary("subtract", b.binary("subtract", b.binary("subtract", t1, hi), p), e)  # two-sum error - e
-    lo = b.binary("subtract", lo, b.binary("multiply", k, _C3))
-    s_ = b.activation("sin", b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi))
-    r = absval(b, hi)  # type: ignore[arg-type]
-    c_ = b.activation("sin", b.binary("add", b.binary("subtract", _PIO2_HI, r), _PIO2_LO))
+    """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - pi k kept as a pair (hi, lo), |hi| <= pi/2:
+    near the poles tan magnifies the reduction's error by 1 + tan^2, near its zeros the value is the error's size."""
+    hi, lo = reduce_2pi_pair(b, x)
+    m = rint(b, b.binary("multiply", hi, 1.0 / math.pi))  # type: ignore[arg-type]
+    hi = b.binary("subtract", hi, b.binary("multiply", m, _PI_A))  # type: ignore[assignment]  # exact (Sterbenz)
+    hi, err = two_sum(b, hi, b.binary("multiply", m, -_PI_B))  # type: ignore[arg-type]
+    lo = b.binary("subtract", b.binary("add", lo, err), b.binary("multiply", m, _PI_C))  # type: ignore[assignment]
+    hi = b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi)  # type: ignore[assignment]  # inf, nan
+    s_ = b.activation("sin", hi)
+    c_ = b.activation("sin", b.binary("add", b.binary("subtract", _PIO2_HI, absval(b, hi)), _PIO2_LO))
     t = b.divide(s_, c_)
     t = b.binary("add", t, b.binary("multiply", lo, b.binary("add", b.binary("multiply", t, t), 1.0)))
     return keep_nan(b, x, t)  # type: ignore[arg-type]
@@ -288,15 +320,6 @@ def split(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal]:
     c = b.binary("multiply", x, 4097.0)
     hi = b.binary("subtract", c, b.binary("subtract", c, x))
     return hi, b.binary("subtract", x, hi)  # type: ignore[return-value]
-
-
-def _split_const(v: float) -> tuple[float, float]:
-    c = np.float32(v) * np.float32(4097.0)
-    hi = c - (c - np.float32(v))
-    return float(hi), float(np.float32(v) - hi)
-
-
-_C2_SPLIT = _split_const(_C2)
 
 
 def sinh(b: ProgramBuilder, x: TileVal) -> TileVal:

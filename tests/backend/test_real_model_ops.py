@@ -124,6 +124,20 @@ def test_sin_cos_of_large_arguments():
     torch.testing.assert_close(got[1], torch.cos(x), atol=1e-6, rtol=0)
 
 
+def test_tan_of_large_arguments_and_near_its_poles_and_zeros():
+    """tan magnifies the reduction's error by 1 + tan^2 near its poles, and near its zeros its value is that error's
+    size: x - pi k is kept as an exact pair up to |x| = 1.05e8 (the old two-part reduction was exact below ~4e5)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.pow(10.0, torch.rand(20000, generator=gen).double() * 8).float()
+    special = [0.0, 1e-30, math.pi, 2 * math.pi, 1.5707964, 4.9884e6, 1.048575e8]
+    x = torch.cat([x, -x, torch.tensor(special)])
+    got = torch.compile(torch.tan, backend="neuron", dynamic=False)(x)
+    exact = torch.tan(x.double())
+    torch.testing.assert_close(got.double(), exact, rtol=5e-6, atol=1e-12)
+    edge = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    assert torch.compile(torch.tan, backend="neuron", dynamic=False)(edge).isnan().all()
+
+
 @pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
                                 lambda t: t.argmax(), lambda t: t.min(0).indices, lambda t: torch.sign(t)],
                          ids=["argmax", "argmin", "max_dim", "argmax_flat", "min_dim_indices", "sign"])
