@@ -311,3 +311,23 @@ def test_batch_norm_with_update_called_directly(with_update):
         torch.testing.assert_close(g, e)
     for g, e in zip(ours, eager, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_batch_norm_with_update_backward_called_directly():
+    """The backward of a direct ``_batch_norm_with_update`` call is ``aten.batch_norm_backward`` (nn.BatchNorm's
+    own path goes through the functional op instead): its gradients match eager's."""
+    aten = torch.ops.aten
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rm: torch.Tensor, rv: torch.Tensor):
+        return aten._batch_norm_with_update(x, w, b, rm, rv, 0.6, 1e-5)[0]
+
+    gen = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(4, 3, 5, generator=gen) * 2 + 1, torch.randn(3, generator=gen), torch.randn(3, generator=gen)]
+    grad = torch.randn(4, 3, 5, generator=gen)
+    grads = []
+    for run in (fn, torch.compile(fn, backend="neuron", dynamic=False)):
+        xs = [t.clone().requires_grad_() for t in leaves]
+        run(*xs, torch.zeros(3), torch.ones(3)).backward(grad)
+        grads.append([t.grad for t in xs])
+    for want, got in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)
