@@ -244,9 +244,14 @@ def cos(b: ProgramBuilder, x: TileVal) -> TileVal:
 
 
 def sinpi(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """sin(pi x), exact at integers: x reduced by an exactly computed even integer first."""
-    r = b.binary("subtract", x, b.binary("multiply", rint(b, b.binary("multiply", x, 0.5)), 2.0))  # [-1, 1]
-    return b.activation("sin", b.binary("minimum", b.binary("maximum", r, -1.0), 1.0), scale=math.pi)  # type: ignore[arg-type]
+    """sin(pi x) = (-1)^k sin(pi (x - k)), k = round(x): exactly 0 at integers, full relative precision next to
+    them (the reduced argument is exact and within [-1/2, 1/2])."""
+    k = rint(b, x)
+    r = b.binary("subtract", x, k)  # exact, [-0.5, 0.5]; NaN for +-inf and NaN
+    s = b.activation("sin", b.binary("minimum", b.binary("maximum", r, -0.5), 0.5), scale=math.pi)  # type: ignore[arg-type]
+    half = b.binary("multiply", k, 0.5)
+    odd = b.binary("not_equal", half, floor(b, half))  # type: ignore[arg-type]
+    return keep_nan(b, r, b.select(odd, neg(b, s), s))  # type: ignore[arg-type]
 
 
 def atan(b: ProgramBuilder, x: TileVal) -> TileVal:
@@ -299,14 +304,21 @@ _PI_B = float(np.float32(math.pi - _PI_A))
 _PI_C = float(np.float32(math.pi - _PI_A - _PI_B))
 
 
-def tan(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - pi k kept as a pair (hi, lo), |hi| <= pi/2:
-    near the poles tan magnifies the reduction's error by 1 + tan^2, near its zeros the value is the error's size."""
+def reduce_pi_pair(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal, TileVal]:
+    """(hi, lo, m): x - 2 pi k - pi m = hi + lo (to ~1e-13 for |x| < 1.05e8), |hi| <= pi/2, m in -3..3: the 2 pi
+    reduction's pair, then an exact step by pi (sin and cos of x are (-1)^m those of hi + lo)."""
     hi, lo = reduce_2pi_pair(b, x)
     m = rint(b, b.binary("multiply", hi, 1.0 / math.pi))  # type: ignore[arg-type]
     hi = b.binary("subtract", hi, b.binary("multiply", m, _PI_A))  # type: ignore[assignment]  # exact (Sterbenz)
     hi, err = two_sum(b, hi, b.binary("multiply", m, -_PI_B))  # type: ignore[arg-type]
     lo = b.binary("subtract", b.binary("add", lo, err), b.binary("multiply", m, _PI_C))  # type: ignore[assignment]
+    return hi, lo, m
+
+
+def tan(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - pi k kept as a pair (hi, lo), |hi| <= pi/2:
+    near the poles tan magnifies the reduction's error by 1 + tan^2, near its zeros the value is the error's size."""
+    hi, lo, _ = reduce_pi_pair(b, x)
     hi = b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi)  # type: ignore[assignment]  # inf, nan
     s_ = b.activation("sin", hi)
     c_ = b.activation("sin", b.binary("add", b.binary("subtract", _PIO2_HI, absval(b, hi)), _PIO2_LO))
@@ -533,7 +545,7 @@ def digamma(b: ProgramBuilder, x: TileVal) -> TileVal:
     r = b.select(refl, b.binary("subtract", psi, b.binary("multiply", cot, math.pi)), psi)
     is_int = b.binary("logical_and", b.binary("equal", x, floor(b, x)), b.binary("less_equal", x, 0.0))
     r = b.select(is_int, NAN, r)
-    r = b.select(b.binary("equal", x, 0.0), -INF, r)
+    r = b.select(b.binary("equal", x, 0.0), b.select(signbit(b, x), INF, -INF), r)  # copysign(inf, -x)
     r = b.select(b.binary("equal", x, INF), INF, r)
     return keep_nan(b, x, r)  # type: ignore[arg-type]
 
@@ -623,11 +635,52 @@ def zeta(b: ProgramBuilder, s: TileVal, q: TileVal) -> TileVal:
     return keep_nan(b, s, keep_nan(b, q, r))
 
 
+def _cot_derivative_poly(n: int) -> list[float]:
+    """Coefficients (in powers of c) of P_n with d^n/dx^n cot(pi x) = pi^n P_n(cot(pi x)): P_0 = c and
+    P_{k+1} = -(1 + c^2) P_k'."""
+    poly = [0.0, 1.0]
+    for _ in range(n):
+        deriv = [i * a for i, a in enumerate(poly)][1:]
+        nxt = [0.0] * (len(deriv) + 2)
+        for i, a in enumerate(deriv):
+            nxt[i] -= a
+            nxt[i + 2] -= a
+        poly = nxt
+    return poly
+
+
+_PI_F = float(np.float32(math.pi))
+
+
 def polygamma(b: ProgramBuilder, n: int, x: TileVal) -> TileVal:
-    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1 (integer powers: negative x works too)."""
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1 (integer powers: negative x works too). Below 0 the
+    reflection psi^(n)(x) = (-1)^n psi^(n)(1 - x) - pi d^n/dx^n cot(pi x): the sum from a negative x would cancel
+    and end its series far from convergence. Trigamma (n = 1) follows eager's own formula below 1/2, pi^2 /
+    sin^2(x * fp32(pi)) - psi'(1 - x) with the fp32 product (its value at the poles, and its rounding)."""
     if n == 0:
         return digamma(b, x)
-    r = b.binary("multiply", hurwitz_zeta(b, n + 1, x), float((-1) ** (n + 1) * math.factorial(n)))
+    sign = float((-1) ** (n + 1) * math.factorial(n))
+    refl = b.binary("less", x, 0.5 if n == 1 else 0.0)
+    z = b.select(refl, b.binary("subtract", 1.0, x), x)
+    r = b.binary("multiply", hurwitz_zeta(b, n + 1, z), sign)  # type: ignore[arg-type]
+    if n == 1:
+        hi, lo, _ = reduce_pi_pair(b, b.binary("multiply", x, _PI_F))  # type: ignore[arg-type]
+        s = b.activation("sin", b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi))  # type: ignore[arg-type]
+        s = b.binary("add", s, lo)  # sin(hi + lo); lo matters where hi is ~ the fp32 product's own rounding
+        side = b.divide(_PI_F * _PI_F, b.binary("multiply", s, s))
+        r = b.select(refl, b.binary("subtract", side, r), r)
+        r = b.select(b.binary("equal", x, INF), 0.0, r)  # eager's series: 1 / (x * x) = 0
+        return keep_nan(b, x, r)  # type: ignore[arg-type]
+    cot = b.divide(sinpi(b, b.binary("add", x, 0.5)), sinpi(b, x))
+    c2 = b.binary("multiply", cot, cot)
+    coeffs = _cot_derivative_poly(n)  # of parity n + 1 in c: Horner in c^2, times c when n is even
+    acc: TileVal = b.fill(coeffs[-1], x.kind)
+    for a in reversed(coeffs[(n + 1) % 2:-1:2]):
+        acc = b.binary("add", b.binary("multiply", acc, c2), a)  # type: ignore[assignment]
+    if n % 2 == 0:
+        acc = b.binary("multiply", acc, cot)  # type: ignore[assignment]
+    side = b.binary("multiply", acc, math.pi ** (n + 1))
+    r = b.select(refl, b.binary("subtract", b.binary("multiply", r, float((-1) ** n)), side), r)
     is_pole = b.binary("logical_and", b.binary("less_equal", x, 0.0), b.binary("equal", x, floor(b, x)))
-    r = b.select(is_pole, INF if n % 2 else NAN, r)
+    r = b.select(is_pole, INF if n % 2 else -INF, r)  # eager: (-1)^(n+1) n! zeta(n + 1, pole) = (-1)^(n+1) inf
     return keep_nan(b, x, r)  # type: ignore[arg-type]
