@@ -178,8 +178,8 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
                 result["samples"] += 1
                 continue
             why = _compare(actual, expected, atol, rtol)
-            if why is not None and dtype in (torch.bfloat16, torch.float16) and not strict and not grad:
-                why = _rounding_only(call, leaves, actual, expected, why)
+            if why is not None and dtype in (torch.bfloat16, torch.float16) and not strict:
+                why = _rounding_only(call, leaves, actual, expected, why, grad)
             if why is not None and op.name in TIE_ORDER_UNSPECIFIED and not grad:
                 why = _tie_order_only(op.name, s, actual, expected, atol, rtol, why)
             if why is not None:
@@ -196,9 +196,10 @@ def _fresh(leaves: list[Any]) -> list[Any]:
     return [t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
 
 
-def _grads(outputs: Any, leaves: list[Any]) -> list[Any]:
+def _grads(outputs: Any, leaves: list[Any], via: Any = None) -> list[Any]:
     """Gradients of ``outputs`` against seeded cotangents with respect to the sample's differentiable tensors
-    (None for a tensor the outputs do not depend on)."""
+    (None for a tensor the outputs do not depend on); ``via``: the dtype the cotangents are rounded to first (a
+    float64 reference run takes the low-precision run's cotangents)."""
     import torch
     from torch.utils._pytree import tree_flatten
 
@@ -207,22 +208,28 @@ def _grads(outputs: Any, leaves: list[Any]) -> list[Any]:
     if not outs or not wrt:
         return []
     gen = torch.Generator().manual_seed(1)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(via or o.dtype).to(o.dtype) for o in outs]
     return list(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
 
 
-def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why: str) -> str | None:
+def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why: str,
+                   grad: bool = False) -> str | None:
     """A bf16/fp16 result that differs from eager only by rounding: both are compared with the op run in float64
     on the same inputs (Inductor's opinfo tests compare with a higher-precision reference the same way). Eager
     rounds every intermediate to the low-precision dtype, a compiled kernel keeps fp32 inside; the result passes
-    when its error is at most twice eager's (plus one unit in the last place of the largest reference value)."""
+    when its error is at most twice eager's (plus one unit in the last place of the largest reference value).
+    With ``grad`` the gradients are compared the same way (the float64 run takes the same cotangents)."""
     import torch
     from torch.utils._pytree import tree_flatten
 
-    up = [t.double() if t.is_floating_point() else t.clone() for t in leaves]
+    up = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t.clone()
+          for t in leaves]
     try:
         torch.manual_seed(0)
         reference = call(*up)
+        if grad:
+            low = next((t.dtype for t in leaves if t.is_floating_point()), None)
+            reference = (reference, _grads(reference, up, via=low))
     except Exception:
         return why
     a_flat, e_flat, r_flat = (tree_flatten(x)[0] for x in (actual, expected, reference))
