@@ -86,7 +86,7 @@ def segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: torc
     def at_elements(t: torch.Tensor) -> torch.Tensor:  # a per-segment value at each element (0 outside)
         return torch.gather(torch.cat([t, _rows(data, axis, 0, 0.0)], axis), axis, index)
 
-    def seg_sum(t: torch.Tensor, how: str = "sum", fill: float = 0.0) -> torch.Tensor:
+    def reduce_segments(t: torch.Tensor, how: str = "sum", fill: float = 0.0) -> torch.Tensor:  # sum or prod
         rows = _rows(t, axis, segments, fill)
         return rows.scatter_reduce(axis, index, t, how, include_self=True).narrow(axis, 0, segments)
 
@@ -99,11 +99,11 @@ def segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: torc
         return torch.where(inside, at_elements(grad / count), 0)
     if reduce in ("max", "min"):
         hit = (torch.isnan(data) | (data == at_elements(output))) & inside
-        ties = at_elements(seg_sum(hit.to(data.dtype)))
+        ties = at_elements(reduce_segments(hit.to(data.dtype)))
         return torch.where(hit, torch.where((ties > 1) & (g > 0), g / ties, g), 0)
     special = (data == 0) | torch.isnan(data)  # prod
-    others = seg_sum(torch.where(special, 1.0, data).to(data.dtype), "prod", 1.0 if initial is None else float(initial))
-    zeros, nans = (at_elements(seg_sum(m.to(data.dtype))) for m in (data == 0, torch.isnan(data)))
+    others = reduce_segments(torch.where(special, 1.0, data).to(data.dtype), "prod", 1.0 if initial is None else float(initial))
+    zeros, nans = (at_elements(reduce_segments(m.to(data.dtype))) for m in (data == 0, torch.isnan(data)))
     other_zeros, other_nans = zeros - (data == 0).to(data.dtype), nans - torch.isnan(data).to(data.dtype)
     rest = torch.where(other_nans > 0, float("nan"), torch.where(other_zeros > 0, 0.0, 1.0)).to(data.dtype)
     exclusive = at_elements(others) * rest
