@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from neuron_compile.lowering.ir import TileOp
 
@@ -281,18 +282,16 @@ def _int_fold(op: str, a: int, b: int) -> int:
 
 
 def _fold(op: str, a: float, b: float) -> float:
+    """``a <op> b`` of two constants as the fp32 ALU computes it: operands and result rounded to fp32 (a double
+    fold would make rint's (x + 2**23) - 2**23 the identity)."""
     import operator
 
-    table = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "maximum": max,
-             "minimum": min, "power": operator.pow, "equal": operator.eq, "not_equal": operator.ne,
+    table = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+             "minimum": np.minimum, "power": np.power, "equal": operator.eq, "not_equal": operator.ne,
              "greater": operator.gt, "greater_equal": operator.ge, "less": operator.lt, "less_equal": operator.le,
              "logical_and": lambda x, y: bool(x) and bool(y), "logical_or": lambda x, y: bool(x) or bool(y),
              "logical_xor": lambda x, y: bool(x) != bool(y)}
     if op not in table:
         raise LoweringError(f"cannot constant-fold {op}")
-    if op in ("maximum", "minimum") and (math.isnan(a) or math.isnan(b)):
-        return math.nan
-    try:
-        return float(table[op](a, b))
-    except (OverflowError, ZeroDivisionError):
-        return math.nan if op == "power" else math.copysign(math.inf, a)
+    with np.errstate(all="ignore"):
+        return float(table[op](np.float32(a), np.float32(b)))

@@ -20,7 +20,7 @@ MAX_DEGREE = 48
 def _degree(x: torch.Tensor, n: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, n) broadcast, in fp32, n as eager's ``static_cast<int64_t>``: truncated, and -1 (a degree whose value
     is 0) where it is not finite or beyond int64 (x86 converts those to INT64_MIN)."""
-    x, n = torch.broadcast_tensors(x, n if isinstance(n, torch.Tensor) else torch.tensor(float(n), dtype=x.dtype))
+    x, n = torch.broadcast_tensors(x, n if isinstance(n, torch.Tensor) else torch.full_like(x, float(n), dtype=torch.float32))
     n = n.to(torch.float32)
     n = torch.where(n.isfinite() & (n.abs() < 2.0**63), n.trunc(), -1.0)
     return x.to(torch.float32), n
@@ -64,7 +64,9 @@ def _poly(name: str, first: Callable[[torch.Tensor], torch.Tensor],
     the last unrolled degree (eager's loop stops there). Anything else there raises on device."""
     what = f"torch.special.{name}"
 
-    def fn(x: torch.Tensor, n: Any) -> torch.Tensor:
+    def fn(x: Any, n: Any) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):  # the x_scalar overload: a Python number takes the degree's float dtype
+            x = torch.full_like(n, float(x), dtype=n.dtype if n.dtype.is_floating_point else torch.get_default_dtype())
         dtype = torch.promote_types(x.dtype, n.dtype) if isinstance(n, torch.Tensor) else x.dtype
         xf, nf = _degree(x, n)
         if shift:
@@ -138,3 +140,7 @@ SPECIAL: dict[Any, Any] = {
     aten.special_spherical_bessel_j0.default: lambda x: torch.where(x == 0, torch.ones_like(x),
                                                                     torch.sin(x) / torch.where(x == 0, 1, x)),
 }
+
+# the overloads with a Python number for x or for n take the same decomposition
+SPECIAL.update({getattr(op.overloadpacket, overload): fn for op, fn in list(SPECIAL.items())
+                if "polynomial" in op.__name__ for overload in ("x_scalar", "n_scalar")})

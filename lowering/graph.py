@@ -395,6 +395,23 @@ class LoopGroupEmitter:
             return type(a)(self.map_arg(x, consumer) for x in a)
         return a
 
+    def _constant_operands_as_tiles(self, node: fx.Node, args: list[Any]) -> list[Any]:
+        """A node whose tensor operands are all folded constants (a graph constant, a ``full``) gets them as fill
+        tiles: the rules take a constant beside a tile, and on their own they would have to fold every op (a
+        cast's rounding, a float's floor) in Python."""
+        tensor_args = [i for i, a in enumerate(node.args) if isinstance(a, fx.Node)]
+        if not tensor_args or any(isinstance(args[i], TileVal) for i in tensor_args):
+            return args
+        if not all(isinstance(args[i], (int, float, bool)) for i in tensor_args):
+            return args
+        out, b = list(args), self.b
+        mode = b.int_mode
+        for i in tensor_args:
+            b.int_mode = is_int_compute(node.args[i])  # the operand's own dtype (a cast's input may be a float)
+            out[i] = b.fill(args[i], self.member_role(node))
+        b.int_mode = mode
+        return out
+
     def emit(self) -> None:
         g, b = self.g, self.b
         kernel_index = len(self.gl.kernels)
@@ -416,6 +433,7 @@ class LoopGroupEmitter:
                 continue
             args = [self.map_arg(a, node) for a in node.args]
             kwargs = {k: self.map_arg(v, node) for k, v in node.kwargs.items()}
+            args = self._constant_operands_as_tiles(node, args)
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))

@@ -79,3 +79,16 @@ def test_a_large_degree_without_a_known_value_raises_by_name(name: str) -> None:
         f(x, torch.tensor([3.0, MAX_DEGREE + 2.0]))
     assert re.search(rf"torch\.special\.{name}: a degree above {MAX_DEGREE} \(where the value has no closed form "
                      r"and has not overflowed\) is not supported by the neuron backend", str(info.value))
+
+
+@pytest.mark.parametrize("name", ["chebyshev_polynomial_u", "hermite_polynomial_he", "legendre_polynomial_p"])
+def test_python_number_for_x_or_for_n(name: str) -> None:
+    """The x_scalar and n_scalar overloads (a Python number for either) take the same decomposition."""
+    fn = _fn(name)
+    x = torch.tensor([0.0, 2.0, -0.4, 1.0])
+    n = torch.tensor([0.0, 3.0, 5.9, 7.0])
+    for f, arg in ((lambda t: fn(t, 3.5), x), (lambda t: fn(0.3, t), n), (lambda t: fn(t.int(), 4), x)):
+        got = torch.compile(f, backend="neuron", dynamic=False)(arg)
+        want = f(arg)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -116,3 +116,30 @@ def test_cdist_of_no_pairs_is_empty(shapes: tuple[tuple[int, ...], tuple[int, ..
     want.sum().backward()
     for a, b in zip(ours, eager, strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+CONSTANT_UNARY = {
+    "trunc": torch.trunc, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "frac": torch.frac,
+    "reciprocal": torch.reciprocal, "rsqrt": torch.rsqrt, "sign": torch.sign, "softplus": F.softplus,
+    "mish": F.mish, "softshrink": F.softshrink, "to_bf16": lambda t: t.bfloat16().float(),
+    "to_half": lambda t: t.half().float(), "to_uint8": lambda t: t.byte().float(), "to_int": lambda t: t.int().float(),
+}
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n in sorted(CONSTANT_UNARY) for v in (3.5, -1.75, 0.37)
+                                        if not (n == "to_uint8" and v < 0)])  # float -> uint8 of -1.75: UB in C++
+def test_unary_ops_of_a_constant_operand(name: str, value: float) -> None:
+    """An op whose only tensor operand is a graph constant (here a ``full``, folded to a scalar) computes what the
+    op computes on a tensor: trunc(3.5) was 3.5, a bf16 cast kept every bit, reciprocal/sign/softplus crashed."""
+    op = CONSTANT_UNARY[name]
+    x = torch.tensor([0.0, 1.0, 2.0])
+    fn = lambda x: op(torch.full_like(x, value)) + x  # noqa: E731
+    torch.testing.assert_close(torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x), rtol=1e-6, atol=1e-6,
+                               equal_nan=True)
+
+
+def test_constant_folds_round_like_the_fp32_alu() -> None:
+    """Two constants folded into one: the result is rounded to fp32 as the kernel's ALU would round it (a float64
+    fold made rint's (x + 2**23) - 2**23 the identity)."""
+    _same(lambda x: torch.round(torch.full_like(x, 2.5) + torch.full_like(x, 0.25)) + x, torch.zeros(3))
+    _same(lambda x: torch.special.chebyshev_polynomial_u(x, 3.5), torch.tensor([0.0, 2.0, 1.0, 3.0]))
