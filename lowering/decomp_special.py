@@ -3,7 +3,8 @@
 The classical orthogonal polynomials take their degree ``n`` as a tensor (truncated to an integer, as
 torch does). Their three-term recurrences are unrolled to :data:`MAX_DEGREE` and each element selects its
 own degree's value. Beyond the unrolled range the value is eager's where it is known without the
-recurrence (closed forms, overflow); anything else raises on device instead of returning a wrong value. Bessel-type functions with a closed form in lowered ops are written through it.
+recurrence (closed forms, overflow); anything else raises on device instead of returning a wrong value.
+Bessel-type functions with a closed form in lowered ops are written through it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ MAX_DEGREE = 48
 def _degree(x: torch.Tensor, n: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, n) broadcast, in fp32, n as eager's ``static_cast<int64_t>``: truncated, and -1 (a degree whose value
     is 0) where it is not finite or beyond int64 (x86 converts those to INT64_MIN)."""
-    x, n = torch.broadcast_tensors(x, n if isinstance(n, torch.Tensor) else torch.full_like(x, float(n), dtype=torch.float32))
+    if not isinstance(n, torch.Tensor):  # the n_scalar overload
+        n = torch.full_like(x, float(n), dtype=torch.float32)
+    x, n = torch.broadcast_tensors(x, n)
     n = n.to(torch.float32)
     n = torch.where(n.isfinite() & (n.abs() < 2.0**63), n.trunc(), -1.0)
     return x.to(torch.float32), n
