@@ -254,6 +254,11 @@ def sinpi(b: ProgramBuilder, x: TileVal) -> TileVal:
     return keep_nan(b, r, b.select(odd, neg(b, s), s))  # type: ignore[arg-type]
 
 
+def cotpi(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """cot(pi x) = sin(pi (x + 1/2)) / sin(pi x): exactly 0 at half-integers, +-inf at integers."""
+    return b.divide(sinpi(b, b.binary("add", x, 0.5)), sinpi(b, x))  # type: ignore[arg-type,return-value]
+
+
 def atan(b: ProgramBuilder, x: TileVal) -> TileVal:
     """atan over the whole line: ScalarE arctan on [0, 1], ``pi/2 - atan(1/|x|)`` beyond."""
     a = absval(b, x)
@@ -304,21 +309,21 @@ _PI_B = float(np.float32(math.pi - _PI_A))
 _PI_C = float(np.float32(math.pi - _PI_A - _PI_B))
 
 
-def reduce_pi_pair(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal, TileVal]:
-    """(hi, lo, m): x - 2 pi k - pi m = hi + lo (to ~1e-13 for |x| < 1.05e8), |hi| <= pi/2, m in -3..3: the 2 pi
-    reduction's pair, then an exact step by pi (sin and cos of x are (-1)^m those of hi + lo)."""
+def reduce_pi_pair(b: ProgramBuilder, x: TileVal) -> tuple[TileVal, TileVal]:
+    """(hi, lo): x - pi j = hi + lo (to ~1e-13 for |x| < 1.05e8), |hi| <= pi/2: the 2 pi reduction's pair, then an
+    exact step by pi (a multiple of at most 3; tan, and sin up to sign, of x are those of hi + lo)."""
     hi, lo = reduce_2pi_pair(b, x)
     m = rint(b, b.binary("multiply", hi, 1.0 / math.pi))  # type: ignore[arg-type]
     hi = b.binary("subtract", hi, b.binary("multiply", m, _PI_A))  # type: ignore[assignment]  # exact (Sterbenz)
     hi, err = two_sum(b, hi, b.binary("multiply", m, -_PI_B))  # type: ignore[arg-type]
     lo = b.binary("subtract", b.binary("add", lo, err), b.binary("multiply", m, _PI_C))  # type: ignore[assignment]
-    return hi, lo, m
+    return hi, lo
 
 
 def tan(b: ProgramBuilder, x: TileVal) -> TileVal:
     """tan(x) = tan(hi + lo) ~ tan(hi) + lo (1 + tan(hi)^2), with x - pi k kept as a pair (hi, lo), |hi| <= pi/2:
     near the poles tan magnifies the reduction's error by 1 + tan^2, near its zeros the value is the error's size."""
-    hi, lo, _ = reduce_pi_pair(b, x)
+    hi, lo = reduce_pi_pair(b, x)
     hi = b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi)  # type: ignore[assignment]  # inf, nan
     s_ = b.activation("sin", hi)
     c_ = b.activation("sin", b.binary("add", b.binary("subtract", _PIO2_HI, absval(b, hi)), _PIO2_LO))
@@ -541,7 +546,7 @@ def digamma(b: ProgramBuilder, x: TileVal) -> TileVal:
     psi = b.binary("add", b.binary("subtract", log(b, zs), b.binary("multiply", inv, 0.5)), tail)
     psi = b.select(shift, b.binary("subtract", psi, acc), psi)
     # reflection: psi(x) = psi(1 - x) - pi / tan(pi x)
-    cot = b.divide(sinpi(b, b.binary("add", x, 0.5)), sinpi(b, x))
+    cot = cotpi(b, x)
     r = b.select(refl, b.binary("subtract", psi, b.binary("multiply", cot, math.pi)), psi)
     is_int = b.binary("logical_and", b.binary("equal", x, floor(b, x)), b.binary("less_equal", x, 0.0))
     r = b.select(is_int, NAN, r)
@@ -693,14 +698,14 @@ def polygamma(b: ProgramBuilder, n: int, x: TileVal) -> TileVal:
     z = b.select(refl, b.binary("subtract", 1.0, x), x)
     r = b.binary("multiply", hurwitz_zeta(b, n + 1, z), sign)  # type: ignore[arg-type]
     if n == 1:
-        hi, lo, _ = reduce_pi_pair(b, b.binary("multiply", x, _PI_F))  # type: ignore[arg-type]
+        hi, lo = reduce_pi_pair(b, b.binary("multiply", x, _PI_F))  # type: ignore[arg-type]
         s = b.activation("sin", b.binary("minimum", b.binary("maximum", hi, -math.pi), math.pi))  # type: ignore[arg-type]
         s = b.binary("add", s, lo)  # sin(hi + lo); lo matters where hi is ~ the fp32 product's own rounding
         side = b.divide(_PI_F * _PI_F, b.binary("multiply", s, s))
         r = b.select(refl, b.binary("subtract", side, r), r)
         r = b.select(b.binary("equal", x, INF), 0.0, r)  # eager's series: 1 / (x * x) = 0
         return keep_nan(b, x, r)  # type: ignore[arg-type]
-    cot = b.divide(sinpi(b, b.binary("add", x, 0.5)), sinpi(b, x))
+    cot = cotpi(b, x)
     c2 = b.binary("multiply", cot, cot)
     coeffs = _cot_derivative_poly(n)  # of parity n + 1 in c: Horner in c^2, times c when n is even
     acc: TileVal = b.fill(coeffs[-1], x.kind)

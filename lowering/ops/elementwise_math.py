@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from neuron_compile.lowering import mathlib as m
 from neuron_compile.lowering import mathlib_bessel as mb
@@ -144,16 +143,11 @@ def lower_zeta(ctx: Any, node: fx.Node, x: Any, q: Any) -> Any:
 # -- rounding --------------------------------------------------------------------------------------
 
 
-_ROUND_CONSTANT = {m.floor: np.floor, m.ceil: np.ceil, m.trunc: np.trunc, m.rint: np.rint}
-
-
 def _rounding(fn: Any, doc: str) -> Any:
     def rule(ctx: Any, node: fx.Node, x: Any, *args: Any, **kwargs: Any) -> Any:
         if is_int_compute(node):
             return x  # integers are their own floor/ceil/round
-        if not isinstance(x, TileVal):  # a constant (e.g. a folded full): rounded here, as the kernel would
-            return float(_ROUND_CONSTANT[fn](np.float32(x)))
-        return fn(ctx.b, ctx.b.cast(x, "float32"))
+        return fn(ctx.b, ctx.b.cast(x, "float32"))  # a constant operand comes as a fill tile (the emitter's rule)
 
     rule.__doc__ = doc
     return rule
