@@ -118,8 +118,9 @@ def _build(precise: bool) -> dict[str, DTypeInfo]:
         float32: DTypeInfo(float32, F32, 4, "f"),
         tfloat32: DTypeInfo(tfloat32, F32, 4, "f"),
     }
-    for name in (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4):
+    for name in (float8_e5m2_x4, float8_e4m3fn_x4):  # four 8-bit codes: a 32-bit word
         table[name] = DTypeInfo(name, np.dtype(np.uint32), 4, "x")
+    table[float4_e2m1fn_x4] = DTypeInfo(float4_e2m1fn_x4, np.dtype(np.uint16), 2, "x")  # four 4-bit codes: 16 bits
     return table
 
 
@@ -206,7 +207,7 @@ def cast_for_store(values: np.ndarray, dt: DTypeInfo) -> np.ndarray | None:
     if dt.name == tfloat32:
         return _round_tf32(np.asarray(values, dtype=np.float32))
     if dt.kind == "x":
-        return np.asarray(values).astype(np.uint32)
+        return np.asarray(values).astype(dt.np_dtype)
     return None
 
 

@@ -89,6 +89,13 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         C.need_version(api + " (priority=)", 4)
         if priority not in (0, 1, 2, 3):
             raise SimulatorConstraintError(api, "priority", priority, "0..3")
+    if dst.oob is not None or src.oob is not None:
+        inside = _inside_rows(api, dst, src, check_enum(oob_mode, _en.oob_mode, api, "oob_mode"))
+        if inside is None:  # every row skipped: the DMA is still issued
+            if _trace.ACTIVE is not None:
+                _trace.record("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
+            return
+        dst, src = inside
     same = src.dtype == dst.dtype and src.info.np_dtype == dst.info.np_dtype
     if src._indirect is None and dst._indirect is None:
         if same:
@@ -99,6 +106,24 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         _dma_indirect(api, dst, src, check_enum(oob_mode, _en.oob_mode, api, "oob_mode"), same)
     if _trace.ACTIVE is not None:
         _trace.record("dma", "dma_copy", (dst, src), main=dst if dst.on_chip or not src.on_chip else src)
+
+
+def _inside_rows(api: str, dst: NkiTensor, src: NkiTensor, oob: oob_mode) -> tuple[NkiTensor, NkiTensor] | None:
+    """A DMA whose runtime (scalar_offset) access pattern leaves its tensor: with ``oob_mode.skip`` only the rows
+    inside move (both sides cut to them, which needs the same row count on both); None when no row is inside."""
+    t = dst if dst.oob is not None else src
+    other = src if t is dst else dst
+    why, r0, r1 = t.oob  # type: ignore[misc]
+    if oob is not oob_mode.skip or other.oob is not None:
+        raise SimulatorError(f"{api}: {why}")
+    if r0 == r1:
+        return None
+    if other.shape[:1] != t.shape[:1]:
+        raise SimulatorError(f"{api}: {why}; rows {r0}..{r1 - 1} of {t.shape[0]} are inside, and skipping the others "
+                             f"needs the other side to have the same rows (its shape is {other.shape})")
+    inside = NkiTensor(t.storage, t.offset + r0 * t.strides[0], (r1 - r0,) + t.shape[1:], t.strides, t.info, t.name)
+    part = other._view(other.offset + r0 * other.strides[0], (r1 - r0,) + other.shape[1:], other.strides)
+    return (inside, part) if t is dst else (part, inside)
 
 
 def _dma_indirect(api: str, dst: NkiTensor, src: NkiTensor, oob: oob_mode, same: bool) -> None:

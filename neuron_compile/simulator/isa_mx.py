@@ -2,8 +2,9 @@
 (TensorE), written from their nki.isa API reference pages and the OCP Microscaling format.
 
 Packed dtypes: a ``float8_e5m2_x4`` / ``float8_e4m3fn_x4`` element is a 32-bit word holding four
-fp8 values, value ``q`` in byte ``q`` (least significant first); ``float4_e2m1fn_x4`` holds four
-fp4 codes, one in the low nibble of each byte. Element ``j`` of a packed row stands for the four
+fp8 values, value ``q`` in byte ``q`` (least significant first); a ``float4_e2m1fn_x4`` element is
+16 bits holding four fp4 codes, value ``q`` in nibble ``q`` (the low nibble of a byte first, as AWS's
+MX tutorial packs two fp4 values per byte). Element ``j`` of a packed row stands for the four
 consecutive unpacked values ``4j .. 4j+3`` of that partition.
 
 Scales: one per group of 8 partitions x 4 unpacked values (one packed column). The scale of group
@@ -45,12 +46,13 @@ def scale_rows(p: int) -> np.ndarray:
 
 def unpack(t: NkiTensor) -> np.ndarray:
     """A packed (P, F) x4 tile as fp32 values of shape (P, 4F)."""
-    words = np.ascontiguousarray(np.asarray(t.arr)).astype(np.uint32).reshape(t.shape[0], -1)
+    words = np.ascontiguousarray(np.asarray(t.arr)).astype(t.info.np_dtype).reshape(t.shape[0], -1)
     raw = words.view(np.uint8).reshape(words.shape[0], -1)  # little-endian: byte q = value q
     if t.dtype == _dt.float4_e2m1fn_x4:
         import ml_dtypes
 
-        return (raw & 0x0F).astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(F32)
+        nibbles = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(raw.shape[0], -1)  # low nibble first
+        return nibbles.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(F32)
     return raw.view(_dt.low_precision_types()[_FP8[t.dtype]]).astype(F32)
 
 

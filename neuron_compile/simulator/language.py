@@ -278,11 +278,22 @@ def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
     return range(_reg_value(start, api), _reg_value(stop, api), step)
 
 
-class NKIObject:
+class _NKIObjectMeta(type):
+    """Keeps :class:`NKIObject`'s keyword ``__init__`` on a ``@dataclass`` subclass without annotated fields, whose
+    generated ``__init__`` would take no arguments (AWS's kernels construct such classes with keywords)."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name == "__init__" and getattr(cls, "__dataclass_fields__", None) == {}:
+            return  # set by @dataclass, which fills __dataclass_fields__ first
+        super().__setattr__(name, value)
+
+
+class NKIObject(metaclass=_NKIObjectMeta):
     """Base of user classes in kernels (the language guide's meta-programming subset): a dataclass-like
     ``__init__`` over the annotated fields of the class and its bases, unless the class defines its
-    own ``__init__`` or ``@dataclass`` generates one (then that one runs: defaults, ``default_factory``,
-    ``frozen``, ``__post_init__``). Without annotated fields, keyword arguments become attributes."""
+    own ``__init__`` or ``@dataclass`` generates one from annotated fields (then that one runs: defaults,
+    ``default_factory``, ``frozen``, ``__post_init__``). Without annotated fields, keyword arguments become
+    attributes, with or without ``@dataclass``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)

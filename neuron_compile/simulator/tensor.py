@@ -122,7 +122,8 @@ def _opname(op: str) -> TypeError:
 class NkiTensor:
     """A view on a :class:`Storage`: element address = ``offset + sum(strides[k] * i_k)``."""
 
-    __slots__ = ("storage", "offset", "shape", "strides", "dtype", "info", "_arr", "_indirect", "name", "_pinfo", "_mmv")
+    __slots__ = ("storage", "offset", "shape", "strides", "dtype", "info", "_arr", "_indirect", "name", "_pinfo", "_mmv",
+                 "oob")
     __array_ufunc__ = None  # numpy must not treat tensors as arrays (no operator overloading)
 
     def __init__(self, storage: Storage, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
@@ -139,6 +140,9 @@ class NkiTensor:
         self.name = storage.name if name is None else name
         self._pinfo: tuple[int, int, int] | None = None
         self._mmv: np.ndarray | None = None
+        # A runtime (scalar_offset) access outside its tensor: (why, first valid row, end of the valid rows) along the
+        # pattern's first pair. Only a DMA with oob_mode.skip may use it (it moves the valid rows); anything else raises.
+        self.oob: tuple[str, int, int] | None = None
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -160,6 +164,8 @@ class NkiTensor:
     @property
     def arr(self) -> np.ndarray:
         """The NumPy view aliasing the storage (writes go to the storage); stamps the storage's last use."""
+        if self.oob is not None:
+            raise SimulatorError(self.oob[0])
         life = self.storage.life
         if life is not None:
             life[1] = _state.CLOCK[0]
@@ -540,10 +546,11 @@ class NkiTensor:
                                                f"tensor '{st.name}'")
             if len(pat) < 2:
                 raise SimulatorError("NkiTensor.ap: on-chip patterns need a partition pair and >= 1 free pair")
-        if scalar_offset is not None:
-            if not 0 <= indirect_dim < len(st.shape):
-                raise SimulatorError(f"NkiTensor.ap: indirect_dim {indirect_dim} out of range")
-            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(st.shape[indirect_dim + 1:]) * old // new
+        if scalar_offset is not None:  # the start moves by whole slices of the tensor ap is called on
+            if not 0 <= indirect_dim < len(self.shape):
+                raise SimulatorError(f"NkiTensor.ap: indirect_dim {indirect_dim} out of range for a "
+                                     f"{len(self.shape)}-D tensor")
+            off += _scalar_int(scalar_offset, "NkiTensor.ap") * math.prod(self.shape[indirect_dim + 1:]) * old // new
         t = NkiTensor(st, off, tuple(c for _, c in pat), tuple(s for s, _ in pat), info, st.name)
         first = 0
         if vector_offset is not None:
@@ -567,9 +574,23 @@ class NkiTensor:
         if any(c == 0 for _, c in pat):
             return t
         if lo < 0 or hi >= n_elems:
-            raise SimulatorError(f"NkiTensor.ap: pattern {pat} with offset {off} addresses elements {lo}..{hi}, "
-                                 f"outside tensor '{st.name}' of {n_elems} elements")
+            why = (f"NkiTensor.ap: pattern {pat} with offset {off} addresses elements {lo}..{hi}, outside tensor "
+                   f"'{st.name}' of {n_elems} elements")
+            if scalar_offset is None or vector_offset is not None:
+                raise SimulatorError(why)
+            t.oob = (why + " (a DMA with oob_mode=nisa.oob_mode.skip skips the rows outside)",
+                     *_rows_inside(pat, off, n_elems))
         return t
+
+
+def _rows_inside(pat: list[tuple[int, int]], off: int, n_elems: int) -> tuple[int, int]:
+    """The rows ``[r0, r1)`` along the first pattern pair whose every element lies in ``[0, n_elems)`` (the rows'
+    addresses move monotonically with the row, so they are one range; empty as ``(0, 0)``)."""
+    stride, rows = pat[0]
+    lo = sum(min(0, (c - 1) * s) for s, c in pat[1:])
+    hi = sum(max(0, (c - 1) * s) for s, c in pat[1:])
+    inside = [r for r in range(rows) if off + r * stride + lo >= 0 and off + r * stride + hi < n_elems]
+    return (inside[0], inside[-1] + 1) if inside else (0, 0)
 
 
 def _parse_pattern(p: Any) -> list[list[str]]:
