@@ -71,6 +71,21 @@ def int_refusal(op: str, dtype: torch.dtype | None, why: str, fix: str) -> str:
     return f"{op} on {dtype} is not supported: {why}; {fix}"
 
 
+def int_scalars_in_range(node: fx.Node) -> str | None:
+    """A refusal when ``node`` computes in integers and one of its scalar operands (a value, a fill) is outside
+    int32: NeuronCores hold integers as int32, so the constant itself can't be represented."""
+    if not is_int_compute(node):
+        return None
+    dtype = dtype_of(node)
+    if dtype == torch.bool:  # a comparison: name its integer operand's dtype
+        dtype = next((dtype_of(a) for a in node.args if isinstance(a, fx.Node)), dtype)
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, (int, float)) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
+            return int_refusal(str(node.target), dtype, f"the integer scalar {a} is outside int32, the range "
+                               "NeuronCores compute integers in", "keep integer constants below 2**31")
+    return None
+
+
 def no_int(op: str, why: str, fix: str = "cast to float first (x.float()) if fp32 rounding is acceptable"):
     """A ``check=`` refusing ``op`` whenever the node computes in integers."""
 

@@ -141,9 +141,17 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     if rule is None:
         why = _DECLINED.get(node.target)
         return (why(node) if why is not None else None) or "no lowering rule"
-    if rule.check is not None:
-        return rule.check(node)
-    return None
+    why = rule.check(node) if rule.check is not None else None
+    if why is None and rule.family in _VALUE_SCALARS:
+        from neuron_compile.lowering.intmath import int_scalars_in_range
+
+        why = int_scalars_in_range(node)
+    return why
+
+
+# Families whose scalar arguments are values (operands, fills), which integer ops hold as int32; the others' scalar
+# arguments are sizes, dims and slice bounds (a slice's end is often 2**63 - 1).
+_VALUE_SCALARS = frozenset(("elementwise", "constant"))
 
 
 def is_tuple_item(node: torch.fx.Node) -> bool:

@@ -52,21 +52,6 @@ def _no_int_div(node: fx.Node) -> str | None:
     return None
 
 
-# Narrow integer results: int32 compute then a saturating DMA cast, where torch wraps at 8/16 bits.
-_NARROW = (torch.int8, torch.int16, torch.uint8)
-
-
-def _int_arith(node: fx.Node) -> str | None:
-    """8/16-bit results are computed in int32 and wrapped to their width (LoopGroupEmitter); integer
-    scalars must be int32 values (NeuronCores hold integers as int32)."""
-    if is_int_compute(node):
-        for a in list(node.args) + list(node.kwargs.values()):
-            if isinstance(a, int) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
-                return int_refusal(str(node.target), _dtype(node), f"the integer scalar {a} is outside int32, the "
-                                   "range NeuronCores compute integers in", "keep integer constants below 2**31")
-    return None
-
-
 def _low_precision(node: fx.Node) -> str | None:
     d = _dtype(node)
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(d)  # type: ignore[arg-type]
@@ -101,14 +86,14 @@ def _binary(op: str):
     return rule
 
 
-register_lowering(aten.add.Tensor, aten.add.Scalar, family="elementwise", check=_int_arith)(_binary("add"))
-register_lowering(aten.sub.Tensor, aten.sub.Scalar, family="elementwise", check=_int_arith)(_binary("subtract"))
-register_lowering(aten.mul.Tensor, aten.mul.Scalar, family="elementwise", check=_int_arith)(_binary("multiply"))
+register_lowering(aten.add.Tensor, aten.add.Scalar, family="elementwise")(_binary("add"))
+register_lowering(aten.sub.Tensor, aten.sub.Scalar, family="elementwise")(_binary("subtract"))
+register_lowering(aten.mul.Tensor, aten.mul.Scalar, family="elementwise")(_binary("multiply"))
 register_lowering(aten.maximum.default, family="elementwise")(_binary("maximum"))
 register_lowering(aten.minimum.default, family="elementwise")(_binary("minimum"))
 
 
-@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor, family="elementwise", check=_int_arith)
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor, family="elementwise")
 def lower_rsub(ctx, node, a, b, *, alpha=1):
     """aten.rsub: ``b - alpha * a``."""
     if alpha != 1:
@@ -161,7 +146,7 @@ def _bitwise_check(node: fx.Node) -> str | None:
         return None
     if d is None or d.is_floating_point or d.is_complex:
         return f"bitwise ops of {d} tensors (torch allows them on integers and bools only)"
-    return _int_arith(node)
+    return None
 
 
 @register_lowering(aten.bitwise_not.default, family="elementwise", check=_bitwise_check)
@@ -216,13 +201,13 @@ def lower_relu_sign(ctx, node, x):
     return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))
 
 
-@register_lowering(aten.neg.default, family="elementwise", check=_int_arith)
+@register_lowering(aten.neg.default, family="elementwise")
 def lower_neg(ctx, node, x):
     """aten.neg: ``x * -1`` on VectorE (integers: int32 tensor_tensor, exact)."""
     return ctx.b.binary("multiply", x, -1.0)
 
 
-@register_lowering(aten.abs.default, family="elementwise", check=_int_arith)
+@register_lowering(aten.abs.default, family="elementwise")
 def lower_abs(ctx, node, x):
     """aten.abs: |x| as max(x, -x) (exact)."""
     return ctx.b.binary("maximum", x, ctx.b.binary("multiply", x, -1.0))

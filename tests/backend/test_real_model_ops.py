@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import re
+
 import pytest
 import torch
 
@@ -79,11 +81,22 @@ def test_int64_arithmetic_within_int32_is_exact_and_int32_wraps_like_torch():
     _same(lambda t: t * 100000, torch.tensor([100000], dtype=torch.int32))  # int32 wraps in torch too
 
 
-def test_integer_scalar_beyond_int32_is_refused_by_name():
-    with pytest.raises(Exception, match="the integer scalar 2147483648 is outside int32") as info:
-        _compile(lambda t: t + 2**31)(torch.tensor([1, 2]))
-    assert isinstance(info.value, UnsupportedOpError) or isinstance(info.value.__cause__, UnsupportedOpError) \
-        or "UnsupportedOpError" in str(info.value)
+@pytest.mark.parametrize("fn, op", [
+    (lambda t: t + 2**31, r"aten\.add\.Tensor\(int64\[2\], 2147483648\): aten\.add\.Tensor on torch\.int64"),
+    (lambda t: t == 2**40, r"aten\.eq\.Scalar\(int64\[2\], 1099511627776\): aten\.eq\.Scalar on torch\.int64"),
+    (lambda t: t & (2**40 + 1), r"aten\.bitwise_and\.Scalar\(int64\[2\], 1099511627777\)"),
+    (lambda t: torch.where(t > 1, t, 2**40), r"aten\.scalar_tensor\.default\(1099511627776\)"),
+    (lambda t: t + torch.full((2,), 2**40), r"aten\.full\.default\(\[2\], 1099511627776\)"),
+], ids=["add", "eq", "bitwise_and", "where", "full"])
+def test_integer_scalar_beyond_int32_is_refused_by_name(fn, op):
+    """Every integer op, and every integer constant, whose scalar NeuronCores can't hold as int32 is refused at
+    compile time, in the one UnsupportedOpError format (the op, its inputs, the reason, the user's line)."""
+    with pytest.raises(Exception, match=r"the integer scalar \d+ is outside int32") as info:
+        _compile(fn)(torch.tensor([1, 2]))
+    err = getattr(info.value, "inner_exception", None) or info.value  # Dynamo wraps it in BackendCompilerFailed
+    assert isinstance(err, UnsupportedOpError), repr(info.value)
+    assert len(err.unsupported) == 1 and re.search(op, err.unsupported[0]), err.unsupported
+    assert "test_real_model_ops.py" in err.unsupported[0]
 
 
 @pytest.mark.parametrize("fn", [lambda a, b: torch.div(a, b, rounding_mode="floor"),
