@@ -30,7 +30,7 @@ EXTRA = [
     aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
     aten.native_batch_norm_backward, aten.linalg_vector_norm, aten.repeat,
     aten.as_strided_copy, aten.as_strided_scatter, aten.ldexp, aten.narrow_copy,
-    aten.unbind_copy, aten.gcd, aten.lcm, aten.bitwise_left_shift, aten.grid_sampler_2d,
+    aten.unbind_copy, aten.gcd, aten.lcm, aten.grid_sampler_2d,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.batch_norm_backward,
 ]
 # Ops we lower ourselves even though a decomposition exists.

@@ -175,6 +175,66 @@ def lower_bitwise(ctx, node, a, b):
     return ctx.b.binary(f"bitwise_{op}", a, b)
 
 
+_LSHIFT = (aten.__lshift__.Scalar, aten.__lshift__.Tensor, aten.bitwise_left_shift.Tensor,
+           aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor)
+_RSHIFT = (aten.__rshift__.Scalar, aten.__rshift__.Tensor, aten.bitwise_right_shift.Tensor,
+           aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
+
+
+def _shift_check(node: fx.Node) -> str | None:
+    d = _dtype(node)
+    if d is None or d not in INTS:
+        return f"shifts of {d} tensors (torch shifts integers only)"
+    return None
+
+
+def _shift_amount(b, s, lo: int, hi: int):  # type: ignore[no-untyped-def]
+    """The shift clamped to [lo, hi] (an int32 tile, or a Python int)."""
+    if not isinstance(s, TileVal):
+        return min(max(int(s), lo), hi)
+    return b.binary("minimum", b.binary("maximum", s, lo), hi)
+
+
+@register_lowering(*_LSHIFT, family="elementwise", check=_shift_check)
+def lower_left_shift(ctx, node, x, s):
+    """``x << s`` as torch computes it: ``x * 2**s`` wrapped to the result's width, 0 for a shift below 0 or of the
+    width or more. int32's ALU left_shift (s clamped to 0..31, the rest selected to 0); narrow results wrap like
+    torch (the emitter); int64 results outside int32 raise (lowering.intguard, whose fp32 replay of this rule is
+    ``x * 2**s``)."""
+    b = ctx.b
+    width = torch.iinfo(_dtype(node)).bits
+    if not isinstance(x, TileVal):  # a Python int shifted by a tensor
+        x = b.fill(x, s.kind)
+    if not isinstance(s, TileVal):
+        if not 0 <= int(s) < width:
+            return b.binary("multiply", x, 0)
+        return b.binary("left_shift", x, int(s)) if b.int_mode else b.binary("multiply", x, float(2 ** int(s)))
+    valid = b.binary("logical_and", b.binary("greater_equal", s, 0), b.binary("less", s, width))
+    if b.int_mode:
+        return b.select(valid, b.binary("left_shift", x, _shift_amount(b, s, 0, 31)), 0)
+    power = b.activation("exp", _shift_amount(b, s, 0, 127), scale=math.log(2.0))  # the replay: x * 2**s
+    return b.select(valid, b.binary("multiply", x, power), 0.0)
+
+
+@register_lowering(*_RSHIFT, family="elementwise", check=_shift_check)
+def lower_right_shift(ctx, node, x, s):
+    """``x >> s``: torch's arithmetic shift, floor(x / 2**s), the sign for a shift below 0 or of the width or more.
+
+    The ALU shifts logically, so a negative x shifts its complement: ``~(~x >> s)``. Values live as int32, so a shift
+    of 31 already gives the sign (0 for unsigned values)."""
+    b = ctx.b
+    if not isinstance(x, TileVal):  # a Python int shifted by a tensor
+        x = b.fill(x, s.kind)
+    if isinstance(s, TileVal):
+        s = b.select(b.binary("less", s, 0), 31, _shift_amount(b, s, 0, 31))
+    else:
+        s = 31 if int(s) < 0 else min(int(s), 31)
+    if _dtype(node) == torch.uint8:
+        return b.binary("right_shift", x, s)
+    down = b.binary("bitwise_xor", b.binary("right_shift", b.binary("bitwise_xor", x, -1), s), -1)
+    return b.select(b.binary("less", x, 0), down, b.binary("right_shift", x, s))
+
+
 def _act(func: str, scale: float = 1.0):
     def rule(ctx, node, x, *_, **__):
         return _finish(ctx, node, ctx.b.activation(func, x, scale=scale))
