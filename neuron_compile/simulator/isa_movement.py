@@ -113,8 +113,8 @@ def _inside_rows(api: str, dst: NkiTensor, src: NkiTensor, oob: oob_mode) -> tup
     inside move (both sides cut to them, which needs the same row count on both); None when no row is inside."""
     t = dst if dst.oob is not None else src
     other = src if t is dst else dst
-    why, r0, r1 = t.oob  # type: ignore[misc]
-    if oob is not oob_mode.skip or other.oob is not None:
+    why, r0, r1, runtime = t.oob  # type: ignore[misc]
+    if oob is not oob_mode.skip or not runtime or other.oob is not None:
         raise SimulatorError(f"{api}: {why}")
     if r0 == r1:
         return None

@@ -140,9 +140,10 @@ class NkiTensor:
         self.name = storage.name if name is None else name
         self._pinfo: tuple[int, int, int] | None = None
         self._mmv: np.ndarray | None = None
-        # A runtime (scalar_offset) access outside its tensor: (why, first valid row, end of the valid rows) along the
-        # pattern's first pair. Only a DMA with oob_mode.skip may use it (it moves the valid rows); anything else raises.
-        self.oob: tuple[str, int, int] | None = None
+        # An ap() access outside its tensor: (why, first valid row, end of the valid rows along the pattern's first
+        # pair, whether the offset is a runtime one). Nothing may use it, but a DMA with oob_mode.skip may use a runtime
+        # one (it moves the valid rows).
+        self.oob: tuple[str, int, int, bool] | None = None
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -179,6 +180,8 @@ class NkiTensor:
 
     def mm_view(self) -> np.ndarray | None:
         """The PSUM written-by-matmul flags under this view (None off PSUM or for reinterpreted views)."""
+        if self.oob is not None:
+            raise SimulatorError(self.oob[0])
         m = self._mmv
         if m is None:
             st = self.storage
@@ -567,7 +570,8 @@ class NkiTensor:
             elif vector_offset.shape[0] != pat[0][1]:
                 raise SimulatorError(f"NkiTensor.ap: vector_offset has {vector_offset.shape[0]} indices but the "
                                      f"indirect pattern pair counts {pat[0][1]}")
-            t._indirect = (vector_offset, math.prod(st.shape[1:]) * old // new, st.shape[0])
+            # rows of the tensor ap is called on (a reshape of the storage indexes its own rows)
+            t._indirect = (vector_offset, math.prod(self.shape[1:]) * old // new, self.shape[0])
             first = 1
         lo = off + sum(min(0, (c - 1) * s) for s, c in pat[first:] if c)
         hi = off + sum(max(0, (c - 1) * s) for s, c in pat[first:] if c)
@@ -576,10 +580,13 @@ class NkiTensor:
         if lo < 0 or hi >= n_elems:
             why = (f"NkiTensor.ap: pattern {pat} with offset {off} addresses elements {lo}..{hi}, outside tensor "
                    f"'{st.name}' of {n_elems} elements")
-            if scalar_offset is None or vector_offset is not None:
+            if vector_offset is not None:
                 raise SimulatorError(why)
-            t.oob = (why + " (a DMA with oob_mode=nisa.oob_mode.skip skips the rows outside)",
-                     *_rows_inside(pat, off, n_elems))
+            if scalar_offset is None:  # a descriptor no instruction may use (kernels build some they never use)
+                t.oob = (why, 0, 0, False)
+            else:
+                t.oob = (why + " (a DMA with oob_mode=nisa.oob_mode.skip skips the rows outside)",
+                         *_rows_inside(pat, off, n_elems), True)
         return t
 
 

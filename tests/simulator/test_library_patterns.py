@@ -7,7 +7,9 @@ Each was found by running those kernels here, and each test is written from the 
   (``offset + idx * prod(shape[k + 1:])``), which may be a reshape of its storage;
 * a DMA whose runtime (scalar_offset) address leaves its tensor skips the rows outside with
   ``oob_mode=nisa.oob_mode.skip`` and raises without it;
-* a ``@dataclass`` ``nl.NKIObject`` subclass whose fields carry no annotations takes keyword arguments.
+* a ``@dataclass`` ``nl.NKIObject`` subclass whose fields carry no annotations takes keyword arguments;
+* ``vector_offset`` indices count the rows of the tensor ``ap`` is called on;
+* an access pattern past its tensor is only an error once an instruction uses it.
 """
 
 from __future__ import annotations
@@ -173,3 +175,46 @@ def k(x):
 ''')
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(k(x), x * 1.5)
+
+
+def test_vector_offset_indexes_the_rows_of_the_reshaped_tensor() -> None:
+    """A scatter through a flat (reshaped) view: indices count its rows, not the storage's (nki-library router)."""
+    k = kernel('''
+@nki.jit
+def k(idx, val):
+    out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    z = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=z, value=0.0)
+    nisa.dma_copy(dst=out, src=z)
+    i = nl.ndarray((4, 1), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=i, src=idx)
+    v = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v, src=val)
+    nisa.dma_copy(dst=out.reshape((32,)).ap([[1, 4], [1, 1]], offset=0, vector_offset=i, indirect_dim=0), src=v)
+    return out
+''')
+    got = k(np.array([[3], [10], [21], [30]], np.uint32), np.array([[1], [2], [3], [4]], np.float32))
+    want = np.zeros(32, np.float32)
+    want[[3, 10, 21, 30]] = [1, 2, 3, 4]
+    np.testing.assert_array_equal(got.reshape(-1), want)
+
+
+def test_an_out_of_range_access_pattern_raises_only_when_an_instruction_uses_it() -> None:
+    """An access pattern is a descriptor: a kernel may build one past its tensor (a padded last tile) as long as no
+    instruction reads or writes through it (nki-library's output projection)."""
+    source = '''
+@nki.jit
+def k(a):
+    t = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in range(6):
+        v = t.ap(pattern=[[4, 128], [1, 1]], offset=i)
+        if i == USED:
+            nisa.dma_copy(dst=out, src=v)
+    return out
+'''
+    a = np.arange(512, dtype=np.float32).reshape(128, 4)
+    np.testing.assert_array_equal(kernel(source.replace("USED", "3"))(a), a[:, 3:4])
+    with pytest.raises(SimulatorError, match=r"offset 4 addresses elements 4\.\.512, outside tensor"):
+        kernel(source.replace("USED", "4"))(a)
