@@ -4,7 +4,6 @@ random ops, torch.nn fast paths. Every result is compared with eager; every bad 
 from __future__ import annotations
 
 import math
-
 import re
 
 import pytest

@@ -85,29 +85,24 @@ def k(a, b, sa, sb):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_scalar_offset_indirect_dim_counts_slices_of_the_reshaped_tensor() -> None:
-    k = kernel('''
+GATHER_FROM_RESHAPE = '''
 @nki.jit
 def k(x, start):
     s = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=s, src=start.reshape((1, 1)))
     t = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x.reshape((1, 8)).ap(pattern=[[8, 1], [1, 4]], offset=0, scalar_offset=s, indirect_dim=1))
+    nisa.dma_copy(dst=t, src=x.reshape((1, 8)).ap(pattern=[[8, 1], [1, 4]], offset=0, scalar_offset=s, indirect_dim=DIM))
     out = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=t)
     return out
-''')
+'''
+
+
+def test_scalar_offset_indirect_dim_counts_slices_of_the_reshaped_tensor() -> None:
+    k = kernel(GATHER_FROM_RESHAPE.replace("DIM", "1"))
     np.testing.assert_array_equal(k(np.arange(8, dtype=np.int32) * 10, np.array([2], np.int32)), [[20, 30, 40, 50]])
     with pytest.raises(SimulatorError, match="indirect_dim 2 out of range for a 2-D tensor"):
-        kernel('''
-@nki.jit
-def k(x, start):
-    s = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=s, src=start.reshape((1, 1)))
-    t = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x.reshape((1, 8)).ap(pattern=[[8, 1], [1, 4]], offset=0, scalar_offset=s, indirect_dim=2))
-    return t
-''')(np.arange(8, dtype=np.int32), np.array([0], np.int32))
+        kernel(GATHER_FROM_RESHAPE.replace("DIM", "2"))(np.arange(8, dtype=np.int32), np.array([0], np.int32))
 
 
 SCATTER_ROWS = '''
