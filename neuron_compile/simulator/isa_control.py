@@ -163,8 +163,8 @@ def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
 
 _SEQUENTIAL_LNC = ("the launch ran its programs one after the other because the kernel's code does not name "
                    "nisa.core_barrier / nisa.sendrecv where the simulator looks (the kernel function, its nested "
-                   "functions and module-level functions it calls by name); call them from there so both programs "
-                   "run as threads")
+                   "functions and the functions it calls by name, in any module outside the standard library, NumPy "
+                   "and torch); call them from there so both programs run as threads")
 
 
 def _lnc_checks(api: str) -> None:

@@ -318,7 +318,8 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
 
 def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: str | None = None,
            **removed: Any) -> None:
-    """Fill dst with a compile-time constant whose kind matches dst's dtype."""
+    """Fill dst with a compile-time constant: an integral one for an integer dtype (an int, or a float such as 0.0,
+    which AWS's nki-library passes for uint32 tiles), 0 for a packed x4 dtype."""
     api = "nisa.memset"
     if removed:
         C.removed_kwargs(api, removed)
@@ -327,8 +328,9 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
     info = dst.info
     if isinstance(value, NkiTensor) or not isinstance(value, (bool, int, float, np.integer, np.floating)):
         raise SimulatorError(f"{api}: value must be a compile-time int or float, got {type(value).__name__}")
-    if info.is_int and not isinstance(value, (bool, int, np.integer)):
-        raise SimulatorConstraintError(api, "value", value, f"an int literal for the integer dtype {dst.dtype}")
+    if info.is_int and not isinstance(value, (bool, int, np.integer)) and not float(value).is_integer():
+        raise SimulatorConstraintError(api, "value", value, f"an int literal (or an integral float) for the integer "
+                                       f"dtype {dst.dtype}")
     if info.kind == "x" and value != 0:
         raise SimulatorConstraintError(api, "value", value, f"0 for the packed dtype {dst.dtype}")
     if info.is_int:

@@ -29,7 +29,6 @@ from neuron_compile.simulator import lnc as _lnc
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.tensor import (
-    PRIVATE_HBM,
     SHARED_HBM,
     NkiTensor,
     check_capacity,
@@ -96,7 +95,7 @@ def _convert(x: Any, i: int, args: list[_Arg]) -> Any:
                                  "(NEURON_COMPILE_FLOAT64=error); pass float32")
         warnings.warn(f"argument {i} is {arr.dtype.name}: simulated as {narrow} (Trainium has no 64-bit dtypes)",
                       UserWarning, stacklevel=4)
-    t = from_array(arr, PRIVATE_HBM, f"arg{i}")
+    t = from_array(arr, SHARED_HBM, f"arg{i}")  # every program of an SPMD launch sees the caller's tensors
     args.append(_Arg(x, t, is_t))
     return t
 

@@ -16,7 +16,10 @@ either program is one storage (what ``shared_replay`` does for the sequential pa
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import sys
 import threading
 import time
 import types
@@ -54,23 +57,52 @@ def synchronises(fn: Callable[..., Any]) -> bool:
     return found
 
 
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """Directories whose functions are never kernel code (the standard library, NumPy, this package, torch): the
+    scan of a kernel's callees does not enter them (kernels loaded from source text carry this package's module
+    name, so the test is on the code's file)."""
+    import sysconfig
+
+    import numpy
+
+    dirs = [sysconfig.get_paths()["stdlib"], os.path.dirname(numpy.__file__),
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.append(os.path.dirname(torch.__file__))
+    return tuple(os.path.join(d, "") for d in dirs)
+
+
+def _kernel_function(g: Any) -> types.FunctionType | None:
+    inner = getattr(g, "fn", g)  # an nki.jit Kernel wraps its function
+    if not isinstance(inner, types.FunctionType):
+        return None
+    return None if inner.__code__.co_filename.startswith(_library_dirs()) else inner
+
+
 def _names_sync(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s code, its nested functions or any function it calls by name (in its own module or another
+    one, directly or as ``module.function``) names a synchronising instruction."""
     seen: set[int] = set()
-    todo: list[Any] = [getattr(fn, "__code__", None)]
-    glb = getattr(fn, "__globals__", {})
+    todo: list[tuple[Any, dict[str, Any]]] = [(getattr(fn, "__code__", None), getattr(fn, "__globals__", {}))]
     while todo:
-        code = todo.pop()
+        code, glb = todo.pop()
         if not isinstance(code, types.CodeType) or id(code) in seen:
             continue
         seen.add(id(code))
         if _SYNC_NAMES & set(code.co_names):
             return True
-        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        todo.extend((c, glb) for c in code.co_consts if isinstance(c, types.CodeType))
         for name in code.co_names:
             g = glb.get(name)
-            inner = getattr(g, "fn", g)  # an nki.jit Kernel wraps its function
-            if isinstance(inner, types.FunctionType) and inner.__globals__ is glb:
-                todo.append(inner.__code__)
+            targets = [g]
+            if isinstance(g, types.ModuleType):  # module.function: the attribute names are co_names too
+                targets = [getattr(g, a, None) for a in code.co_names]
+            for t in targets:
+                inner = _kernel_function(t)
+                if inner is not None:
+                    todo.append((inner.__code__, inner.__globals__))
     return False
 
 

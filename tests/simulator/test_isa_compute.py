@@ -315,3 +315,5 @@ def test_alignment_and_engine_checks() -> None:
     z = out((2, 2), "int32")
     nisa.memset(dst=z, value=-3)
     np.testing.assert_array_equal(val(z), -3)
+    nisa.memset(dst=z, value=0.0)  # an integral float (nki-library's cross-partition copy fills uint32 tiles so)
+    np.testing.assert_array_equal(val(z), 0)

@@ -9,7 +9,9 @@ Each was found by running those kernels here, and each test is written from the 
   ``oob_mode=nisa.oob_mode.skip`` and raises without it;
 * a ``@dataclass`` ``nl.NKIObject`` subclass whose fields carry no annotations takes keyword arguments;
 * ``vector_offset`` indices count the rows of the tensor ``ap`` is called on;
-* an access pattern past its tensor is only an error once an instruction uses it.
+* an access pattern past its tensor is only an error once an instruction uses it;
+* kernel arguments are shared HBM (both programs of an LNC2 launch see them), and a launch whose code reaches a
+  core_barrier through a function of another module runs its programs together.
 """
 
 from __future__ import annotations
@@ -213,3 +215,47 @@ def k(a):
     np.testing.assert_array_equal(kernel(source.replace("USED", "3"))(a), a[:, 3:4])
     with pytest.raises(SimulatorError, match=r"offset 4 addresses elements 4\.\.512, outside tensor"):
         kernel(source.replace("USED", "4"))(a)
+
+
+def test_kernel_arguments_are_shared_hbm_so_both_cores_can_barrier_on_an_output() -> None:
+    """The two programs of an LNC2 launch write disjoint halves of an output argument, then meet at a core_barrier
+    on it (the nisa.core_barrier docs' pattern; nki-library's router does it on its output arguments)."""
+    from neuron_compile.simulator.kernel import Kernel
+
+    k = Kernel(load_kernel_source(HEADER + '''
+def k(a, out):
+    pid = nl.program_id(0)
+    t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
+    nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
+    nisa.core_barrier(out, cores=[0, 1])
+    return out
+''', filename="<barrier>")["k"])
+    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
+    out = np.zeros_like(a)
+    simulate(k[2])(a, out)
+    np.testing.assert_array_equal(out, a)
+
+
+def test_a_wrapper_calling_a_barrier_kernel_of_another_module_runs_both_cores_at_once() -> None:
+    """An LNC2 launch runs its programs as threads when the kernel's code reaches a synchronising instruction, also
+    through a function of another module (nki-library's router wrapper calls the kernel it imports)."""
+    from neuron_compile.simulator.kernel import Kernel
+
+    lib = load_kernel_source(HEADER + '''
+def lib_kernel(a, out):
+    pid = nl.program_id(0)
+    t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
+    nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
+    nisa.core_barrier(out, cores=[0, 1])
+''', filename="<lib>")
+    wrapper = load_kernel_source(HEADER + '''
+def wrapper(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    lib_kernel(a, out)
+    return out
+''', filename="<wrapper>")
+    wrapper["lib_kernel"] = lib["lib_kernel"]  # `from lib import lib_kernel`
+    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
+    np.testing.assert_array_equal(simulate(Kernel(wrapper["wrapper"])[2])(a), a)
