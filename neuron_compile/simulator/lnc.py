@@ -83,9 +83,23 @@ def _kernel_function(g: Any) -> types.FunctionType | None:
 
 def _names_sync(fn: Callable[..., Any]) -> bool:
     """Whether ``fn``'s code, its nested functions or any function it calls by name (in its own module or another
-    one, directly or as ``module.function``) names a synchronising instruction."""
+    one, directly, as ``module.function`` or held in a closure) names a synchronising instruction."""
     seen: set[int] = set()
-    todo: list[tuple[Any, dict[str, Any]]] = [(getattr(fn, "__code__", None), getattr(fn, "__globals__", {}))]
+    todo: list[tuple[Any, dict[str, Any]]] = []
+
+    def follow(f: types.FunctionType) -> None:
+        todo.append((f.__code__, f.__globals__))
+        for cell in f.__closure__ or ():  # functions a wrapper holds in a closure
+            try:
+                inner = _kernel_function(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+            if inner is not None and id(inner.__code__) not in seen:
+                todo.append((inner.__code__, inner.__globals__))
+
+    top = getattr(fn, "fn", fn)
+    if isinstance(top, types.FunctionType):
+        follow(top)
     while todo:
         code, glb = todo.pop()
         if not isinstance(code, types.CodeType) or id(code) in seen:
@@ -102,7 +116,7 @@ def _names_sync(fn: Callable[..., Any]) -> bool:
             for t in targets:
                 inner = _kernel_function(t)
                 if inner is not None:
-                    todo.append((inner.__code__, inner.__globals__))
+                    follow(inner)
     return False
 
 

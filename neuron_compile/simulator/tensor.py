@@ -219,7 +219,9 @@ class NkiTensor:
         raise TypeError("NkiTensor is not iterable; index it with t[i] or loop over range(t.shape[0])")
 
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of an NkiTensor is unknown at trace time")
+        """A tensor object is true, whatever its values (which a traced kernel cannot branch on): AWS's nki-library
+        tests ``if params.expert_index:`` on an optional tensor argument."""
+        return True
 
     for _op, _sym in (("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"), ("floordiv", "//"),
                       ("mod", "%"), ("pow", "**"), ("matmul", "@"), ("and", "&"), ("or", "|"), ("xor", "^"),

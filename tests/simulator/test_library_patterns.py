@@ -11,7 +11,8 @@ Each was found by running those kernels here, and each test is written from the 
 * ``vector_offset`` indices count the rows of the tensor ``ap`` is called on;
 * an access pattern past its tensor is only an error once an instruction uses it;
 * kernel arguments are shared HBM (both programs of an LNC2 launch see them), and a launch whose code reaches a
-  core_barrier through a function of another module runs its programs together.
+  core_barrier through a function of another module or a closure runs its programs together; a tensor is true as
+  an object.
 """
 
 from __future__ import annotations
@@ -259,3 +260,44 @@ def wrapper(a):
     wrapper["lib_kernel"] = lib["lib_kernel"]  # `from lib import lib_kernel`
     a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
     np.testing.assert_array_equal(simulate(Kernel(wrapper["wrapper"])[2])(a), a)
+
+
+def test_a_barrier_kernel_held_in_a_closure_runs_both_cores_at_once() -> None:
+    from neuron_compile.simulator.kernel import Kernel
+
+    lib = load_kernel_source(HEADER + '''
+def lib_kernel(a, out):
+    pid = nl.program_id(0)
+    t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
+    nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
+    nisa.core_barrier(out, cores=[0, 1])
+''', filename="<lib2>")
+    make = load_kernel_source(HEADER + '''
+def make(inner):
+    def wrapper(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        inner(a, out)
+        return out
+    return wrapper
+''', filename="<closure>")["make"]
+    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
+    np.testing.assert_array_equal(simulate(Kernel(make(lib["lib_kernel"]))[2])(a), a)
+
+
+def test_a_tensor_is_true_as_an_object() -> None:
+    """``if t:`` tests the object (an optional tensor argument), not its values (nki-library's MoE)."""
+    k = kernel('''
+@nki.jit
+def k(x, index):
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    if index:
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+''')
+    x = np.ones((4, 4), np.float32)
+    np.testing.assert_array_equal(k(x, np.zeros((1, 1), np.int32)), 2 * x)  # a tensor of zeros is still a tensor
+    np.testing.assert_array_equal(k(x, None), x)
