@@ -12,15 +12,12 @@ OUT_OF_SCOPE = (
     "linear-algebra decompositions, FFT and complex numbers are refused by name (not NeuronCore work)"
 )
 
-_BITWISE = "shifts of integer tensors: refused (integers are int32 on a NeuronCore, whose right shift is logical only; an int64 left shift can leave int32)"
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
 _IGAMMA = "incomplete gamma functions: no lowering rule"
 _SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 
 EXPECTED_REFUSED: dict[str, str] = {
-    "bitwise_left_shift": _BITWISE,
-    "bitwise_right_shift": _BITWISE,
     "frexp": _BITS,
     "nextafter": _BITS,
     "hash_tensor": _HASH,
