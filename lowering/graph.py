@@ -418,7 +418,7 @@ class LoopGroupEmitter:
         if math.prod(g.space) == 0:
             self._emit_empty()
             return
-        guards: list[tuple[fx.Node, TileVal]] = []  # int64 overflow marks (lowering.intguard)
+        guards: list[tuple[fx.Node, TileVal, str]] = []  # marks of results the kernels can't get right, and why
         for node in g.members:
             rule = lookup(node.target)
             assert rule is not None
@@ -443,7 +443,14 @@ class LoopGroupEmitter:
             elif intguard.guarded(node):
                 ovf = intguard.overflow(b, rule.fn, self, node, args, kwargs, val)
                 if ovf is not None:
-                    guards.append((node, ovf))
+                    guards.append((node, ovf, f"integer overflow in {qualified_name(node.target)}: an int64 result "
+                                   f"left the int32 range NeuronCores compute integers in (at {source_line(node)}); "
+                                   f"compute in float or keep values below 2**31"))
+            elif node.target in mathlib.TRIG_GUARDED and isinstance(args[0], TileVal) and not b.int_mode:
+                guards.append((node, mathlib.beyond_trig_reduction(b, args[0]), (
+                    f"{qualified_name(node.target)} of an argument of magnitude {mathlib.TRIG_LIMIT:.4g} or more (at "
+                    f"{source_line(node)}): NeuronCores reduce trigonometric arguments exactly only below 2**24 * 2 pi; "
+                    f"reduce it first (torch.remainder(x.double(), 2 * math.pi) on the host) or compute it eagerly")))
             self.values[node] = val
         # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
         # index is only known now.
@@ -471,12 +478,13 @@ class LoopGroupEmitter:
                 val = b.broadcast_to(val, "full")
             b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
                                                "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
-        for node, mark in guards:
-            self._store_flag(node, mark, kernel_index, results)
+        for node, mark, why in guards:
+            self._store_flag(node, mark, why, kernel_index, results)
         self._finish(kernel_index, results)
 
-    def _store_flag(self, node: fx.Node, mark: TileVal, kernel_index: int, results: list[int]) -> None:
-        """Store ``mark`` (1.0 where ``node`` overflowed int32) as a uint8 buffer the runner checks."""
+    def _store_flag(self, node: fx.Node, mark: TileVal, why: str, kernel_index: int, results: list[int]) -> None:
+        """Store ``mark`` (1.0 where ``node``'s result is not eager's) as a uint8 buffer the runner checks: it raises
+        DeviceAssertionError(``why``) when any is set."""
         shape = node_shape(node)
         buf = self.gl._buffer(BufferRef("kernel", kernel_index, len(results), max(math.prod(shape), 1), "uint8"))
         results.append(buf)
@@ -488,10 +496,7 @@ class LoopGroupEmitter:
             mark = self.b.broadcast_to(mark, "full")
         self.b.emit("store", mark.kind, (mark,), {"access": (len(results) - 1, 0, strides), "dst_dtype": "uint8"},
                     phase=mark.phase)
-        self.gl.checks.append(DeviceCheck(
-            buf, 0, f"integer overflow in {qualified_name(node.target)}: an int64 result left the int32 range "
-                    f"NeuronCores compute integers in (at {source_line(node)}); compute in float or keep values "
-                    f"below 2**31", "assert", whole=True))
+        self.gl.checks.append(DeviceCheck(buf, 0, why, "assert", whole=True))
 
     def _widened_stores(self) -> dict[fx.Node, fx.Node]:
         """fp32 ``_to_copy`` members of a bf16/fp16 member whose outside users are all elementwise

@@ -231,6 +231,24 @@ def two_sum(b: ProgramBuilder, a: TileVal, c: TileVal) -> tuple[TileVal, TileVal
     return s, e  # type: ignore[return-value]
 
 
+# The reductions above are exact for |x| < 2**24 * 2 pi; beyond it sin/cos/tan results are O(1) wrong, so the
+# emitter stores a mark per element (beyond_trig_reduction) and the runner raises instead of returning them.
+TRIG_LIMIT = 2**24 * 2 * math.pi
+TRIG_GUARDED = frozenset((torch.ops.aten.sin.default, torch.ops.aten.cos.default, torch.ops.aten.tan.default))
+
+
+def beyond_trig_reduction(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """1.0 where |x| is finite and at least TRIG_LIMIT (inf and NaN give NaN, as eager's)."""
+    a = absval(b, x)
+    return b.binary("logical_and", b.binary("greater_equal", a, TRIG_LIMIT), b.binary("less", a, math.inf))
+
+
+def nan_unless_finite(b: ProgramBuilder, x: TileVal, y: TileVal) -> TileVal:
+    """``y`` where x is finite, NaN for +-inf and NaN (sin, cos of an infinity are NaN; the reductions give a
+    number, which callers such as the Bessel functions' vanishing amplitude rely on)."""
+    return b.select(b.binary("less", absval(b, x), math.inf), y, math.nan)
+
+
 def sin(b: ProgramBuilder, x: TileVal) -> TileVal:
     """sin(x): Cody-Waite reduction to [-pi, pi], where ScalarE sin is valid."""
     return keep_nan(b, x, b.activation("sin", reduce_2pi(b, x)))

@@ -150,6 +150,19 @@ def test_tan_of_large_arguments_and_near_its_poles_and_zeros():
     assert torch.compile(torch.tan, backend="neuron", dynamic=False)(edge).isnan().all()
 
 
+@pytest.mark.parametrize("op", [torch.sin, torch.cos, torch.tan], ids=["sin", "cos", "tan"])
+@pytest.mark.parametrize("big", [1.0542e8, -3e9, 1e20, 3.4e38])
+def test_trig_of_an_argument_beyond_the_exact_reduction_raises(op, big):
+    """Past 2**24 * 2 pi the reduction is O(1) wrong (sin(3e9) came back -1.8e-7 instead of 0.987): the kernels mark
+    such arguments and the runner raises instead of returning those values; inf and NaN still give NaN."""
+    x = torch.tensor([0.5, big, 2.0])
+    with pytest.raises(DeviceAssertionError, match=rf"aten\.{op.__name__}\.default of an argument of magnitude "
+                                                   r"1\.054e\+08 or more \(at .*test_real_model_ops\.py:\d+"):
+        _compile(lambda t: op(t) * 2)(x)
+    below = torch.tensor([1.0541e8, -1.0541e8, float("inf"), float("nan"), 0.25])
+    torch.testing.assert_close(_compile(op)(below), op(below), atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("fn", [lambda t: t.argmax(1), lambda t: t.argmin(1), lambda t: t.max(1),
                                 lambda t: t.argmax(), lambda t: t.min(0).indices, lambda t: torch.sign(t)],
                          ids=["argmax", "argmin", "max_dim", "argmax_flat", "min_dim_indices", "sign"])
