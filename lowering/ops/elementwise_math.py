@@ -188,8 +188,8 @@ def lower_frac(ctx: Any, node: fx.Node, x: Any) -> Any:
 @register_lowering(aten.isnan.default, family="elementwise")
 def lower_isnan(ctx: Any, node: fx.Node, x: Any) -> Any:
     """aten.isnan: x != x (integers: never NaN)."""
-    if not isinstance(x, TileVal) or x.dtype != "float32":
-        return ctx.b.fill(0.0, x.kind) if isinstance(x, TileVal) else float(x != x)
+    if x.dtype != "float32":  # a tensor operand is always a tile (constants come as fill tiles)
+        return ctx.b.fill(0.0, x.kind)
     return m.isnan(ctx.b, x)
 
 
@@ -197,8 +197,8 @@ def lower_isnan(ctx: Any, node: fx.Node, x: Any) -> Any:
 def lower_isinf(ctx: Any, node: fx.Node, x: Any) -> Any:
     """aten.isinf/isposinf/isneginf: comparisons with +-inf (integers: never infinite)."""
     b = ctx.b
-    if not isinstance(x, TileVal) or x.dtype != "float32":
-        return b.fill(0.0, x.kind) if isinstance(x, TileVal) else float(abs(float(x)) == math.inf)
+    if x.dtype != "float32":
+        return b.fill(0.0, x.kind)
     if node.target == aten.isposinf.default:
         return b.binary("equal", x, math.inf)
     if node.target == aten.isneginf.default:
@@ -209,8 +209,8 @@ def lower_isinf(ctx: Any, node: fx.Node, x: Any) -> Any:
 @register_lowering(aten.isfinite.default, family="elementwise")
 def lower_isfinite(ctx: Any, node: fx.Node, x: Any) -> Any:
     """aten.isfinite: |x| < inf (false for NaN)."""
-    if not isinstance(x, TileVal) or x.dtype != "float32":
-        return ctx.b.fill(1.0, x.kind) if isinstance(x, TileVal) else float(math.isfinite(float(x)))
+    if x.dtype != "float32":
+        return ctx.b.fill(1.0, x.kind)
     return ctx.b.binary("less", m.absval(ctx.b, x), math.inf)
 
 
