@@ -344,8 +344,9 @@ def lower_pow_base(ctx, node, base, e):
 
 @register_lowering(aten.sin.default, aten.cos.default, family="elementwise", check=_float_only)
 def lower_sin_cos(ctx, node, x):
-    """aten.sin/cos: Cody-Waite reduction to [-pi, pi] (ScalarE sin is only valid there), then ScalarE sin; NaN for
-    +-inf. Arguments past the exact reduction (2**24 * 2 pi) are marked and raise (graph emitter)."""
+    """aten.sin/cos: Cody-Waite reduction to [-pi, pi] (ScalarE sin is only valid there), then ScalarE sin.
+
+    NaN for +-inf; arguments past the exact reduction (2**24 * 2 pi) are marked and raise (graph emitter)."""
     fn = mathlib.cos if node.target == aten.cos.default else mathlib.sin
     x = ctx.b.cast(x, "float32")
     return _finish(ctx, node, mathlib.nan_unless_finite(ctx.b, x, fn(ctx.b, x)))
