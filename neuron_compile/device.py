@@ -76,11 +76,11 @@ class SimulatorDevice(Device):
     name = "simulator"
 
     def upload(self, array: np.ndarray) -> Any:
-        from neuron_compile.simulator.tensor import PRIVATE_HBM, from_array
+        from neuron_compile.simulator.tensor import SHARED_HBM, from_array
 
         self.transfers.host_to_device += 1
         self.transfers.bytes_to_device += array.nbytes
-        return from_array(array, PRIVATE_HBM, "graph_input")
+        return from_array(array, SHARED_HBM, "graph_input")  # kernel arguments: every program sees them
 
     def download(self, handle: Any) -> np.ndarray:
         from neuron_compile.simulator.tensor import NkiTensor, to_numpy
@@ -93,12 +93,11 @@ class SimulatorDevice(Device):
         return out
 
     def flat(self, handle: Any) -> Any:
-        from neuron_compile.simulator.tensor import PRIVATE_HBM, NkiTensor
+        from neuron_compile.simulator.tensor import NkiTensor
 
         if isinstance(handle, NkiTensor):
-            # A finished kernel's shared_hbm output is plain device memory now; the next kernel gets it
-            # as an argument, and kernel arguments arrive in nl.hbm (private), like uploaded inputs.
-            handle.storage.buffer = PRIVATE_HBM
+            # A finished kernel's shared_hbm output is the next kernel's argument as it is (arguments are shared
+            # HBM, like uploaded inputs).
             return handle if handle.ndim == 1 else handle.reshape((handle.size,))
         return super().flat(handle)
 

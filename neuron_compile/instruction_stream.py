@@ -693,7 +693,8 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
         exec(code, env)
         from neuron_compile.costmodel import itemsize
 
-        env[name](*[ShapeTensor((n,), (1,), dt, "private_hbm", Alloc("private_hbm", 0, itemsize(dt), None, 0), 0)
+        # kernel arguments are shared HBM, as in the simulator (every program of a launch sees them)
+        env[name](*[ShapeTensor((n,), (1,), dt, "shared_hbm", Alloc("shared_hbm", 0, itemsize(dt), None, 0), 0)
                     for n, dt in args])
         out.update(rec.record_counts(rec.counts))
         for i, seg in enumerate(rec.segments):
