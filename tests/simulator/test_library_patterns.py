@@ -218,71 +218,61 @@ def k(a):
         kernel(source.replace("USED", "4"))(a)
 
 
-def test_kernel_arguments_are_shared_hbm_so_both_cores_can_barrier_on_an_output() -> None:
-    """The two programs of an LNC2 launch write disjoint halves of an output argument, then meet at a core_barrier
-    on it (the nisa.core_barrier docs' pattern; nki-library's router does it on its output arguments)."""
-    from neuron_compile.simulator.kernel import Kernel
-
-    k = Kernel(load_kernel_source(HEADER + '''
-def k(a, out):
-    pid = nl.program_id(0)
-    t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
-    nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
-    nisa.core_barrier(out, cores=[0, 1])
-    return out
-''', filename="<barrier>")["k"])
-    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
-    out = np.zeros_like(a)
-    simulate(k[2])(a, out)
-    np.testing.assert_array_equal(out, a)
-
-
-def test_a_wrapper_calling_a_barrier_kernel_of_another_module_runs_both_cores_at_once() -> None:
-    """An LNC2 launch runs its programs as threads when the kernel's code reaches a synchronising instruction, also
-    through a function of another module (nki-library's router wrapper calls the kernel it imports)."""
-    from neuron_compile.simulator.kernel import Kernel
-
-    lib = load_kernel_source(HEADER + '''
+# Each of the two programs of an LNC2 launch copies its half of `a` into the output argument, then both meet at a
+# core_barrier on it (the nisa.core_barrier docs' pattern).
+HALVES_THEN_BARRIER = '''
 def lib_kernel(a, out):
     pid = nl.program_id(0)
     t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
     nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
     nisa.core_barrier(out, cores=[0, 1])
-''', filename="<lib>")
-    wrapper = load_kernel_source(HEADER + '''
+    return out
+'''
+
+
+def _lnc2(fn, *args):  # type: ignore[no-untyped-def]
+    from neuron_compile.simulator.kernel import Kernel
+
+    return simulate(Kernel(fn)[2])(*args)
+
+
+def test_kernel_arguments_are_shared_hbm_so_both_cores_can_barrier_on_an_output() -> None:
+    """nki-library's router barriers on its output arguments: both programs see the caller's tensors."""
+    lib = load_kernel_source(HEADER + HALVES_THEN_BARRIER, filename="<barrier>")
+    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
+    out = np.zeros_like(a)
+    _lnc2(lib["lib_kernel"], a, out)
+    np.testing.assert_array_equal(out, a)
+
+
+@pytest.mark.parametrize("how", ["module", "closure"])
+def test_a_wrapper_reaching_a_barrier_kernel_runs_both_cores_at_once(how: str) -> None:
+    """An LNC2 launch runs its programs as threads when the kernel's code reaches a synchronising instruction, also
+    through a function of another module or one held in a closure (nki-library's router wrapper imports the kernel
+    it calls)."""
+    lib = load_kernel_source(HEADER + HALVES_THEN_BARRIER, filename=f"<lib_{how}>")
+    env = load_kernel_source(HEADER + '''
 def wrapper(a):
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
     lib_kernel(a, out)
     return out
-''', filename="<wrapper>")
-    wrapper["lib_kernel"] = lib["lib_kernel"]  # `from lib import lib_kernel`
-    a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
-    np.testing.assert_array_equal(simulate(Kernel(wrapper["wrapper"])[2])(a), a)
 
 
-def test_a_barrier_kernel_held_in_a_closure_runs_both_cores_at_once() -> None:
-    from neuron_compile.simulator.kernel import Kernel
-
-    lib = load_kernel_source(HEADER + '''
-def lib_kernel(a, out):
-    pid = nl.program_id(0)
-    t = nl.ndarray((64, 32), dtype=a.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=a[pid * 64:(pid + 1) * 64, :])
-    nisa.dma_copy(dst=out[pid * 64:(pid + 1) * 64, :], src=t)
-    nisa.core_barrier(out, cores=[0, 1])
-''', filename="<lib2>")
-    make = load_kernel_source(HEADER + '''
 def make(inner):
     def wrapper(a):
         out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
         inner(a, out)
         return out
     return wrapper
-''', filename="<closure>")["make"]
+''', filename=f"<wrapper_{how}>")
+    if how == "module":
+        env["lib_kernel"] = lib["lib_kernel"]  # `from lib import lib_kernel`
+        fn = env["wrapper"]
+    else:
+        fn = env["make"](lib["lib_kernel"])
     a = np.arange(128 * 32, dtype=np.float32).reshape(128, 32)
-    np.testing.assert_array_equal(simulate(Kernel(make(lib["lib_kernel"]))[2])(a), a)
+    np.testing.assert_array_equal(_lnc2(fn, a), a)
 
 
 def test_a_tensor_is_true_as_an_object() -> None:
