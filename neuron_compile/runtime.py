@@ -183,7 +183,12 @@ def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
                                         "represent; keep indices below 2**31")
         return numpy_view(t.to(torch.int32))
     if t.dtype == torch.float64:
-        return numpy_view(t.to(torch.float32))
+        narrow = t.to(torch.float32)
+        if t.numel() and bool((narrow.isinf() & t.isfinite()).any()):
+            raise RuntimeExecutionError("a float64 input holds finite values beyond float32's range (|x| > 3.4e38), "
+                                        "which become inf in the float32 the NeuronCores compute in; scale them "
+                                        "into range or keep this computation on the host")
+        return numpy_view(narrow)
     return numpy_view(t)
 
 

@@ -259,6 +259,18 @@ def test_float64_runs_as_float32_with_warning():
     torch.testing.assert_close(out, x * 3 + 1, atol=1e-5, rtol=1e-5)
 
 
+def test_float64_input_beyond_float32_range_raises_instead_of_becoming_inf():
+    """float64 runs as float32: an input value past float32's range would silently become inf, so it raises (as an
+    int64 input past int32 does); infinities, NaN and values in range go through."""
+    from neuron_compile.errors import RuntimeExecutionError
+
+    f = torch.compile(lambda x: x * 0.5, backend="neuron", dynamic=False)
+    with pytest.raises(RuntimeExecutionError, match=r"finite values beyond float32's range \(\|x\| > 3\.4e38\)"):
+        f(torch.tensor([1.0, 1e300], dtype=torch.float64))
+    edge = torch.tensor([3.0e38, float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
+    torch.testing.assert_close(f(edge), edge * 0.5, rtol=1e-6, atol=0, equal_nan=True)
+
+
 def test_bfloat16_softmax_one_kernel():
     x = torch.randn(5, 300, dtype=torch.bfloat16)
     f = torch.compile(lambda t: F.softmax(t, dim=-1), backend="neuron", dynamic=False)
