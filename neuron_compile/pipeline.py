@@ -58,6 +58,8 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
                     problems.append(f"input {node.name}: dtype {val.dtype} is not supported (complex and float8 "
                                     f"inputs cannot be lowered; cast to float32/bfloat16)")
+                elif node.meta.get("neuron_constant") and (why := _constant_beyond_int32(node, val)):
+                    problems.append(why)
             continue
         if node.op != "call_function":
             continue
@@ -73,6 +75,35 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
             problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} "
                             f"at {source_line(node)}")
     return problems
+
+
+_PASS_THROUGH = {torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.clone.default, torch.ops.aten.alias.default,
+                 torch.ops.aten._to_copy.default, torch.ops.aten.view.default, torch.ops.aten.expand.default,
+                 torch.ops.aten.unsqueeze.default, torch.ops.aten.reshape.default}
+
+
+def _constant_beyond_int32(node: fx.Node, val: torch.Tensor) -> str | None:
+    """A graph constant (a tensor literal, such as the iinfo(int64).min fill of a masked max) holding an integer
+    that NeuronCores can't store as int32: refused here rather than failing at its upload on every call."""
+    if val.dtype != torch.int64 or not val.numel():
+        return None
+    lo, hi = int(val.min()), int(val.max())
+    if -(2**31) <= lo and hi < 2**31:
+        return None
+    bad = hi if hi >= 2**31 else lo
+    seen, todo, users = set(), list(node.users), []
+    while todo:  # through the copies and views of the literal to the ops that use its value
+        u = todo.pop(0)
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.target in _PASS_THROUGH:
+            todo.extend(u.users)
+        else:
+            users.append(f"{qualified_name(u.target)} at {source_line(u)}")
+    users = ", ".join(dict.fromkeys(users)) or "no op"
+    return (f"an int64 graph constant ({list(val.shape)}) holds {bad}, outside the int32 range NeuronCores compute "
+            f"integers in; used by {users}")
 
 
 def check_lowerable(gm: fx.GraphModule, what: str) -> None:

@@ -98,6 +98,20 @@ def test_integer_scalar_beyond_int32_is_refused_by_name(fn, op):
     assert "test_real_model_ops.py" in err.unsupported[0]
 
 
+def test_integer_graph_constant_beyond_int32_is_refused_by_name():
+    """A tensor literal NeuronCores can't hold as int32 (torch.masked's iinfo(int64).min fill for a max) is refused
+    at compile time, naming the op that uses it, instead of failing its upload on every call."""
+    x = torch.tensor([[3, -1, 2], [0, 5, -4]])
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    with pytest.raises(Exception, match="int64 graph constant") as info:
+        _compile(lambda t, m: torch.masked.amax(t, 1, mask=m))(x, mask)
+    err = getattr(info.value, "inner_exception", None) or info.value
+    assert isinstance(err, UnsupportedOpError), repr(info.value)
+    assert re.search(r"holds -9223372036854775808, outside the int32 range .* used by aten\.where\.self at "
+                     r".*test_real_model_ops\.py:\d+", err.unsupported[0]), err.unsupported
+    _same(lambda t, m: torch.masked.amax(t.float(), 1, mask=m), x, mask)  # a float max has an fp32 -inf fill
+
+
 @pytest.mark.parametrize("fn", [lambda a, b: torch.div(a, b, rounding_mode="floor"),
                                 lambda a, b: torch.div(a, b, rounding_mode="trunc"),
                                 lambda a, b: torch.remainder(a, b), lambda a, b: torch.fmod(a, b),
