@@ -1,7 +1,7 @@
 """Overflow guards for int64 arithmetic computed in int32 (NeuronCores hold integers as int32).
 
 torch computes int64 results in 64 bits; the kernels compute them exactly in int32, which agrees unless
-a result leaves the int32 range. For every int64 add/sub/mul/neg/abs/sum/left-shift node, :func:`overflow` replays
+a result leaves the int32 range. For every int64 add/sub/mul/neg/abs/sum/left-shift/power node, :func:`overflow` replays
 the rule in fp32 on the same operands (a shadow value within 2^9 of the true result) and marks where
 the int32 result differs from it by more than 2^30: a wrapped result is off by a multiple of 2^32, so
 the test never misses an overflow and never fires without one. The lowering stores the marks as a flag
@@ -22,7 +22,7 @@ aten = torch.ops.aten
 GUARDED = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor, aten.mul.Scalar,
            aten.rsub.Tensor, aten.rsub.Scalar, aten.neg.default, aten.abs.default, aten.sum.dim_IntList,
            aten.sum.default, aten.__lshift__.Scalar, aten.__lshift__.Tensor, aten.bitwise_left_shift.Tensor,
-           aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor}
+           aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor, aten.pow.Tensor_Scalar}
 _SHADOW_SLACK = 2.0**30
 
 

@@ -308,11 +308,36 @@ def lower_reciprocal(ctx, node, x):
     return _finish(ctx, node, ctx.b.reciprocal(x))
 
 
-@register_lowering(aten.pow.Tensor_Scalar, family="elementwise", check=_float_only)
+def _pow_scalar_check(node: fx.Node) -> str | None:
+    """Integer powers with a non-negative int exponent are exact products; other integer powers are refused."""
+    e = node.args[1] if len(node.args) > 1 else None
+    if is_int_compute(node) and isinstance(e, int) and not isinstance(e, bool) and e >= 0:
+        return None
+    return _float_only(node)
+
+
+def _int_power(b, x, e: int):  # type: ignore[no-untyped-def]
+    """x ** e by squaring and multiplying: exact in int32, wrapping like torch's int32 (int64 results are checked by
+    lowering.intguard, which replays this in fp32); in fp32 (that replay) the same products."""
+    result, base = None, x
+    while e:
+        if e & 1:
+            result = base if result is None else b.binary("multiply", result, base)
+        e >>= 1
+        if e:
+            base = b.binary("multiply", base, base)
+    return result
+
+
+@register_lowering(aten.pow.Tensor_Scalar, family="elementwise", check=_pow_scalar_check)
 def lower_pow_scalar(ctx, node, x, exponent):
-    """aten.pow(tensor, scalar): squares/cubes/roots as exact products, otherwise exp(e * log x)."""
-    e = float(exponent)
+    """aten.pow(tensor, scalar): squares/cubes/roots as exact products, otherwise exp(e * log x).
+
+    Integer tensors to a non-negative int power by squaring (exact)."""
     b = ctx.b
+    if is_int_compute(node):
+        return b.fill(1, x.kind) if exponent == 0 else _int_power(b, x, int(exponent))
+    e = float(exponent)
     if e == 0.0:
         return b.fill(1.0, x.kind)
     if e == 1.0:

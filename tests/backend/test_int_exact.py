@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import neuron_compile.backend
-from neuron_compile.errors import UnsupportedOpError
+from neuron_compile.errors import DeviceAssertionError, UnsupportedOpError
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from neuron_compile.nki_api.checker import check_source_against_api  # noqa: E402
@@ -110,6 +110,20 @@ def test_comparisons_exact(dtype: torch.dtype) -> None:
 def test_int32_overflow_wraps_like_eager() -> None:
     x = torch.tensor([[IMAX, -IMAX - 1, 2**30 + 1, 46341, -5]], dtype=torch.int32)
     _check(lambda x: (x + 1, x - 2, x * x, -x, x.abs(), x * 3 + IMAX), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
+def test_integer_powers_by_a_python_int_are_exact(dtype: torch.dtype) -> None:
+    """x ** e (square, pow) of integers by squaring: exact, wrapping like torch below int64; an int64 power past
+    int32 raises (the overflow guard replays the products in fp32)."""
+    x = torch.tensor([0, 1, 2, 3, 7, 100, 127] + ([] if dtype == torch.uint8 else [-1, -3, -100]), dtype=dtype)
+    _check(lambda t: (t ** 0, t ** 1, torch.square(t), t ** 3, t.pow(4)), x)
+    if dtype != torch.int64:
+        _check(lambda t: (t ** 5, t ** 13), x)  # wraps at the dtype's width, as eager
+        return
+    _check(lambda t: t ** 4, x)
+    with pytest.raises(DeviceAssertionError, match=r"integer overflow in aten\.pow\.Tensor_Scalar"):
+        _compile(lambda t: t ** 5)(x)  # 100 ** 5 = 1e10
 
 
 # -- mixed int / float (torch promotion) ----------------------------------------------------------------
@@ -240,7 +254,7 @@ def _refused(fn: Callable[..., Any], *xs: torch.Tensor) -> str:
 
 @pytest.mark.parametrize(("fn", "parts"), [
     (lambda x: x.prod(-1), ("aten.prod", "torch.int64", "no exact integer product", "in float")),
-    (lambda x: x.pow(2), ("aten.pow", "torch.int64", "floating point only", "x.float()")),
+    (lambda x: x.pow(x), ("aten.pow", "torch.int64", "floating point only", "x.float()")),
     (lambda x: x @ x.t(), ("matmul on torch.int64",)),
 ])
 def test_refusals_name_op_dtype_and_fix(fn: Callable[..., Any], parts: tuple[str, ...]) -> None:
