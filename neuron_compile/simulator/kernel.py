@@ -28,13 +28,8 @@ from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import lnc as _lnc
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
-from neuron_compile.simulator.tensor import (
-    SHARED_HBM,
-    NkiTensor,
-    check_capacity,
-    from_array,
-    to_numpy,
-)
+from neuron_compile.simulator.allocation import check_capacity
+from neuron_compile.simulator.tensor import SHARED_HBM, NkiTensor, from_array, to_numpy
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import targets as _targets
 from neuron_compile.simulator import trace as _trace
+from neuron_compile.simulator.allocation import allocate
 from neuron_compile.simulator.tensor import (
     PRIVATE_HBM,
     PSUM,
@@ -28,7 +29,6 @@ from neuron_compile.simulator.tensor import (
     SHARED_HBM,
     MemoryRegion,  # noqa: F401 - re-exported as nl.MemoryRegion
     NkiTensor,
-    allocate,
     check_buffer,
     from_array,
 )

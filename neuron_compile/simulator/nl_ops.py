@@ -22,8 +22,9 @@ from neuron_compile.simulator import isa_movement as MV
 from neuron_compile.simulator import isa_reduce as R
 from neuron_compile.simulator import ops as O
 from neuron_compile.simulator import trace as _trace
+from neuron_compile.simulator.allocation import allocate
 from neuron_compile.simulator.enums import engine, reduce_cmd
-from neuron_compile.simulator.tensor import PSUM, SBUF, NkiTensor, allocate
+from neuron_compile.simulator.tensor import PSUM, SBUF, NkiTensor
 
 log = logging.getLogger(__name__)
 
