@@ -446,7 +446,7 @@ class LoopGroupEmitter:
                     guards.append((node, ovf, f"integer overflow in {qualified_name(node.target)}: an int64 result "
                                    f"left the int32 range NeuronCores compute integers in (at {source_line(node)}); "
                                    f"compute in float or keep values below 2**31"))
-            elif node.target in mathlib.TRIG_GUARDED and isinstance(args[0], TileVal) and not b.int_mode:
+            elif node.target in mathlib.TRIG_GUARDED:  # float only; its operand is a tile (constants as fills)
                 guards.append((node, mathlib.beyond_trig_reduction(b, args[0]), (
                     f"{qualified_name(node.target)} of an argument of magnitude {mathlib.TRIG_LIMIT:.4g} or more (at "
                     f"{source_line(node)}): NeuronCores reduce trigonometric arguments exactly only below 2**24 * 2 pi; "

@@ -243,22 +243,24 @@ def beyond_trig_reduction(b: ProgramBuilder, x: TileVal) -> TileVal:
     return b.binary("logical_and", b.binary("greater_equal", a, TRIG_LIMIT), b.binary("less", a, math.inf))
 
 
-def nan_unless_finite(b: ProgramBuilder, x: TileVal, y: TileVal) -> TileVal:
-    """``y`` where x is finite, NaN for +-inf and NaN (sin, cos of an infinity are NaN; the reductions give a
-    number, which callers such as the Bessel functions' vanishing amplitude rely on)."""
-    return b.select(b.binary("less", absval(b, x), math.inf), y, math.nan)
+def _special_values(b: ProgramBuilder, x: TileVal, y: TileVal, inf_is_nan: bool) -> TileVal:
+    """``y`` with NaN where x is NaN, and with ``inf_is_nan`` also where x is +-inf (eager's sin, cos of an
+    infinity; the reductions give a number there, which the Bessel functions' vanishing amplitude relies on)."""
+    if inf_is_nan:
+        return b.select(b.binary("less", absval(b, x), math.inf), y, math.nan)
+    return keep_nan(b, x, y)
 
 
-def sin(b: ProgramBuilder, x: TileVal) -> TileVal:
+def sin(b: ProgramBuilder, x: TileVal, inf_is_nan: bool = False) -> TileVal:
     """sin(x): Cody-Waite reduction to [-pi, pi], where ScalarE sin is valid."""
-    return keep_nan(b, x, b.activation("sin", reduce_2pi(b, x)))
+    return _special_values(b, x, b.activation("sin", reduce_2pi(b, x)), inf_is_nan)
 
 
-def cos(b: ProgramBuilder, x: TileVal) -> TileVal:
+def cos(b: ProgramBuilder, x: TileVal, inf_is_nan: bool = False) -> TileVal:
     """cos(x) = sin(pi/2 - |r|), r the reduced x, pi/2 in two parts (no cancellation near the zeros)."""
     r = absval(b, reduce_2pi(b, x))
     t = b.binary("add", b.binary("subtract", _PIO2_HI, r), _PIO2_LO)
-    return keep_nan(b, x, b.activation("sin", t))  # type: ignore[arg-type]
+    return _special_values(b, x, b.activation("sin", t), inf_is_nan)  # type: ignore[arg-type]
 
 
 def sinpi(b: ProgramBuilder, x: TileVal) -> TileVal:

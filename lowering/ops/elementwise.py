@@ -373,8 +373,7 @@ def lower_sin_cos(ctx, node, x):
 
     NaN for +-inf; arguments past the exact reduction (2**24 * 2 pi) are marked and raise (graph emitter)."""
     fn = mathlib.cos if node.target == aten.cos.default else mathlib.sin
-    x = ctx.b.cast(x, "float32")
-    return _finish(ctx, node, mathlib.nan_unless_finite(ctx.b, x, fn(ctx.b, x)))
+    return _finish(ctx, node, fn(ctx.b, ctx.b.cast(x, "float32"), inf_is_nan=True))
 
 
 @register_lowering(aten.gelu.default, family="elementwise", check=_float_only)

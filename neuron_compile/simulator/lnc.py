@@ -94,7 +94,7 @@ def _names_sync(fn: Callable[..., Any]) -> bool:
                 inner = _kernel_function(cell.cell_contents)
             except ValueError:  # an empty cell
                 continue
-            if inner is not None and id(inner.__code__) not in seen:
+            if inner is not None:
                 todo.append((inner.__code__, inner.__globals__))
 
     top = getattr(fn, "fn", fn)
