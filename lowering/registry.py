@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from neuron_compile.lowering.intmath import int_scalars_in_range
 from torch._ops import OpOverload
 
 from neuron_compile.errors import LoweringError
@@ -143,8 +144,6 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return (why(node) if why is not None else None) or "no lowering rule"
     why = rule.check(node) if rule.check is not None else None
     if why is None and rule.family in _VALUE_SCALARS:
-        from neuron_compile.lowering.intmath import int_scalars_in_range
-
         why = int_scalars_in_range(node)
     return why
 
