@@ -443,14 +443,10 @@ class LoopGroupEmitter:
             elif intguard.guarded(node):
                 ovf = intguard.overflow(b, rule.fn, self, node, args, kwargs, val)
                 if ovf is not None:
-                    guards.append((node, ovf, f"integer overflow in {qualified_name(node.target)}: an int64 result "
-                                   f"left the int32 range NeuronCores compute integers in (at {source_line(node)}); "
-                                   f"compute in float or keep values below 2**31"))
+                    guards.append((node, ovf, intguard.overflow_message(qualified_name(node.target), source_line(node))))
             elif node.target in mathlib.TRIG_GUARDED:  # float only; its operand is a tile (constants as fills)
-                guards.append((node, mathlib.beyond_trig_reduction(b, args[0]), (
-                    f"{qualified_name(node.target)} of an argument of magnitude {mathlib.TRIG_LIMIT:.4g} or more (at "
-                    f"{source_line(node)}): NeuronCores reduce trigonometric arguments exactly only below 2**24 * 2 pi; "
-                    f"reduce it first (torch.remainder(x.double(), 2 * math.pi) on the host) or compute it eagerly")))
+                guards.append((node, mathlib.beyond_trig_reduction(b, args[0]),
+                               mathlib.trig_guard_message(qualified_name(node.target), source_line(node))))
             self.values[node] = val
         # Loading an operand may have emitted a copy kernel (a reshape that is not a view): this kernel's
         # index is only known now.

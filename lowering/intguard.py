@@ -31,6 +31,12 @@ def guarded(node: fx.Node) -> bool:
     return node.target in GUARDED and isinstance(val, torch.Tensor) and val.dtype == torch.int64
 
 
+def overflow_message(op: str, where: str) -> str:
+    """The DeviceAssertionError text when :func:`overflow`'s mark is set for ``op`` (at ``where``)."""
+    return (f"integer overflow in {op}: an int64 result left the int32 range NeuronCores compute integers in "
+            f"(at {where}); compute in float or keep values below 2**31")
+
+
 def overflow(b: ProgramBuilder, rule: Callable[..., Any], ctx: Any, node: fx.Node, args: list[Any],
              kwargs: dict[str, Any], result: TileVal) -> TileVal | None:
     """1.0 where the int32 ``result`` of an int64 node wrapped (None when nothing can)."""

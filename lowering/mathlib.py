@@ -243,6 +243,13 @@ def beyond_trig_reduction(b: ProgramBuilder, x: TileVal) -> TileVal:
     return b.binary("logical_and", b.binary("greater_equal", a, TRIG_LIMIT), b.binary("less", a, math.inf))
 
 
+def trig_guard_message(op: str, where: str) -> str:
+    """The DeviceAssertionError text when :func:`beyond_trig_reduction`'s mark is set for ``op`` (at ``where``)."""
+    return (f"{op} of an argument of magnitude {TRIG_LIMIT:.4g} or more (at {where}): NeuronCores reduce "
+            f"trigonometric arguments exactly only below 2**24 * 2 pi; reduce it first "
+            f"(torch.remainder(x.double(), 2 * math.pi) on the host) or compute it eagerly")
+
+
 def _special_values(b: ProgramBuilder, x: TileVal, y: TileVal, inf_is_nan: bool) -> TileVal:
     """``y`` with NaN where x is NaN, and with ``inf_is_nan`` also where x is +-inf (eager's sin, cos of an
     infinity; the reductions give a number there, which the Bessel functions' vanishing amplitude relies on)."""
