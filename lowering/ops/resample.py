@@ -25,6 +25,7 @@ from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
+from torch._dispatch.python import no_python_dispatcher
 from torch.utils._python_dispatch import _disable_current_modes
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ MAX_RUNS = 4096  # instructions per pass beyond which a resampling is refused (a
 @functools.lru_cache(maxsize=256)
 def resample_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: float | None) -> np.ndarray:
     """``A[out_n, in_n]`` of one spatial dim: eager's own op applied to the basis of ``in_n`` positions (run on
-    real CPU tensors even while the caller traces with fake tensors)."""
-    with _disable_current_modes():
+    real CPU tensors even while the caller traces with fake tensors, and by the ATen kernel even under AOTAutograd's
+    Python dispatcher, whose Python decompositions of the upsample ops round the source position differently: a
+    weight off by up to an fp32 ulp of the source index, 2^-16 for positions in [128, 256))."""
+    with _disable_current_modes(), no_python_dispatcher():
         a = _eager_matrix(mode, in_n, out_n, align_corners, scale)
     a.setflags(write=False)
     return a

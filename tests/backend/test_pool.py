@@ -302,3 +302,17 @@ def test_adaptive_max_pool_any_output_size(shape: tuple[int, ...], out: tuple[in
                          ids=["1d", "2d", "2d_size1_size2", "3d", "unbatched_2d"])
 def test_replication_pad_forward_and_grads_match_eager(shape: tuple[int, ...], pad: tuple[int, ...]) -> None:
     H.check_grads(lambda x: F.pad(x, pad, mode="replicate"), torch.randn(*shape))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_interpolate_weights_are_the_aten_kernels_not_the_python_decomposition(mode: str) -> None:
+    """The resampling weights come from eager's ATen kernel even though the backend builds them under AOTAutograd's
+    Python dispatcher, whose Python decompositions of upsample_bilinear2d / bicubic round the source position to
+    an fp32 ulp: output row 200 of 345 -> 270 rows (source 255.69, ulp 2^-16) had a weight off by 1.5e-5."""
+    x = torch.randn(1, 2, 345, 4) * 9
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=(270, 4), mode=mode, align_corners=False)
+
+    got = torch.compile(f, backend="neuron", dynamic=False)(x)
+    torch.testing.assert_close(got, f(x), atol=2e-5, rtol=1e-5)
