@@ -209,7 +209,9 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     if data.storage.buffer is PSUM and operand1.storage.buffer is PSUM:
         raise SimulatorConstraintError(api, "operand1", "nl.psum", "data and operand1 cannot both be in PSUM")
     x = C.read32(data)
-    y = _stage(api, x, n0, C.scalar_or_vector(api, "operand0", operand0, p, x.ndim), reverse0, "operand0")
+    # any dtype: "All input tiles can be any supported NKI data type", cast to fp32 (unlike tensor_scalar's operands)
+    y = _stage(api, x, n0, C.scalar_or_vector(api, "operand0", operand0, p, x.ndim, fp32_only=False), reverse0,
+               "operand0")
     t = C.read32(operand1)
     if t.shape != y.shape:
         t = t.reshape(y.shape)

@@ -293,7 +293,9 @@ class NKIObject(metaclass=_NKIObjectMeta):
     ``__init__`` over the annotated fields of the class and its bases, unless the class defines its
     own ``__init__`` or ``@dataclass`` generates one from annotated fields (then that one runs: defaults,
     ``default_factory``, ``frozen``, ``__post_init__``). Without annotated fields, keyword arguments become
-    attributes, with or without ``@dataclass``."""
+    attributes, with or without ``@dataclass``. An annotated field left out (and without a class default) stays
+    unset: NKI 0.6's ``NKIObject.__init__(**kwargs)`` sets what it is given, and AWS's kernels fill such fields
+    in a method after construction."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)
@@ -314,11 +316,12 @@ class NKIObject(metaclass=_NKIObjectMeta):
                 raise TypeError(f"{cls.__name__}() got multiple values for argument {k!r}")
             values[k] = v
         for f in fields:
-            if f not in values:
-                if not hasattr(cls, f):
-                    raise TypeError(f"{cls.__name__}() missing argument {f!r}")
-                values[f] = getattr(cls, f)
-            object.__setattr__(self, f, values[f])
+            if f in values:
+                object.__setattr__(self, f, values[f])
+            elif hasattr(cls, f):
+                object.__setattr__(self, f, getattr(cls, f))
+            # else: unset until a method assigns it (nki-library's moe_cte derives fields after construction);
+            # reading it first raises AttributeError
         post = getattr(self, "__post_init__", None)
         if post is not None:
             post()

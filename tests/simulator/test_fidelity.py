@@ -247,8 +247,11 @@ def test_nkiobject_dataclasses_construct_as_dataclasses() -> None:
     assert Derived(extra=3).sizes == [3]
     assert (Plain(1).a, Plain(1).b, Plain(1, b=5).b) == (1, 2, 5)
     assert Bag(x=4).x == 4  # type: ignore[attr-defined]
-    with pytest.raises(TypeError, match="missing argument 'a'"):
-        Plain()
+    unset = Plain(b=3)  # a field left out stays unset until assigned (NKIObject.__init__(**kwargs))
+    with pytest.raises(AttributeError, match="'a'"):
+        unset.a  # noqa: B018
+    unset.a = 4
+    assert (unset.a, unset.b) == (4, 3)
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])

@@ -12,7 +12,10 @@ Each was found by running those kernels here, and each test is written from the 
 * an access pattern past its tensor is only an error once an instruction uses it;
 * kernel arguments are shared HBM (both programs of an LNC2 launch see them), and a launch whose code reaches a
   core_barrier through a function of another module or a closure runs its programs together; a tensor is true as
-  an object.
+  an object;
+* ``scalar_tensor_tensor`` takes its ``(P, 1)`` operand0 in any dtype (nki-library's moe_cte scales by a bf16
+  expert affinity), while ``tensor_scalar`` keeps requiring fp32 vector operands;
+* a plain ``nl.NKIObject`` subclass may leave annotated fields out of its constructor call and assign them later.
 """
 
 from __future__ import annotations
@@ -291,3 +294,75 @@ def k(x, index):
     x = np.ones((4, 4), np.float32)
     np.testing.assert_array_equal(k(x, np.zeros((1, 1), np.int32)), 2 * x)  # a tensor of zeros is still a tensor
     np.testing.assert_array_equal(k(x, None), x)
+
+
+def test_scalar_tensor_tensor_takes_a_bf16_vector_operand_and_tensor_scalar_does_not() -> None:
+    """NKI 0.6: every scalar_tensor_tensor input may be any dtype (cast to fp32); tensor_scalar's vector operands
+    must be fp32."""
+    import ml_dtypes
+
+    body = HEADER + '''
+@nki.jit
+def k(x, s, y):
+    xt = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xt, src=x)
+    st = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=st, src=s)
+    yt = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=yt, src=y)
+    r = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)
+    OP
+    out = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+'''
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((128, 16)).astype(np.float32) for _ in range(2))
+    s = rng.standard_normal((128, 1)).astype(ml_dtypes.bfloat16)
+    stt = load_kernel_source(body.replace("OP", "nisa.scalar_tensor_tensor(dst=r, data=xt, op0=nl.multiply, "
+                                          "operand0=st, op1=nl.add, operand1=yt)"), "stt.py")["k"]
+    np.testing.assert_allclose(simulate(stt)(x, s, y), x * s.astype(np.float32) + y, rtol=1e-6)
+    ts = load_kernel_source(body.replace("OP", "nisa.tensor_scalar(dst=r, data=xt, op0=nl.multiply, operand0=st)"),
+                            "ts.py")["k"]
+    with pytest.raises(SimulatorError, match="vector operand dtype must be float32"):
+        simulate(ts)(x, s, y)
+
+
+def test_a_plain_nkiobject_may_leave_annotated_fields_for_a_method_to_set() -> None:
+    """nki-library's moe_cte builds its dimension object with some annotated fields left out and derives them in a
+    method; reading one before it is set raises AttributeError."""
+    k = kernel('''
+class Dims(nl.NKIObject):
+    P: int
+    F: int
+    half: int
+
+    def derive(self):
+        self.half = self.F // 2
+
+
+@nki.jit
+def k(x):
+    d = Dims(P=x.shape[0], F=x.shape[1])
+    d.derive()
+    t = nl.ndarray((d.P, d.half), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[:, 0:d.half])
+    out = nl.ndarray((d.P, d.half), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+''')
+    x = np.arange(128 * 8, dtype=np.float32).reshape(128, 8)
+    np.testing.assert_array_equal(k(x), x[:, :4])
+    early = kernel('''
+class Dims(nl.NKIObject):
+    P: int
+    half: int
+
+
+@nki.jit
+def early(x):
+    t = nl.ndarray((x.shape[0], Dims(P=x.shape[0]).half), dtype=x.dtype, buffer=nl.sbuf)
+    return t
+''', "early")
+    with pytest.raises(AttributeError, match="half"):
+        early(x)
