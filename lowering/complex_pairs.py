@@ -8,7 +8,8 @@ real arithmetic on the pairs (a complex product is four real products), and comp
 converted at the boundary (``torch.view_as_real`` in, ``torch.view_as_complex`` out, no copy either way).
 
 All or nothing: a graph with one complex op outside the supported set (complex products, sums, conjugates, views,
-``polar``, ``abs``, casts) is left as it was, so the usual refusal names that op.
+``polar``, ``abs``, casts, and the FFTs of :mod:`lowering.complex_fft`) is left as it was, so the usual refusal
+names that op.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
 from torch import fx
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,15 @@ class _Rewriter:
                 mapped = [self.emit(aten.clone.default, self.env[r], memory_format=torch.contiguous_format)
                           if i in outs else (self.env[r] if isinstance(r, fx.Node) else r) for i, r in enumerate(flat)]
                 self.graph.output(type(results)(mapped) if isinstance(results, (list, tuple)) else mapped[0])
+            elif node.op == "get_attr" and is_complex(node):  # a complex graph constant: its pairs as a buffer
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    value = torch.view_as_real(getattr(self.gm, node.target).resolve_conj()).clone()
+                name = f"{node.target}_pairs"
+                self.gm.register_buffer(name, value, persistent=False)
+                self.env[node] = self.graph.get_attr(name)
+                self.env[node].meta["val"] = _meta(value)
             elif node.op == "call_function" and (is_complex(node) or any(is_complex(a) for a in node.all_input_nodes)):
                 new = self.complex_op(node)
                 new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
@@ -154,6 +165,9 @@ class _Rewriter:
 
         if t == aten.view_as_complex.default or t == aten.view_as_real.default:
             return x()
+        if t == aten.complex.default:  # the parts broadcast against each other
+            shape = list(_val(node).shape)
+            return self.pair(*(self.emit(aten.expand.default, x(i), shape) for i in (0, 1)))
         if t == aten.polar.default:
             r, th = x(0), x(1)
             return self.pair(self.emit(aten.mul.Tensor, r, self.emit(aten.cos.default, th)),
@@ -167,8 +181,20 @@ class _Rewriter:
                 raise _Unsupported("a cast from complex to real")
             src = x() if is_complex(a[0]) else self.real_only(x())
             return self.emit(aten._to_copy.default, src, dtype=REAL_OF[dtype])
-        if t in (aten._conj.default, aten.conj_physical.default, aten.conj.default):
+        if t in (aten.real.default, aten.imag.default):
+            return self.emit(aten.clone.default, self.part(x(), 0 if t == aten.real.default else 1))
+        if t in (aten.full.default, aten.full_like.default, aten.scalar_tensor.default) and is_complex(node):
+            shape = list(_val(node).shape)
+            value = complex(a[0] if t == aten.scalar_tensor.default else a[1])
+            real_kw = {"dtype": REAL_OF[_val(node).dtype], "device": _val(node).device}
+            return self.pair(self.emit(aten.full.default, shape, value.real, **real_kw),
+                             self.emit(aten.full.default, shape, value.imag, **real_kw))
+        if t in (aten._conj.default, aten.conj_physical.default, aten._conj_physical.default, aten.conj.default):
             return self.pair(self.part(x(), 0), self.emit(aten.neg.default, self.part(x(), 1)))
+        if t in (aten.mul.Scalar, aten.div.Scalar) and is_complex(a[0]) and not isinstance(a[1], complex):
+            return self.emit(t, x(), a[1])  # a real scalar scales both parts
+        if t == aten.mul.Scalar and isinstance(a[1], complex):
+            return self.times_complex_scalar(x(), is_complex(a[0]), a[1])
         if t == aten.neg.default:
             return self.emit(aten.neg.default, x())
         if t == aten.abs.default:
@@ -198,11 +224,24 @@ class _Rewriter:
             return self.emit(aten.slice.Tensor, x(), self.dim(a[0], a[1] if len(a) > 1 else 0), *a[2:])
         if t == aten.select.int:
             return self.emit(aten.select.int, x(), self.dim(a[0], a[1]), a[2])
+        if t == aten.where.self and is_complex(node):
+            cond = self.emit(aten.unsqueeze.default, x(0), -1)
+            picks = [env[v] if is_complex(v) else self.real_only(env[v]) for v in a[1:3]]
+            return self.emit(t, cond, *picks)
+        if t == aten.slice_scatter.default:
+            dst, src = (env[v] if is_complex(v) else self.real_only(env[v]) for v in a[:2])
+            return self.emit(t, dst, src, self.dim(a[0], a[2] if len(a) > 2 else 0), *a[3:])
         if t == aten.cat.default:
             parts = [env[p] if is_complex(p) else self.real_only(env[p]) for p in a[0]]
             return self.emit(t, parts, (a[1] if len(a) > 1 else 0) % _val(node).dim())
         if t in (aten.sum.dim_IntList, aten.mean.dim) and len(a) >= 2 and not kw:
             return self.emit(t, x(), [self.dim(a[0], d) for d in a[1]], *a[2:])
+        if t in FFT_OPS:
+            dtype = _val(a[0]).dtype
+            try:
+                return fft_op(self, node, REAL_OF.get(dtype, dtype))
+            except FFTUnsupported as exc:
+                raise _Unsupported(str(exc)) from exc
         raise _Unsupported(f"{t}")
 
     def hypot(self, z: fx.Node) -> fx.Node:
@@ -217,9 +256,21 @@ class _Rewriter:
         inf = emit(aten.logical_or.default, emit(aten.isinf.default, ar), emit(aten.isinf.default, ai))
         return emit(aten.where.self, inf, emit(aten.full_like.default, h, float("inf")), h)
 
+    def times_complex_scalar(self, z: fx.Node, z_complex: bool, c: complex) -> fx.Node:
+        """``z * c`` for a complex Python scalar ``c``: (zr + i zi)(cr + i ci), or a real ``z`` times ``c``."""
+        mul = aten.mul.Scalar
+        if not z_complex:
+            return self.pair(self.emit(mul, z, c.real), self.emit(mul, z, c.imag))
+        zr, zi = self.part(z, 0), self.part(z, 1)
+        return self.pair(self.emit(aten.sub.Tensor, self.emit(mul, zr, c.real), self.emit(mul, zi, c.imag)),
+                         self.emit(aten.add.Tensor, self.emit(mul, zr, c.imag), self.emit(mul, zi, c.real)))
+
     def binary(self, t: Any, lhs: tuple[str, Any], rhs: tuple[str, Any]) -> fx.Node:
         """+, -, *, / with at least one complex side: on the pairs."""
         (lk, lv), (rk, rv) = lhs, rhs
+        if t == aten.mul.Tensor and "scalar_c" in (lk, rk) and {lk, rk} <= {"scalar_c", "complex", "real"}:
+            (zk, zv), c = ((lk, lv), rv) if rk == "scalar_c" else ((rk, rv), lv)
+            return self.times_complex_scalar(zv, zk == "complex", c)
         if t == aten.mul.Tensor and lk == "complex" and rk == "complex":
             ar, ai, br, bi = self.part(lv, 0), self.part(lv, 1), self.part(rv, 0), self.part(rv, 1)
             mul, emit = aten.mul.Tensor, self.emit

@@ -1,16 +1,15 @@
 """Ops of PyTorch's OpInfo database that the neuron backend refuses, and why (``test_opinfo.py``).
 
-Linear-algebra decompositions, FFTs and complex numbers are refused as families (``OUT_OF_SCOPE``): they
-have no place on a NeuronCore's engines and stay on the host or in dedicated libraries (the complex ops of
-rotary embeddings compile as real pairs, lowering/complex_pairs.py; those that do must match eager). Each other entry
-names one op (``name`` or ``name.variant``) and the reason it is refused.
+Linear-algebra decompositions are refused as a family (``OUT_OF_SCOPE``): they have no place on a NeuronCore's
+engines and stay on the host or in dedicated libraries (those that do lower must match eager). Complex values
+compile as real pairs (lowering/complex_pairs.py) and FFTs as dense DFT products (lowering/complex_fft.py), so
+their ops must match eager like any other. Each other entry names one op (``name`` or ``name.variant``) and the
+reason it is refused.
 """
 
 from __future__ import annotations
 
-OUT_OF_SCOPE = (
-    "linear-algebra decompositions, FFT and complex numbers are refused by name (not NeuronCore work)"
-)
+OUT_OF_SCOPE = "linear-algebra decompositions are refused by name (not NeuronCore work)"
 
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
