@@ -96,6 +96,8 @@ class _Rewriter:
             elif t in _TRUTH:
                 ne = self.call(aten.ne.Scalar, (x, 0), {}, xv.shape, torch.bool)
                 new = self.call(aten.reshape.default, (ne, list(out.shape)), {}, out.shape, torch.bool)
+                if out.dtype != torch.bool:  # any / all of uint8 give uint8
+                    new = self.call(aten._to_copy.default, (new,), {"dtype": out.dtype}, out.shape, out.dtype)
             elif t in _ARG:
                 new = self.full(out.shape, 0, out.dtype)
             elif t == aten.var.correction:

@@ -123,7 +123,9 @@ class Partitioner:
             rule = lookup(user.target) if user.op == "call_function" else None
             if rule is None or rule.kind != "pointwise":
                 return None
-        return float(value)
+        from neuron_compile.lowering.ops.constant import as_stored
+
+        return as_stored(node, value)
 
     # -- helpers -----------------------------------------------------------------------------
     def _new(self, node: fx.Node, kind: str, space: tuple[int, ...], red: tuple[int, ...] = (),

@@ -153,6 +153,9 @@ def _scatter_check(node: fx.Node) -> str | None:
     reduce = str(node.args[5])
     if reduce not in ("assign", "sum", "prod", "mean", "amax", "amin"):
         return f"scatter with reduce={reduce!r} is not supported"
+    if x is not None and x.dtype in (torch.uint8, torch.int8, torch.int16) and reduce == "sum":
+        return (f"scatter-add into {x.dtype} is not supported: torch wraps the sums at {x.dtype.itemsize * 8} bits "
+                f"and the scatter kernel accumulates in wider types; accumulate in int32 (x.int()) and cast back")
     if x is not None and not x.dtype.is_floating_point and reduce in ("prod", "mean"):
         return (f"scatter_reduce(reduce={reduce!r}) on {x.dtype} is not supported: it would need int64 "
                 f"products/division that NeuronCores cannot compute exactly; scatter into a float tensor")

@@ -303,3 +303,34 @@ def test_gcd_lcm_exact(dtype: torch.dtype) -> None:
     _check(lambda x, y: torch.gcd(x, y), a.to(dtype), b.to(dtype))
     small = (a % 5000 - 2000).to(dtype), (b % 3000 - 1500).to(dtype)  # lcm inside the int32 range
     _check(lambda x, y: torch.lcm(x, y), *small)
+
+
+U8 = torch.tensor([5, 0, 3], dtype=torch.uint8)
+NARROW_CASES = {
+    "scalar_tensor_uint8_wraps": lambda: torch.scalar_tensor(-5, dtype=torch.uint8),
+    "scalar_tensor_bool_nonzero": lambda: torch.scalar_tensor(-5, dtype=torch.bool),
+    "full_uint8_wraps": lambda: torch.full((3,), -5, dtype=torch.uint8),
+    "full_int8": lambda: torch.full((3,), -2, dtype=torch.int8),
+    "wrapped_constant_feeds_int64": lambda: torch.scalar_tensor(-5, dtype=torch.uint8) + torch.ones(2).long(),
+    "arange_uint8_from_minus_one": lambda: torch.arange(-1, 2, 2, dtype=torch.uint8),
+    "arange_uint8_past_255": lambda: torch.arange(250, 260, dtype=torch.uint8),
+    "arange_int8_in_range": lambda: torch.arange(-3, 3, dtype=torch.int8),
+}
+
+
+@pytest.mark.parametrize("name", list(NARROW_CASES))
+def test_narrow_int_and_bool_constants_convert_like_torch(name: str) -> None:
+    """A filled or iota constant of uint8/int8/bool holds what torch's conversion gives: -5 is 251 as uint8 and True
+    as bool, and an arange wraps (not a saturating fp32 conversion)."""
+    _check(NARROW_CASES[name])
+
+
+@pytest.mark.parametrize("fn", [lambda t: torch.any(t.view(3, 1), 1), lambda t: torch.all(t[0]),
+                                lambda t: torch.any(t)], ids=["any_dim", "all_0d", "any_full"])
+def test_any_and_all_of_uint8_give_uint8(fn: Callable[..., Any]) -> None:
+    _check(fn, U8)
+
+
+def test_scatter_add_into_uint8_is_refused_not_saturated() -> None:
+    msg = _refused(lambda t: t.index_add(0, torch.tensor([0]), torch.tensor([1], dtype=torch.uint8), alpha=-1), U8)
+    assert "scatter-add into torch.uint8 is not supported" in msg and "accumulate in int32" in msg
