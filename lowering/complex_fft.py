@@ -103,7 +103,7 @@ def fft_problem(node: fx.Node) -> str | None:
     return None
 
 
-register_declined(lambda node: fft_problem(node), *FFT_OPS)
+register_declined(fft_problem, *FFT_OPS)
 
 
 def fft_op(rw: Any, node: fx.Node, real_dtype: torch.dtype) -> fx.Node:
