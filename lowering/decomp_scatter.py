@@ -92,6 +92,11 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
         return x.clone()
     if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
+    if reduce == "sum" and x.dtype in (torch.uint8, torch.int8, torch.int16):
+        # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)
+        wide = SCATTER_LINES(x.to(torch.int32), dim % max(x.dim(), 1), index,
+                             src.to(torch.int32) if src is not None else None, fill, reduce, include_self, lo, error)
+        return wide.to(x.dtype)
     return SCATTER_LINES(x, dim % max(x.dim(), 1), index, src, fill, reduce, include_self, lo, error)
 
 

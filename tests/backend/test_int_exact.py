@@ -331,6 +331,22 @@ def test_any_and_all_of_uint8_give_uint8(fn: Callable[..., Any]) -> None:
     _check(fn, U8)
 
 
-def test_scatter_add_into_uint8_is_refused_not_saturated() -> None:
-    msg = _refused(lambda t: t.index_add(0, torch.tensor([0]), torch.tensor([1], dtype=torch.uint8), alpha=-1), U8)
-    assert "scatter-add into torch.uint8 is not supported" in msg and "accumulate in int32" in msg
+SCATTER_WRAP = {
+    "index_add_alpha_minus_one": (lambda t: t.index_add(0, torch.tensor([0]), torch.tensor([1], dtype=torch.uint8),
+                                                        alpha=-1), U8),
+    "scatter_add_uint8_overflows": (lambda t: t.scatter_add(0, torch.tensor([0, 0, 2]),
+                                                            torch.tensor([200, 100, 255], dtype=torch.uint8)), U8),
+    "scatter_reduce_sum_int8": (lambda t: t.scatter_reduce(0, torch.tensor([1, 1, 1]), torch.full((3,), 100,
+                                                            dtype=torch.int8), "sum", include_self=False),
+                                torch.tensor([1, 2, 3], dtype=torch.int8)),
+    "put_accumulate_int16": (lambda t: t.put(torch.tensor([0, 0]), torch.tensor([30000, 30000], dtype=torch.int16),
+                                             accumulate=True), torch.tensor([5, 6], dtype=torch.int16)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCATTER_WRAP))
+def test_scatter_add_into_8_and_16_bit_ints_wraps_like_torch(name: str) -> None:
+    """Scatter sums into uint8/int8/int16 accumulate in int32 and wrap on the cast back, as torch's do (the kernel
+    alone would saturate: 5 + 255 came out 255 instead of 4)."""
+    fn, x = SCATTER_WRAP[name]
+    _check(fn, x)
