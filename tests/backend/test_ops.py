@@ -236,12 +236,12 @@ def test_reject_eigh_names_op_shapes_and_line() -> None:
     assert "neuron-compile ops" in msg  # how to find out what is supported
 
 
-def test_reject_fft() -> None:
+def test_reject_fft_longer_than_the_dense_limit() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.fft.fft(x).abs()
 
-    err, msg = _reject(fn, torch.randn(4, 33))
-    assert "aten._fft_r2c.default(float32[4, 33]" in msg, msg
+    err, msg = _reject(fn, torch.randn(4, 4097))
+    assert "aten._fft_r2c.default(float32[4, 4097]" in msg and "an FFT over 4097 points" in msg, msg
     assert _line_of(fn) in msg, msg
 
 
