@@ -69,28 +69,35 @@ class _FFT:
         inverse = [order.index(d) for d in range(nd)]
         return emit(aten.permute.default, back, inverse)
 
-    def c2c(self, re: fx.Node, im: fx.Node, dim: int, forward: bool) -> tuple[fx.Node, fx.Node]:
-        """One complex 1-D DFT along ``dim``: X = sum_k x_k exp(-+2 pi i jk / n)."""
-        n = re.meta["val"].shape[dim]
+    def c2c(self, z: fx.Node, dim: int, forward: bool) -> fx.Node:
+        """One complex 1-D DFT along ``dim`` of the pair tensor ``z``: X = sum_k x_k exp(-+2 pi i jk / n). Each
+        matrix multiplies both parts in one product (the pair dim rides along as rows)."""
+        n = z.meta["val"].shape[dim]
         theta = _angles(n, n, n)
         c, s = self.const(f"c{dim}", np.cos(theta)), self.const(f"s{dim}", np.sin(theta))
-        emit = self.rw.emit
-        cr, ci, sr, si = (self.along(v, dim, m, n) for v, m in ((re, c), (im, c), (re, s), (im, s)))
+        emit, part = self.rw.emit, self.rw.part
+        cz, sz = self.along(z, dim, c, n), self.along(z, dim, s, n)
+        cr, ci, sr, si = part(cz, 0), part(cz, 1), part(sz, 0), part(sz, 1)
         if forward:  # (C - iS)(xr + i xi)
-            return emit(aten.add.Tensor, cr, si), emit(aten.sub.Tensor, ci, sr)
-        return emit(aten.sub.Tensor, cr, si), emit(aten.add.Tensor, ci, sr)
+            return self.rw.pair(emit(aten.add.Tensor, cr, si), emit(aten.sub.Tensor, ci, sr))
+        return self.rw.pair(emit(aten.sub.Tensor, cr, si), emit(aten.add.Tensor, ci, sr))
 
-    def normalize(self, parts: list[fx.Node], normalization: int, signal: int) -> list[fx.Node]:
+    def normalize(self, x: fx.Node, normalization: int, signal: int) -> fx.Node:
+        """``x`` times ATen's normalization factor (both parts of a pair tensor at once)."""
         if normalization == 0:
-            return parts
-        scale = 1.0 / math.sqrt(signal) if normalization == 1 else 1.0 / signal
-        return [self.rw.emit(aten.mul.Tensor, p, scale) for p in parts]
+            return x
+        return self.rw.emit(aten.mul.Tensor, x, 1.0 / math.sqrt(signal) if normalization == 1 else 1.0 / signal)
+
+
+def _signal(node: fx.Node) -> tuple[list[int], list[int]]:
+    """The input shape of an ``_fft_*`` node and its transformed dims (non-negative)."""
+    in_shape = list(node.args[0].meta["val"].shape)
+    return in_shape, [d % max(len(in_shape), 1) for d in node.args[1]]
 
 
 def fft_problem(node: fx.Node) -> str | None:
     """Why the dense form can't take this ``_fft_*`` node (None: it can); also the refusal's reason."""
-    in_shape = list(node.args[0].meta["val"].shape)
-    dims = [d % max(len(in_shape), 1) for d in node.args[1]]
+    in_shape, dims = _signal(node)
     lengths = [in_shape[d] for d in dims]
     if node.target == aten._fft_c2r.default:
         n, m = int(node.args[3]), in_shape[dims[-1]]
@@ -113,9 +120,7 @@ def fft_op(rw: Any, node: fx.Node, real_dtype: torch.dtype) -> fx.Node:
         raise FFTUnsupported(problem)
     t, a = node.target, node.args
     src = rw.env[a[0]]
-    in_shape = list(a[0].meta["val"].shape)
-    nd = len(in_shape)
-    dims = [d % nd for d in a[1]]
+    in_shape, dims = _signal(node)
     normalization = int(a[2])
     f = _FFT(rw, node, real_dtype)
     emit = rw.emit
@@ -124,23 +129,23 @@ def fft_op(rw: Any, node: fx.Node, real_dtype: torch.dtype) -> fx.Node:
         n = in_shape[last]
         m = n // 2 + 1 if a[3] else n
         theta = _angles(m, n, n)
-        re = f.along(src, last, f.const("rc", np.cos(theta)), m)
-        im = emit(aten.neg.default, f.along(src, last, f.const("rs", np.sin(theta)), m))
+        z = rw.pair(f.along(src, last, f.const("rc", np.cos(theta)), m),
+                    emit(aten.neg.default, f.along(src, last, f.const("rs", np.sin(theta)), m)))
         for d in dims[:-1]:
-            re, im = f.c2c(re, im, d, forward=True)
-        re, im = f.normalize([re, im], normalization, math.prod(in_shape[d] for d in dims))
-        return rw.pair(re, im)
-    re, im = rw.part(src, 0), rw.part(src, 1)
+            z = f.c2c(z, d, forward=True)
+        return f.normalize(z, normalization, math.prod(in_shape[d] for d in dims))
     if t == aten._fft_c2c.default:
+        z = src
         for d in dims:
-            re, im = f.c2c(re, im, d, forward=bool(a[3]))
-        re, im = f.normalize([re, im], normalization, math.prod(in_shape[d] for d in dims))
-        return rw.pair(re, im)
+            z = f.c2c(z, d, forward=bool(a[3]))
+        return f.normalize(z, normalization, math.prod(in_shape[d] for d in dims))
     # _fft_c2r: the other dims inverse-transformed, then the half spectrum of the last one back to n real values
     last, n = dims[-1], int(a[3])
     m = in_shape[last]
+    z = src
     for d in dims[:-1]:
-        re, im = f.c2c(re, im, d, forward=False)
+        z = f.c2c(z, d, forward=False)
+    re, im = rw.part(z, 0), rw.part(z, 1)
     theta = _angles(n, m, n)
     weight = np.full(m, 2.0)
     weight[0] = 1.0
@@ -149,4 +154,4 @@ def fft_op(rw: Any, node: fx.Node, real_dtype: torch.dtype) -> fx.Node:
     out = emit(aten.sub.Tensor, f.along(re, last, f.const("ic", np.cos(theta) * weight), n),
                f.along(im, last, f.const("is", np.sin(theta) * weight), n))
     signal = math.prod([in_shape[d] for d in dims[:-1]] + [n])
-    return f.normalize([out], normalization, signal)[0]
+    return f.normalize(out, normalization, signal)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
 from torch import fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -87,8 +88,6 @@ class _Rewriter:
 
     def emit(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
         """A new node with its meta value computed on meta tensors."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         node = self.graph.call_function(target, args, kwargs)
         with unset_fake_temporarily():
             margs = fx.node.map_arg(args, lambda a: _meta(a.meta["val"]))
@@ -129,8 +128,6 @@ class _Rewriter:
                           if i in outs else (self.env[r] if isinstance(r, fx.Node) else r) for i, r in enumerate(flat)]
                 self.graph.output(type(results)(mapped) if isinstance(results, (list, tuple)) else mapped[0])
             elif node.op == "get_attr" and is_complex(node):  # a complex graph constant: its pairs as a buffer
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
                 with unset_fake_temporarily():
                     value = torch.view_as_real(getattr(self.gm, node.target).resolve_conj()).clone()
                 name = f"{node.target}_pairs"

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.decomp_bag import BAG
 from neuron_compile.lowering.decomp_sort import SORT
+from neuron_compile.lowering.mathlib import NARROW_INTS
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -92,7 +93,7 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
         return x.clone()
     if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
-    if reduce == "sum" and x.dtype in (torch.uint8, torch.int8, torch.int16):
+    if reduce == "sum" and x.dtype in NARROW_INTS:
         # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)
         wide = SCATTER_LINES(x.to(torch.int32), dim % max(x.dim(), 1), index,
                              src.to(torch.int32) if src is not None else None, fill, reduce, include_self, lo, error)

@@ -437,7 +437,7 @@ class LoopGroupEmitter:
             val = rule.fn(self, node, *args, **kwargs)
             if not isinstance(val, TileVal):
                 val = b.fill(val, self.member_role(node))
-            elif node_dtype(node) in _NARROW_INTS and val.dtype == "int32" and rule.kind == "pointwise":
+            elif node_dtype(node) in mathlib.NARROW_INTS and val.dtype == "int32" and rule.kind == "pointwise":
                 b.int_mode = True
                 val = mathlib.wrap_int(b, val, node_dtype(node))  # torch wraps 8/16-bit integers
             elif intguard.guarded(node):
@@ -620,7 +620,6 @@ class LoopGroupEmitter:
 
 
 _INT_STORAGE = ("int32", "int16", "int8", "uint8")
-_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
 
 
 def _short(g: Group) -> str:

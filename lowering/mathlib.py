@@ -612,9 +612,12 @@ def bessel_i(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal
     return keep_nan(b, x, r)  # type: ignore[arg-type]
 
 
+NARROW_INTS = (torch.int8, torch.uint8, torch.int16)  # integers torch wraps at 8/16 bits (computed here in int32)
+
+
 def wrap_int(b: ProgramBuilder, x: TileVal, dtype: torch.dtype) -> TileVal:
     """An int32 tile wrapped to an 8/16-bit integer range, as torch's integer arithmetic wraps."""
-    bits = {torch.int8: 8, torch.uint8: 8, torch.int16: 16}[dtype]
+    bits = torch.iinfo(dtype).bits
     mask, sign = (1 << bits) - 1, 1 << (bits - 1)
     low = b.binary("bitwise_and", x, mask)
     if dtype == torch.uint8:

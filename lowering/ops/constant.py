@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering.mathlib import NARROW_INTS, wrap_int
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -23,7 +24,7 @@ def as_stored(node: fx.Node, value: Any) -> float:
         return float(value)
     if dtype == torch.bool:
         return float(bool(value))
-    if dtype in (torch.uint8, torch.int8, torch.int16):
+    if dtype in NARROW_INTS:
         return float(torch.tensor(int(value), dtype=torch.int64).to(dtype).item())
     return float(value)
 
@@ -58,17 +59,12 @@ def lower_arange(ctx, node, *args, **kwargs):
         step = int(args[2]) if len(args) > 2 else int(kwargs.get("step", 1))
     val = ctx.iota_for(node, start, step)
     dtype = node.meta["val"].dtype
-    if dtype in _NARROW:  # torch computes the values in int64 and wraps them into the dtype (uint8 -1 is 255)
-        n = node.meta["val"].numel()
-        lo, hi = _NARROW[dtype]
-        if n and not lo <= min(start, start + step * (n - 1)) <= max(start, start + step * (n - 1)) <= hi:
-            from neuron_compile.lowering.mathlib import wrap_int
-
+    if dtype in NARROW_INTS:  # torch computes the values in int64 and wraps them into the dtype (uint8 -1 is 255)
+        last = start + step * (node.meta["val"].numel() - 1)
+        info = torch.iinfo(dtype)
+        if not info.min <= min(start, last) <= max(start, last) <= info.max:
             val = wrap_int(ctx.b, val, dtype)
     return val
-
-
-_NARROW = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 
 
 @register_lowering(aten.full_like.default, family="constant", kind="constant")

@@ -28,6 +28,7 @@ from neuron_compile.lowering.ir import (
     LineGatherKernel,
     ScatterKernel,
 )
+from neuron_compile.lowering.mathlib import NARROW_INTS
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View
 from torch import fx
@@ -153,7 +154,7 @@ def _scatter_check(node: fx.Node) -> str | None:
     reduce = str(node.args[5])
     if reduce not in ("assign", "sum", "prod", "mean", "amax", "amin"):
         return f"scatter with reduce={reduce!r} is not supported"
-    if x is not None and x.dtype in (torch.uint8, torch.int8, torch.int16) and reduce == "sum":
+    if x is not None and x.dtype in NARROW_INTS and reduce == "sum":
         # decomp_scatter widens these to int32 first; a direct one would saturate where torch wraps
         return (f"scatter-add into {x.dtype} is not supported: torch wraps the sums at {x.dtype.itemsize * 8} bits "
                 f"and the scatter kernel accumulates in wider types; accumulate in int32 (x.int()) and cast back")
