@@ -318,6 +318,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(MOE)
     from neuron_compile.lowering.decomp_grid3d import GRID3D
     from neuron_compile.lowering.decomp_histogram import HISTOGRAM
+    from neuron_compile.lowering.decomp_linalg import LINALG
     from neuron_compile.lowering.decomp_pool import POOL
     from neuron_compile.lowering.decomp_segment import SEGMENT
     from neuron_compile.lowering.decomp_vjp import VJP
@@ -327,6 +328,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(POOL)
     table.update(SEGMENT)
     table.update(HISTOGRAM)
+    table.update(LINALG)
     return table
 
 

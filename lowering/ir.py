@@ -442,7 +442,7 @@ class DeviceCheck:
     buffer: int
     offset: int
     message: str
-    kind: str = "assert"  # 'index' (IndexOutOfRangeError) | 'assert' (DeviceAssertionError)
+    kind: str = "assert"  # 'index' | 'linalg' | 'assert': the exception, errors.device_check_error(kind)
     whole: bool = False  # the whole buffer holds marks: raise if any element is nonzero
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
+
 
 class NeuronCompileError(Exception):
     """Base class of every error raised by neuron-compile."""
@@ -97,6 +99,16 @@ class DeviceAssertionError(RuntimeExecutionError, RuntimeError):
 
 class IndexOutOfRangeError(DeviceAssertionError, IndexError):
     """An index tensor held a value outside the indexed dimension (eager raises IndexError there too)."""
+
+
+class LinAlgDeviceError(DeviceAssertionError, torch.linalg.LinAlgError):
+    """A factorization failed on device (singular matrix, not positive-definite): eager raises
+    ``torch.linalg.LinAlgError`` there too."""
+
+
+def device_check_error(kind: str) -> type[DeviceAssertionError]:
+    """The exception a failed device check of ``kind`` raises (``lowering.ir.DeviceCheck.kind``)."""
+    return {"index": IndexOutOfRangeError, "linalg": LinAlgDeviceError}.get(kind, DeviceAssertionError)
 
 
 UNKNOWN_SOURCE_LINE = "<unknown source line>"

@@ -35,12 +35,7 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import (
-    DeviceAssertionError,
-    IndexOutOfRangeError,
-    NeuronCompileError,
-    RuntimeExecutionError,
-)
+from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError, device_check_error
 from neuron_compile.host_memory import numpy_view, torch_copy
 from neuron_compile.lowering.ir import Plan
 from neuron_compile.lowering.ops.random import draw
@@ -260,6 +255,9 @@ class CompiledGraph:
                 continue
             spec = plan.inputs[ref.index]
             t = args[ref.index]
+            if t is None and 0 in spec.shape:  # an effect token (AOTAutograd passes None; decomp_linalg)
+                bufs[b] = device.upload(np.zeros(0, dtype=_np_dtype(ref.dtype)))
+                continue
             if not isinstance(t, torch.Tensor):
                 raise RuntimeExecutionError(f"input {ref.index}: expected a tensor, got {type(t).__name__}")
             t = t.detach()
@@ -278,8 +276,7 @@ class CompiledGraph:
             if flag is None or not flag.size:
                 continue
             if (check.whole and np.any(flag)) or (not check.whole and not flag.reshape(-1)[check.offset]):
-                cls = IndexOutOfRangeError if check.kind == "index" else DeviceAssertionError
-                raise cls(check.message)
+                raise device_check_error(check.kind)(check.message)
 
     def _target(self) -> Any:
         if self.executor != "simulator":

@@ -20,6 +20,7 @@ from neuron_compile.errors import source_line
 
 aten = torch.ops.aten
 INDEX_PREFIX = "index out of range"
+LINALG_PREFIXES = ("linalg.", "torch.linalg.", "cholesky:")  # _linalg_check_errors' messages (decomp_linalg)
 
 
 @register_lowering(aten._assert_async.msg, family="checks", kind="copy")
@@ -28,13 +29,12 @@ def lower_assert_async(gl: Any, node: fx.Node) -> None:
     cond, msg = node.args[0], str(node.args[1])
     where = source_line(node)
     text = msg if where == "<unknown source line>" else f"{msg} (at {where})"
-    kind = "index" if msg.startswith(INDEX_PREFIX) else "assert"
+    kind = "index" if msg.startswith(INDEX_PREFIX) else "linalg" if msg.startswith(LINALG_PREFIXES) else "assert"
     if not isinstance(cond, fx.Node):
         if not cond:
-            raise_cls = "IndexOutOfRangeError" if kind == "index" else "DeviceAssertionError"
             from neuron_compile import errors
 
-            raise getattr(errors, raise_cls)(text)
+            raise errors.device_check_error(kind)(text)
         return
     view = gl.view_of(cond)
     gl.checks.append(DeviceCheck(view.buffer, view.offset, text, kind))

@@ -1,7 +1,9 @@
 """Ops of PyTorch's OpInfo database that the neuron backend refuses, and why (``test_opinfo.py``).
 
-Linear-algebra decompositions are refused as a family (``OUT_OF_SCOPE``): they have no place on a NeuronCore's
-engines and stay on the host or in dedicated libraries (those that do lower must match eager). Complex values
+The iterative and Householder-based linear-algebra decompositions (SVD, eigendecompositions, QR, LDL, and what is
+built on them) are refused as a family (``OUT_OF_SCOPE``, ``harness.ITERATIVE_LINALG``; those that do lower must
+match eager); the direct methods (LU, solves, inverses, determinants, Cholesky) compile as unrolled eliminations
+(lowering/decomp_linalg.py) and must match eager. Complex values
 compile as real pairs (lowering/complex_pairs.py) and FFTs as dense DFT products (lowering/complex_fft.py), so
 their ops must match eager like any other. Each other entry names one op (``name`` or ``name.variant``) and the
 reason it is refused.
@@ -9,7 +11,7 @@ reason it is refused.
 
 from __future__ import annotations
 
-OUT_OF_SCOPE = "linear-algebra decompositions are refused by name (not NeuronCore work)"
+OUT_OF_SCOPE = "iterative linear-algebra decompositions are refused by name (SVD, eig, QR, LDL)"
 
 _BITS = "frexp / nextafter (bit-level float manipulation): no lowering rule"
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
