@@ -21,7 +21,8 @@ formulas read the factors back: ``det`` and ``slogdet`` factor ``A^T`` when ``A`
 
 Work is O(n) steps of O(n^2) elementwise ops on VectorE, in fp32 (float64 runs as float32, as everywhere), so the
 matrices are limited to :data:`MAX_ORDER` rows and columns; larger ones, complex ones and the iterative
-decompositions (SVD, eigendecompositions, QR, LDL, matrix_exp) are refused with the reason.
+decompositions (SVD, eigendecompositions, LDL, matrix_exp) are refused with the reason. QR, Householder-based, is
+:mod:`lowering.decomp_qr`.
 """
 
 from __future__ import annotations
@@ -366,8 +367,7 @@ LINALG: dict[Any, Any] = {
     aten._linalg_check_errors.default: check_errors_op,
 }
 
-ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default, aten.linalg_qr.default,
-             aten.geqrf.default, aten.ormqr.default, aten.linalg_householder_product.default,
+ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default,
              aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_matrix_exp.default,
              aten.linalg_pinv.atol_rtol_tensor, aten.linalg_lstsq.default)
 
@@ -394,9 +394,8 @@ def linalg_problem(node: fx.Node) -> str | None:
 
 
 def _iterative(node: fx.Node) -> str:
-    return ("SVD, eigendecompositions, QR, LDL, pinv, lstsq and matrix_exp are iterative or Householder-based and "
-            "are not compiled; run them eagerly (outside the compiled region), e.g. under "
-            "torch.compiler.disable")
+    return ("SVD, eigendecompositions, LDL, pinv, lstsq and matrix_exp are iterative or pivot symmetrically and are "
+            "not compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
 
 
 register_declined(linalg_problem, *(op for op in LINALG if op != aten._linalg_check_errors.default))

@@ -320,6 +320,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_histogram import HISTOGRAM
     from neuron_compile.lowering.decomp_linalg import LINALG
     from neuron_compile.lowering.decomp_pool import POOL
+    from neuron_compile.lowering.decomp_qr import QR
     from neuron_compile.lowering.decomp_segment import SEGMENT
     from neuron_compile.lowering.decomp_vjp import VJP
 
@@ -329,6 +330,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(SEGMENT)
     table.update(HISTOGRAM)
     table.update(LINALG)
+    table.update(QR)
     return table
 
 

@@ -1,5 +1,5 @@
 """Direct linear algebra through the backend (lowering/decomp_linalg.py: unrolled LU with partial pivoting,
-triangular solves, Cholesky): every op against eager, batched and broadcast, forward and gradients; the factors
+triangular solves, Cholesky; lowering/decomp_qr.py: Householder QR): every op against eager, batched and broadcast, forward and gradients; the factors
 themselves (LU, pivots, info) equal eager's, as autograd's formulas read them back; singular and indefinite inputs
 raise torch.linalg.LinAlgError on device as eager does; what is not compiled is refused with its reason."""
 
@@ -76,6 +76,18 @@ CASES: list[tuple[str, Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]
     ("triangular_solve_transpose", lambda b, a: torch.triangular_solve(b, a, upper=False, transpose=True),
      lambda: (_rhs(2, 4, 3), _mat(2, 4, 4))),
     ("tensorsolve", torch.linalg.tensorsolve, lambda: (_mat(6, 6).reshape(2, 3, 6), _rhs(2, 3))),
+    # QR (lowering/decomp_qr.py): LAPACK's reflectors, so Q and R carry its signs
+    ("qr_tall_batched", torch.linalg.qr, lambda: (torch.randn(2, 6, 4, generator=_gen(0)),)),
+    ("qr_wide", torch.linalg.qr, lambda: (torch.randn(3, 5, generator=_gen(0)),)),
+    ("qr_complete", lambda a: torch.linalg.qr(a, mode="complete"), lambda: (torch.randn(5, 3, generator=_gen(0)),)),
+    ("qr_r", lambda a: torch.linalg.qr(a, mode="r"), lambda: (torch.randn(4, 4, generator=_gen(0)),)),
+    ("qr_zero_column", torch.linalg.qr, lambda: (torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.0, 3.0]]),)),
+    ("geqrf", torch.geqrf, lambda: (torch.randn(6, 4, generator=_gen(0)),)),
+    ("householder_product", torch.linalg.householder_product, lambda: torch.geqrf(torch.randn(5, 4, generator=_gen(0)))),
+    ("ormqr_left_transposed", lambda a, t, c: torch.ormqr(a, t, c, left=True, transpose=True),
+     lambda: (*torch.geqrf(torch.randn(5, 4, generator=_gen(0))), _rhs(5, 3))),
+    ("ormqr_right", lambda a, t, c: torch.ormqr(a, t, c, left=False, transpose=False),
+     lambda: (*torch.geqrf(torch.randn(5, 4, generator=_gen(0))), _rhs(3, 5))),
 ]
 
 
@@ -98,7 +110,8 @@ def test_matches_eager(name: str, fn: Callable[..., Any], make: Callable[[], tup
 
 
 GRAD_CASES = ["solve_batched_broadcast", "solve_right", "inv", "det", "det_transposed", "slogdet", "cholesky",
-              "cholesky_upper", "cholesky_solve", "solve_triangular_upper", "lu_factor", "lu_solve", "logdet"]
+              "cholesky_upper", "cholesky_solve", "solve_triangular_upper", "lu_factor", "lu_solve", "logdet",
+              "qr_tall_batched", "householder_product", "ormqr_right"]
 
 
 @pytest.mark.parametrize("name", GRAD_CASES)
