@@ -21,8 +21,8 @@ formulas read the factors back: ``det`` and ``slogdet`` factor ``A^T`` when ``A`
 
 Work is O(n) steps of O(n^2) elementwise ops on VectorE, in fp32 (float64 runs as float32, as everywhere), so the
 matrices are limited to :data:`MAX_ORDER` rows and columns; larger ones, complex ones and the iterative
-decompositions (SVD, eigendecompositions, LDL, matrix_exp) are refused with the reason. QR, Householder-based, is
-:mod:`lowering.decomp_qr`.
+decompositions (SVD, eigendecompositions, LDL) are refused with the reason. QR, Householder-based, is
+:mod:`lowering.decomp_qr`; matrix_exp, scaling and squaring, :mod:`lowering.decomp_matrix_exp`.
 """
 
 from __future__ import annotations
@@ -368,8 +368,8 @@ LINALG: dict[Any, Any] = {
 }
 
 ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default,
-             aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_matrix_exp.default,
-             aten.linalg_pinv.atol_rtol_tensor, aten.linalg_lstsq.default)
+             aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_pinv.atol_rtol_tensor,
+             aten.linalg_lstsq.default)
 
 
 def _val(arg: Any) -> Any:
@@ -394,8 +394,8 @@ def linalg_problem(node: fx.Node) -> str | None:
 
 
 def _iterative(node: fx.Node) -> str:
-    return ("SVD, eigendecompositions, LDL, pinv, lstsq and matrix_exp are iterative or pivot symmetrically and are "
-            "not compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
+    return ("SVD, eigendecompositions, LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
+            "compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
 
 
 register_declined(linalg_problem, *(op for op in LINALG if op != aten._linalg_check_errors.default))

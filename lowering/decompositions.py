@@ -319,6 +319,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_grid3d import GRID3D
     from neuron_compile.lowering.decomp_histogram import HISTOGRAM
     from neuron_compile.lowering.decomp_linalg import LINALG
+    from neuron_compile.lowering.decomp_matrix_exp import MATRIX_EXP
     from neuron_compile.lowering.decomp_pool import POOL
     from neuron_compile.lowering.decomp_qr import QR
     from neuron_compile.lowering.decomp_segment import SEGMENT
@@ -331,6 +332,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(HISTOGRAM)
     table.update(LINALG)
     table.update(QR)
+    table.update(MATRIX_EXP)
     return table
 
 

@@ -191,3 +191,40 @@ def test_larger_matrices_and_iterative_decompositions_are_refused_with_their_rea
                                                                                             _mat(n, n))
     assert "aten._linalg_svd.default(float32[4, 4]): SVD, eigendecompositions" in _refusal(torch.linalg.svdvals,
                                                                                           _mat(4, 4))
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
+def test_matrix_exp_matches_eager_at_every_scaling(scale: float) -> None:
+    """Small norms need no squaring, large ones several (s is data: the unrolled squarings apply where k < s)."""
+    a = torch.randn(3, 4, 4, generator=_gen(0)) * scale
+    got, want = _compile(torch.linalg.matrix_exp)(a), torch.linalg.matrix_exp(a)
+    exact = torch.linalg.matrix_exp(a.double())
+    # squaring amplifies rounding: no fp32 algorithm reproduces eager's digits, so the bound is eager's own error
+    assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max() + 1e-6 * exact.abs().max()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_matrix_exp_gradient_and_decay() -> None:
+    a = _rhs(5, 5, seed=3)
+    leaf = a.clone().requires_grad_()
+    want = torch.autograd.grad(torch.linalg.matrix_exp(leaf).sin().sum(), leaf)[0]
+    leaf2 = a.clone().requires_grad_()
+    got = torch.autograd.grad(_compile(lambda t: torch.linalg.matrix_exp(t).sin().sum())(leaf2), leaf2)[0]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    decay = -200.0 * torch.eye(3)  # exp underflows to exactly 0, as eager's
+    assert torch.equal(_compile(torch.linalg.matrix_exp)(decay), torch.linalg.matrix_exp(decay))
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (8, 5)])
+def test_orthogonal_parametrization_compiles(shape: tuple[int, int]) -> None:
+    """torch.nn.utils.parametrizations.orthogonal: matrix_exp for square weights, Householder products otherwise;
+    forward and the weight's gradient against eager."""
+    torch.manual_seed(0)
+    layer = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(shape[1], shape[0]))
+    x = torch.randn(4, shape[1])
+    want = layer(x)
+    want_grad = torch.autograd.grad(want.square().sum(), layer.parametrizations.weight.original)[0]
+    got = _compile(layer)(x)
+    got_grad = torch.autograd.grad(got.square().sum(), layer.parametrizations.weight.original)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-4, rtol=1e-4)
