@@ -310,14 +310,14 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 @case
 def rank_agreement(rank: int, world: int) -> dict[str, Any]:
-    """Rank 1's graph holds an op without a lowering rule; rank 0's compiles. Both must raise the same error."""
+    """Rank 1's graph holds a refused op; rank 0's compiles. Both must raise the same error."""
     import torch.distributed._functional_collectives as fc
 
 
     def f(x: torch.Tensor) -> torch.Tensor:
         y = fc.all_reduce(x * 2, "sum", dist.group.WORLD)
         if rank == 1:
-            y = y + torch.linalg.det(y.reshape(2, 2))  # no lowering rule (linalg_det): only rank 1 fails
+            y = y + torch.linalg.eigvalsh(y.reshape(2, 2)).sum()  # refused (iterative): only rank 1 fails
         return y + 1
 
     start = _begin()
