@@ -42,11 +42,12 @@ BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the ma
 PSUM_BANK_BYTES = 2048
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
-# whole kernel. With the key steps software-pipelined (attention_standard.nki.j2) VectorE's row max of step s runs
-# ahead of the evictions of step s - 1, while an eviction on ScalarE waits for the transposes in the middle of its exp
-# stream: all on VectorE is fastest under the cost model (issue 14 (c), exact kernel on 2 cores: share 0 / 0.1 / 0.2
-# / 0.3 / 0.58 -> 1544 / 1577 / 1583 / 1616 / 1668 us). Heads of 32/64/96 without a mask use the transposed-scores
-# kernel, which has no P evictions. The small per-row combines (chunk maxima, running max and sum) run on GpSimd.
+# whole kernel. ScalarE carries the exps, which gate the next step's scores (they free its PSUM banks), and copies a
+# bank at 1 element per cycle against VectorE's 2: all on VectorE is fastest under the cost model (issue 14 (c), exact
+# kernel on 2 cores, attention_standard.nki.j2's three-iteration pipeline: share 0 / 0.15 / 0.3 -> 1212 / 1256 /
+# 1288 us; the earlier two-iteration one: 0 / 0.1 / 0.3 / 0.58 -> 1544 / 1577 / 1616 / 1668 us). Heads of 32/64/96
+# without a mask use the transposed-scores kernel, which has no P evictions. The small per-row combines (chunk
+# maxima, running max and sum) run on GpSimd.
 SCALAR_EVICT_SHARE = 0.0
 # Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
 # head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
@@ -229,6 +230,8 @@ def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     group = head_group(k, grid=grid)
     rows, other = _standard_bytes(k)
     p = _common(k, group, other + group * rows, grid)
+    if p["prefetch"] and dma_transposable(k):  # later groups' Q^T, K^T from HBM; the whole scale applied in fp32
+        p.update({"dma_t": True, "q_scale": 1.0, "s_scale": k.scale})
     masked = k.mask is not None
     s_scale = p["s_scale"]
     p.update({

@@ -128,6 +128,38 @@ def test_dma_transposed_q_and_k_match_eager(causal: bool, shape: tuple[int, ...]
     (_, src), = stats["sources"]
     p = plan(stats["plan"].kernels[0])
     assert p["dma_t"] and p["group"] < b * h
+    # the fast path's Q^T and K^T loads, and the exact rerun's (the standard kernel at heads of 128 loads them alike)
+    assert p["exact"]["variant"] == "standard" and p["exact"]["dma_t"]
+    assert src.count("nisa.dma_transpose(") == 4
+    assert check_source_against_api(src) == [], src
+    assert check_kernel_rules(src) == [], src
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "masked"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_exact_kernel_with_dma_transposed_q_and_k_matches_eager(masked: bool, dtype: torch.dtype) -> None:
+    """The standard (exact) kernel alone, heads of 128 in 2-byte dtypes over several head groups: every group after
+    the first gets Q^T and K^T by nisa.dma_transpose, and the whole softmax scale (not a power of two) is applied in
+    fp32 by the exp (unmasked: folded into the last row-max combine; masked: at the PSUM read). Eager's values, with
+    an additive mask too, and the source passes the public-API and hardware-rule checks."""
+    from neuron_compile.codegen.plan_attention import plan
+
+    b, h, s = 3, 2, 208
+    q, k, v = _qkv(b, h, s, s, 128, dtype=dtype)
+    if masked:
+        g = torch.Generator().manual_seed(7)
+        mask = torch.where(torch.rand(b, 1, s, s, generator=g) < 0.2, float("-inf"), 0.0).to(dtype)
+        mask[..., 0] = 0.0
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    else:
+        fn = _sdpa(is_causal=True)
+    with config.patch(attention_unshifted=False):
+        out, stats, _ = _run_traced(fn, q, k, v)
+        p = plan(stats["plan"].kernels[0])
+    ref = fn(q, k, v)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert p["variant"] == "standard" and p["dma_t"] and p["group"] < b * h and p["q_scale"] == 1.0
+    (_, src), = stats["sources"]
     assert src.count("nisa.dma_transpose(") == 2
     assert check_source_against_api(src) == [], src
     assert check_kernel_rules(src) == [], src
