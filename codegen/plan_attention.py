@@ -212,16 +212,19 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra:
     beside the ``resident`` bytes and there is a next group), the transposes of Q and K, the output store, and
     the launch grid its batch loop spreads over."""
     ob, oh, os_, od = k.out_strides
+    prefetch = k.batch * k.heads > group and prefetch_fits(k, group, resident, extra)
+    # later groups' Q^T, K^T from HBM (heads of 128 only, so never the transposed-scores kernel): the whole scale is
+    # then applied in fp32 by the exp
+    dma_t = prefetch and dma_transposable(k)
+    q_scale, s_scale = (1.0, k.scale) if dma_t else split_scale(k)
     return {
-        "group": group, "grid": grid,
-        "prefetch": k.batch * k.heads > group and prefetch_fits(k, group, resident, extra),
-        "q_scale": split_scale(k)[0], "s_scale": split_scale(k)[1],
+        "group": group, "grid": grid, "prefetch": prefetch, "q_scale": q_scale, "s_scale": s_scale,
         "tg": TRANSPOSE_GROUP[_size(k.compute_dtype)],
         "rows": {"q": _load("q_rows", k.q, k.sq, k.d), "k": _load("k_rows", k.k, k.sk, k.d),
                  "v": _load("v_rows", k.v, k.sk, k.dv)},
         "out": {"terms": [("b", ob), ("hg", oh), ("q0", os_)], "s_head": oh, "s_row": os_, "s_col": od},
         "ident": MASK_IDENT.get(k.compute_dtype, 1.0), "mask_bias": MASK_BIAS.get(k.compute_dtype, MASK_BIAS_DEFAULT),
-        "dma_t": False,  # Q and K rows transposed by TensorE (the unshifted kernel may load them transposed instead)
+        "dma_t": dma_t,  # else Q and K rows transposed by TensorE
     }
 
 
@@ -230,15 +233,13 @@ def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     group = head_group(k, grid=grid)
     rows, other = _standard_bytes(k)
     p = _common(k, group, other + group * rows, grid)
-    if p["prefetch"] and dma_transposable(k):  # later groups' Q^T, K^T from HBM; the whole scale applied in fp32
-        p.update({"dma_t": True, "q_scale": 1.0, "s_scale": k.scale})
     masked = k.mask is not None
     s_scale = p["s_scale"]
     p.update({
         "variant": "standard", "nq": -(-k.sq // PMAX), "chunks": k.key_step // BANK_KEYS,
-        # unmasked bf16/fp16: the scale's residual multiplies the row max (a [128, 1] tile, GpSimd) and the exp;
-        # masked: it is applied with the mask at the PSUM read
-        "scale_tile": not masked and s_scale != 1.0, "exp_scale": 1.0 if masked else s_scale,
+        # unmasked: the scale's residual multiplies the row max (in its last combine) and the exp; masked: it is
+        # applied with the mask at the PSUM read
+        "exp_scale": 1.0 if masked else s_scale,
         # ScalarE takes a share of the transposed-P evictions except on trn1
         "evict_share": SCALAR_EVICT_SHARE if config.target != "trn1" else 0.0,
         "pair": 2 if _size(k.compute_dtype) == 2 else 1,  # 512-key chunks of transposed P per PSUM bank
@@ -372,8 +373,6 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
     (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
     grid = split_grid(k, grid)
     p = _common(k, group, sbuf_bytes_u(k, group), grid, transposed_ahead_bytes(k, group))
-    if p["prefetch"] and dma_transposable(k):  # later groups' Q^T, K^T from HBM; the whole scale applied by the exp
-        p.update({"dma_t": True, "q_scale": 1.0, "s_scale": k.scale})
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)
