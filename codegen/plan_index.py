@@ -1,4 +1,4 @@
-"""Plans of the DMA-driven kernels: copies, row gathers and one-hot index_put accumulation.
+"""Plans of the DMA-driven kernels: copies, row gathers and index_put / index_add scatter-adds.
 
 Inputs are :class:`~neuron_compile.lowering.ir.CopyKernel`, :class:`GatherKernel` and :class:`IndexAddKernel`;
 outputs are the plain-data plans ``copy.nki.j2`` / ``gather.nki.j2`` / ``index_put.nki.j2`` render as the kernel
@@ -95,10 +95,9 @@ def gather_plan(k: GatherKernel, grid: int = 1) -> dict[str, Any]:
 
 
 def index_add_plan(k: IndexAddKernel) -> dict[str, Any]:
-    """PSUM accumulation of one-hot(indices)^T @ values over token tiles, plus the base rows: offsets per access.
-
-    Negative indices wrap (``idx + rows`` where ``idx < 0``) as index_put does eagerly.
-    """
+    """The DMA scatter-add's strides and offset expressions: the base-to-out copy per outer position, the index tile
+    (``k0``), the values rows (``k0``, ``f0``) and the scattered row chunk of ``out`` (``f0``; the row itself comes
+    from the tile's addresses, ``vector_offset``)."""
     outer = _loops([s for s, *_ in k.outer])
     names = [o["var"] for o in outer]
     b_terms = [(v, o[1]) for v, o in zip(names, k.outer, strict=True)]
@@ -110,8 +109,10 @@ def index_add_plan(k: IndexAddKernel) -> dict[str, Any]:
     dn, dd = k.out.strides
     return {
         "outer": outer, "ft": min(MATMUL_N, k.row_size), "rows_f": float(k.rows),
+        "si": si, "vn": vn, "vd": vd, "bn": bn, "bd": bd, "dn": dn, "dd": dd,
         "index_offset": _offset(k.index.offset, [("k0", si)]),
         "values_offset": _offset(k.values.offset, v_terms + [("k0", vn), ("f0", vd)]),
-        "base_offset": _offset(k.base.offset, b_terms + [("m0", bn), ("f0", bd)]),
-        "out_offset": _offset(k.out.offset, d_terms + [("m0", dn), ("f0", dd)]),
+        "base_offset": _offset(k.base.offset, b_terms),
+        "out_rows_offset": _offset(k.out.offset, d_terms),
+        "out_offset": _offset(k.out.offset, d_terms + [("f0", dd)]),
     }

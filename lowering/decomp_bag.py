@@ -3,7 +3,7 @@ backward ops.
 
 Forward: each index's bag from the offsets (``searchsorted(offsets, position, right=True) - 1``; padding_idx
 entries go to an extra, dropped bag), the rows gathered (``embedding``), scaled by ``per_sample_weights``,
-then summed per bag with ``index_put(accumulate=True)`` (one-hot TensorE matmul), divided by the bag size
+then summed per bag with ``index_put(accumulate=True)`` (a row scatter-add), divided by the bag size
 for ``mean``, or reduced with ``scatter_reduce(amax)`` for ``max``, whose ``max_indices`` is the first row
 reaching the maximum (CPU torch's choice, so gradients land where eager puts them). Empty bags give 0.
 The four results keep ATen's meaning for the backward decompositions below: ``offset2bag`` (bag per

@@ -108,7 +108,7 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
     if any(_bool(t) for t in real):
         return NotImplemented
     if len(real) == 1 and accumulate:
-        return NotImplemented  # the one-hot matmul rule (lowering.ops.index)
+        return NotImplemented  # the row scatter-add rule (lowering.ops.index)
     full = list(indices) + [None] * (x.dim() - len(indices))
     flat, dims, rest, lin = _linear(x, full, "index_put")
     nb = lin.dim()

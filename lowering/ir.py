@@ -114,13 +114,17 @@ class GatherKernel:
 
 @dataclass(frozen=True)
 class IndexAddKernel:
-    """``out = base; out[idx[n], :] += values[n, :]`` (index_put accumulate) as a one-hot matmul.
+    """``out = base; out[idx[n], :] += values[n, :]`` (index_put accumulate, index_add, scatter_add with an index
+    shared by every row) as a DMA scatter-add.
 
-    For each tile of ``rows`` (<= 128) target rows and ``row_size`` chunk (<= 512): PSUM accumulates
-    ``onehot[n, v]^T @ values[n, :]`` over 128-token tiles (the one-hot built on chip from iota and
-    an ``equal`` compare), then the base tile is added and stored. Deterministic; duplicates add up.
-    Accesses (arg, offset, (stride over rows/tokens, stride over the row)) plus unrolled ``outer``
-    loops as (size, base stride, values stride, out stride); the output is dense like the base.
+    ``out`` starts as a copy of ``base``. Indices go 128 per tile onto partitions. Within a tile, duplicate indices
+    are combined on TensorE (an index-equality matrix times the values, so each row's sum is in fp32), and only the
+    first of each duplicate group writes. ``dma_compute`` then adds the rows into ``out`` in HBM (scatter
+    read-modify-write). The cost is O(tokens x row_size), whatever the number of target rows. Indices outside
+    ``[0, rows)`` (after wrapping negatives when ``wrap``) are skipped; with ``flag_slot >= 0`` they also clear
+    that check output, which raises after the kernels. Accesses (arg, offset, (stride over rows/tokens, stride
+    over the row)) plus unrolled ``outer`` loops as (size, base stride, values stride, out stride); the output is
+    dense like the base.
     """
 
     name: str
@@ -137,6 +141,8 @@ class IndexAddKernel:
     outer: tuple[tuple[int, int, int, int], ...] = ()
     compute_dtype: str = "float32"
     source_ops: tuple[str, ...] = ()
+    wrap: bool = True  # negative indices count from the end (index_put); index_add raises on them
+    flag_slot: int = -1  # output slot of the bounds-check flag, -1 when the graph checks the indices itself
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))

@@ -484,6 +484,11 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
     def dma_transpose(dst: ShapeTensor, src: ShapeTensor, axes: Any = None, **kw: Any) -> None:
         rec.add("dma", "dma_transpose", (dst, src), main=dst)
 
+    def dma_compute(dst: ShapeTensor, srcs: Sequence[ShapeTensor], reduce_op: Any = None, **kw: Any) -> None:
+        # a scatter-RMW names its HBM destination among the sources too: it is read, then written
+        srcs = list(srcs)
+        rec.add("dma", "dma_compute", (dst, *srcs), main=next((t for t in srcs if t.on_chip), dst), rmw=True)
+
     def tensor_copy(dst: ShapeTensor, src: ShapeTensor, **kw: Any) -> None:
         rec.add(engine_kw(kw, "vector"), "tensor_copy", (dst, src))
 
@@ -591,8 +596,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         call.__name__ = fn.__name__
         return call
 
-    for fn in (dma_copy, dma_transpose, tensor_copy, tensor_tensor, tensor_scalar, memset, iota, activation, reciprocal,
-               tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce, nc_matmul, nc_transpose,
+    for fn in (dma_copy, dma_transpose, dma_compute, tensor_copy, tensor_tensor, tensor_scalar, memset, iota,
+               activation, reciprocal, tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce,
+               nc_matmul, nc_transpose,
                tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
                sendrecv, core_barrier, register_alloc, register_move, register_load, register_store):
         setattr(isa, fn.__name__, at_line(fn))

@@ -3,8 +3,8 @@
 - ``embedding`` / ``index_select`` / ``index.Tensor`` (one index tensor) become a :class:`GatherKernel`: indices on partitions, rows
   fetched by an indirect DMA (``vector_offset``), any dim via strided (permuted) views.
 - ``index_put(accumulate=True)`` (what ``embedding_dense_backward`` and ``index_select``'s backward
-  decompose to) becomes an :class:`IndexAddKernel`: a one-hot matmul on TensorE, deterministic and
-  exact for duplicate indices.
+  decompose to), and the float index_add / scatter_add whose index is shared by every row, become an
+  :class:`IndexAddKernel`: a DMA scatter-add, duplicates combined on TensorE first.
 - ``gather`` / ``scatter`` / ``scatter_add`` with one index per row along ``dim`` (what
   ``nll_loss`` / ``cross_entropy`` forward and backward produce) are fused loop-kernel rules: an
   iota along ``dim`` compared with the index selects the element (masked reduction / select).
@@ -155,8 +155,8 @@ def _index_put_check(node: fx.Node) -> str | None:
         return "index_put with a boolean mask index is not supported (use integer indices)"
     out = node.meta.get("val")
     if isinstance(out, torch.Tensor) and not out.dtype.is_floating_point and not _small_int_counts(node):
-        return (f"index_put(accumulate=True) on {out.dtype} is not supported: it accumulates through an fp32 "
-                f"TensorE matmul, exact only up to 2**24; accumulate into a float tensor")
+        return (f"index_put(accumulate=True) on {out.dtype} is not supported: it accumulates in fp32 (TensorE "
+                f"and the DMA engines' adds), exact only up to 2**24; accumulate into a float tensor")
     return None
 
 
@@ -189,7 +189,7 @@ def _const_fill(a: Any) -> float | None:
 
 def _small_int_counts(node: fx.Node) -> bool:
     """Integer index_put of constant values into a constant base (embedding's scale_grad_by_freq counts):
-    every partial sum is an integer below 2**24, so the fp32 one-hot matmul is exact."""
+    every partial sum is an integer below 2**24, so the fp32 scatter-add is exact."""
     base, values = _const_fill(node.args[0]), _const_fill(node.args[2])
     tokens = math.prod(node_shape(node.args[2]))
     return base is not None and values is not None and base + values * tokens < 2**24
@@ -197,13 +197,12 @@ def _small_int_counts(node: fx.Node) -> bool:
 
 @register_lowering(aten.index_put.default, family="index", kind="gather", check=_index_put_check)
 def lower_index_put(gl: Any, node: fx.Node) -> None:
-    """aten.index_put(accumulate=True), one integer index tensor: base + one-hot^T @ values on TensorE."""
+    """aten.index_put(accumulate=True), one integer index tensor: a DMA scatter-add of the value rows."""
     base = gl.view_of(node.args[0])
     indices = list(node.args[1])
     k = next(i for i, t in enumerate(indices) if t is not None)
     idx = _flat_index(gl, gl.view_of(indices[k]), f"{node.name}_index")
     idx_shape = node_shape(indices[k])
-    n = idx.shape[0]
     shape = base.shape
     full_values_shape = shape[:k] + idx_shape + shape[k + 1:]
     values = gl.view_of(node.args[2])
@@ -216,35 +215,59 @@ def lower_index_put(gl: Any, node: fx.Node) -> None:
         vstrides = list(values.strides)
         tok_sizes, (tok_strides,) = collapse(idx_shape, [tuple(vstrides[k:k + len(idx_shape)])])
     v_tok = tok_strides[0] if tok_strides else 0
-    v_pre = vstrides[:k]
-    v_post = vstrides[k + len(idx_shape):]
-    kernel_index = len(gl.kernels)
-    buf, out = gl.new_output(node, kernel_index, 0)
+    strides = tuple(vstrides[:k]) + (v_tok,) + tuple(vstrides[k + len(idx_shape):])
+    values = View(values.buffer, shape[:k] + (idx.shape[0],) + shape[k + 1:], strides, values.offset,
+                  values.torch_dtype)
+    emit_index_add(gl, node, base, k, idx, values, "aten.index_put.default")
+
+
+def emit_index_add(gl: Any, node: fx.Node, base: View, k: int, idx: View, values: View, source_op: str,
+                   wrap: bool = True, flag_message: str | None = None) -> None:
+    """``out = base; out[..., idx[n], ...] += values[..., n, ...]`` along dim ``k`` (an :class:`IndexAddKernel`):
+    ``idx`` a 1-D view, ``values`` of ``base``'s shape with ``len(idx)`` at ``k``. Negative indices wrap when
+    ``wrap``; with ``flag_message`` an index outside the dim raises that after the kernels (else the graph's own
+    bounds check does)."""
+    from neuron_compile.lowering.ops.scatter import check_flag
+
+    shape = base.shape
     post_shape = shape[k + 1:]
-    post_sizes, post_strides = collapse(post_shape, [base.strides[k + 1:], tuple(v_post), out.strides[k + 1:]])
-    if len(post_sizes) > 1:
-        raise LoweringError(f"{node.name}: index_put rows of shape {post_shape} are not one strided run in every "
-                            f"operand (make the values contiguous)")
-    pre_sizes, pre_strides = collapse(shape[:k], [base.strides[:k], tuple(v_pre), out.strides[:k]])
-    row = math.prod(post_shape)
+    kernel_index = len(gl.kernels)
+    out_strides = contiguous_strides(shape)
+    post = [base.strides[k + 1:], values.strides[k + 1:], out_strides[k + 1:]]
+    if len(collapse(post_shape, post)[0]) > 1:  # rows must be one strided run of every operand: dense copies
+        if len(collapse(post_shape, [base.strides[k + 1:], out_strides[k + 1:]])[0]) > 1:
+            base = gl.copy_contiguous(base, f"{node.name}_self")
+        if len(collapse(post_shape, [values.strides[k + 1:], out_strides[k + 1:]])[0]) > 1:
+            values = gl.copy_contiguous(values, f"{node.name}_values")
+        kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    if out.shape != shape:  # a 0-d result scattered as a line of one element
+        out = View(buf, shape, out_strides, out.offset, out.torch_dtype)
+    post_sizes, post_strides = collapse(post_shape, [base.strides[k + 1:], values.strides[k + 1:],
+                                                     out.strides[k + 1:]])
+    pre_sizes, pre_strides = collapse(shape[:k], [base.strides[:k], values.strides[:k], out.strides[:k]])
     ps = [s[0] if s else 1 for s in post_strides]
     args: list[int] = []
     a_base = _arg_index(args, base.buffer)
     a_idx = _arg_index(args, idx.buffer)
     a_val = _arg_index(args, values.buffer)
+    outputs = [ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype)]
+    results = [buf]
+    if flag_message is not None:
+        outputs.append(ArgSpec(1, "int32"))
+        results.append(check_flag(gl, node, kernel_index, 1, flag_message, "index"))
     kernel = IndexAddKernel(
         f"k{kernel_index}_index_put", "index_put",
-        tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args),
-        (ArgSpec(gl.buffers[buf].numel, gl.buffers[buf].dtype),),
-        rows=shape[k], tokens=n, row_size=row,
+        tuple(ArgSpec(gl.buffers[b].numel, gl.buffers[b].dtype) for b in args), tuple(outputs),
+        rows=shape[k], tokens=idx.shape[0], row_size=math.prod(post_shape),
         base=Access(a_base, base.offset, (base.strides[k], ps[0])),
         index=Access(a_idx, idx.offset, idx.strides),
-        values=Access(a_val, values.offset, (v_tok, ps[1])),
+        values=Access(a_val, values.offset, (values.strides[k], ps[1])),
         out=Access(0, out.offset, (out.strides[k], ps[2])),
         outer=tuple(zip(pre_sizes, *pre_strides, strict=True)),
-        source_ops=("aten.index_put.default",))
+        source_ops=(source_op,), wrap=wrap, flag_slot=1 if flag_message is not None else -1)
     gl.kernels.append(kernel)
-    gl.calls.append(KernelCall(kernel_index, tuple(args), (buf,)))
+    gl.calls.append(KernelCall(kernel_index, tuple(args), tuple(results)))
 
 
 # -- gather / scatter along a dim with one index per row -------------------------------------------

@@ -6,8 +6,10 @@ scatter_reduce, index_add/copy/fill/reduce, put and masked_scatter into ``neuron
 onto partitions (any strides: views cost nothing), the indexed dim along the free axis. Gathers pick with
 ``nc_n_gather`` from the line of ``self`` held in SBUF; scatters compare every index with every target
 of the line (iota) and reduce the matching sources, so duplicates accumulate deterministically and
-``assign`` keeps the last write as CPU torch does. Both write a guard flag: an index outside the dim
-raises after the kernel, like eager.
+``assign`` keeps the last write as CPU torch does. A float scatter-add whose index is the same for every
+line (index_add, index_select's backward, an expanded index) is a row scatter instead: ``index.py``'s DMA
+scatter-add, O(indices x row) rather than O(indices x targets). All write a guard flag: an index outside the
+dim raises after the kernel, like eager.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from neuron_compile.lowering.ir import (
     ScatterKernel,
 )
 from neuron_compile.lowering.mathlib import NARROW_INTS
+from neuron_compile.lowering.ops.index import emit_index_add
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.views import View
 from torch import fx
@@ -164,6 +167,15 @@ def _scatter_check(node: fx.Node) -> str | None:
     return None
 
 
+def _row_scatter_add(base: View, dim: int, index: View, src: View | None, reduce: str, include_self: bool) -> bool:
+    """A float scatter-add whose index is the same for every line (index_add, index_select's backward, scatter_add
+    with an expanded index) and spans ``self`` on every other dim: a row scatter (:func:`emit_index_add`)."""
+    if reduce != "sum" or not include_self or src is None or not base.torch_dtype.is_floating_point:
+        return False
+    return all(index.shape[d] == base.shape[d] and (index.strides[d] == 0 or index.shape[d] == 1)
+               for d in range(len(base.shape)) if d != dim)
+
+
 @register_lowering(SCATTER_LINES, family="index", kind="copy", check=_scatter_check)
 def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
     """scatter family with any index shape: per line, every index against every target; duplicates reduce
@@ -180,6 +192,15 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
         src = _flat(gl, src, f"{node.name}_src") if src is not None else None
         if src is not None and src.shape[0] != index.shape[0]:
             src = View(src.buffer, index.shape, (0,), src.offset, src.torch_dtype)  # one value for every index
+    op = {"assign": "scatter", "sum": "scatter_add"}.get(reduce, f"scatter_reduce({reduce})")
+    if _row_scatter_add(base, dim, index, src, reduce, include_self):
+        # every row along ``dim`` shares the index: a DMA scatter-add of whole rows, O(indices x row)
+        assert src is not None
+        values = View(src.buffer, index.shape, _strides_over(src, index.shape, dim), src.offset, src.torch_dtype)
+        idx = View(index.buffer, (index.shape[dim],), (index.strides[dim],), index.offset, index.torch_dtype)
+        emit_index_add(gl, node, base, dim, idx, values, f"aten.{op}", wrap=lo < 0,
+                       flag_message=_message(op, dim, base.shape[dim], lo))
+        return
     kernel_index = len(gl.kernels)
     covered = all(index.shape[d] == base.shape[d] for d in range(len(base.shape)) if d != dim)
     if not covered and not base.is_contiguous():
@@ -188,7 +209,6 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
     buf, out = gl.new_output(node, kernel_index, 0)
     out = _line(out) if not out.shape else out
     size = base.shape[dim]
-    op = {"assign": "scatter", "sum": "scatter_add"}.get(reduce, f"scatter_reduce({reduce})")
     flag = check_flag(gl, node, kernel_index, 1, _message(op, dim, size, lo), "index")
     others = [_strides_over(base, index.shape, dim), out.strides]
     if src is not None:

@@ -235,6 +235,27 @@ def _check_gather_transpose(api: str, src: NkiTensor, mode: Any) -> None:
                                        "indices")
 
 
+def _check_rmw(api: str, dst: NkiTensor, srcs: list[NkiTensor], indirect: list[NkiTensor]) -> None:
+    """The documented read-modify-write forms: exactly two sources, one of them ``dst`` itself (the indirect HBM
+    rows of a scatter-RMW, the SBUF tile of a gather-RMW), the other the data (in SBUF for a scatter)."""
+    if len(srcs) != 2:
+        raise SimulatorConstraintError(api, "srcs", len(srcs), "exactly 2 sources with a vector_offset (read-modify-"
+                                       "write: dst and the data)")
+    if dst._indirect is not None:
+        own = [s for s in indirect if s.storage is dst.storage and s.offset == dst.offset and s.shape == dst.shape
+               and s._indirect[0] is dst._indirect[0]]  # type: ignore[index]
+        data = [s for s in srcs if s._indirect is None]
+        if len(indirect) != 1 or not own or len(data) != 1:
+            raise SimulatorConstraintError(api, "srcs", "sources", "a scatter-RMW's sources: dst itself (same "
+                                           "vector_offset) and one direct data tile")
+        if data[0].buffer is not _SBUF:
+            raise SimulatorConstraintError(api, "srcs", f"nl.{data[0].buffer.value}", "a scatter-RMW's data in SBUF")
+    else:
+        if len(indirect) != 1 or dst.buffer is not _SBUF or not any(s.storage is dst.storage for s in srcs):
+            raise SimulatorConstraintError(api, "srcs", "sources", "a gather-RMW's sources: the SBUF dst itself and "
+                                           "one indirect HBM source")
+
+
 def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, unique_indices: bool = True,
                 oob_mode: oob_mode = oob_mode.error, name: str | None = None, **removed: Any) -> None:
     """dst = reduce_op(srcs...) in the DMA engine (add only); with vector_offset: scatter/gather-RMW."""
@@ -258,6 +279,8 @@ def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, u
         if s.size != dst.size:
             raise SimulatorConstraintError(api, f"srcs[{i}]", s.shape, f"element count == dst's ({dst.size})")
     indirect = [s for s in srcs if s._indirect is not None]
+    if dst._indirect is not None or indirect:
+        _check_rmw(api, dst, srcs, indirect)
     if dst._indirect is not None:  # scatter-RMW: dst_hbm[idx] += sum(direct srcs)
         addr, valid = _indirect_rows(api, dst, oob_mode)
         delta = np.zeros(addr.shape, dtype=F32)
@@ -268,6 +291,10 @@ def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, u
         a = addr[valid].reshape(-1)
         d = delta[valid].reshape(-1)
         if unique_indices:
+            if np.unique(a).size != a.size:
+                raise SimulatorConstraintError(api, "unique_indices", True, "distinct row addresses (duplicates race "
+                                               "in the read-modify-write; pass unique_indices=False or combine them "
+                                               "first)")
             new = data[a].astype(F32) + d
         else:
             uniq, inv = np.unique(a, return_inverse=True)

@@ -1,7 +1,7 @@
 """Index, gather/scatter, scan, cross-entropy, dropout and attention lowerings against eager PyTorch.
 
 Forward and backward through ``torch.compile(backend="neuron")`` on the bundled simulator: embedding
-and index_select (gather kernels, one-hot matmul backward with duplicate indices, ragged row counts,
+and index_select (gather kernels, row scatter-add backward with duplicate indices, ragged row counts,
 vocab > 128, rows > 512), gather/scatter along a dim (cross_entropy training), cumsum along any dim,
 training dropout (seeded determinism, keep rate, scaling) and scaled_dot_product_attention (causal,
 additive and boolean masks). Rendered kernels are checked against the NKI API list.

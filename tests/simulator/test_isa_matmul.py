@@ -148,6 +148,29 @@ def test_dma_gather_scatter_and_compute(rng: np.random.Generator) -> None:
         nisa.dma_compute(dst=rows, srcs=[rows], reduce_op=nl.multiply)
 
 
+def test_dma_compute_scatter_rmw_follows_the_documented_forms(rng: np.random.Generator) -> None:
+    """A scatter-RMW takes exactly dst itself and one SBUF data tile, and with unique_indices=True (the default)
+    its rows must be distinct: duplicates race in hardware, so the simulator refuses them rather than drop one."""
+    table = rng.standard_normal((10, 8)).astype(F32)
+    upd = tile(rng.standard_normal((4, 8)).astype(F32))
+    acc = from_array(table)
+    dup = acc.ap(pattern=[[8, 4], [1, 8]], vector_offset=tile(np.array([[3], [9], [3], [0]], np.int32)))
+    with pytest.raises(SimulatorConstraintError, match="distinct row addresses"):
+        nisa.dma_compute(dst=dup, srcs=[dup, upd], reduce_op=nl.add)
+    view = acc.ap(pattern=[[8, 4], [1, 8]], vector_offset=tile(np.array([[3], [9], [-1], [0]], np.int32)))
+    with pytest.raises(SimulatorConstraintError, match="exactly 2 sources"):
+        nisa.dma_compute(dst=view, srcs=[view, upd, upd], reduce_op=nl.add)
+    with pytest.raises(SimulatorConstraintError, match="dst itself"):
+        nisa.dma_compute(dst=view, srcs=[upd, upd], reduce_op=nl.add)
+    with pytest.raises(SimulatorConstraintError, match="data in SBUF"):
+        nisa.dma_compute(dst=view, srcs=[view, from_array(table).ap(pattern=[[8, 4], [1, 8]])], reduce_op=nl.add)
+    np.testing.assert_array_equal(val(acc), table)  # nothing was written by the refused forms
+    nisa.dma_compute(dst=view, srcs=[view, upd], reduce_op=nl.add, oob_mode=nisa.oob_mode.skip)
+    ref = table.copy()
+    ref[[3, 9, 0]] += val(upd)[[0, 1, 3]]  # the row at -1 is skipped
+    np.testing.assert_allclose(val(acc), ref, rtol=1e-6)
+
+
 def test_iota_shuffle_gather() -> None:
     d = nl.ndarray((4, 6), nl.int32)
     nisa.iota(dst=d, pattern=[[2, 3], [1, 2]], offset=5, channel_multiplier=10)
