@@ -5,6 +5,7 @@ These lower to one :class:`~neuron_compile.lowering.ir.IndexAddKernel`: a DMA sc
 work is O(indices x row) however many rows the target has. The cases cover duplicates inside and across tiles,
 the indexed dim first / in the middle / last, 1-D and 0-d targets, non-contiguous operands, bf16/fp16, bounds
 errors like eager's, and the backward of index_select / grid_sample (3-D), which scatter their gradients this way.
+A float scatter_add with an index per element along a long dim goes through the same kernel element by element.
 """
 
 from __future__ import annotations
@@ -84,6 +85,30 @@ def test_scatter_add_with_an_expanded_index_is_a_row_scatter() -> None:
     full = torch.randint(0, 50, (400, 16), generator=_g(6))
     fam = _run(lambda x, i, m: x.scatter_add(0, i, m), x, full, msg)
     assert "scatter" in fam and "index_put" not in fam, fam
+
+
+def test_scatter_add_along_long_lines_goes_element_by_element() -> None:
+    """An index of its own per element along a dim of >= 512 targets (bag-of-words counts over a vocabulary): each
+    element's flat address, then one scatter-add of single elements; an index smaller than self in every dim, a
+    transposed self, and an out-of-range index raising like eager."""
+    counts = torch.zeros(32, 5000)
+    tokens = torch.randint(0, 5000, (32, 700), generator=_g(20))
+    fam = _run(lambda c, t: c.scatter_add(1, t, torch.ones(32, 700)), counts, tokens)
+    assert "index_put" in fam and "scatter" not in fam, fam
+    x = torch.randn(600, 6, 3, generator=_g(21))
+    idx = torch.randint(0, 600, (4, 900, 2), generator=_g(22))
+    src = torch.randn(5, 900, 3, generator=_g(23))
+    fam = _run(lambda x, i, s: x.transpose(0, 1).scatter_add(1, i, s), x, idx, src)
+    assert "index_put" in fam and "scatter" not in fam, fam
+    bad = idx.clone()
+    bad[3, 17, 1] = 600
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.transpose(0, 1).scatter_add(1, bad, src)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, i, s: x.transpose(0, 1).scatter_add(1, i, s), backend="neuron", dynamic=False)
+    with pytest.raises(IndexOutOfRangeError, match=r"index out of range in aten.scatter_add: an index is outside "
+                                                   r"\[0, 600\) for dimension 1 of size 600"):
+        f(x, bad, src)
 
 
 def test_row_scatter_of_non_contiguous_operands() -> None:
