@@ -6,7 +6,8 @@ stream enumerated from the rendered source and costed (:mod:`neuron_compile.cost
 time, roofline time (minimal HBM bytes / elementwise work) and its bound, efficiency = roofline / estimate,
 kernel calls. The sort family is compare-exchange bound (a bitonic network does n log2(n)^2 / 4 pair
 compares per row), so efficiency against the byte roofline is expected to be low; the rows show where the
-time goes when the op appears in a model (sampling, position ids, EmbeddingBag, scatter_reduce).
+time goes when the op appears in a model (sampling, position ids, EmbeddingBag, scatter_reduce). The scatter-adds
+(an embedding's gradient, a GNN's aggregation, bag-of-words counts) are DMA scatter-adds of rows or elements.
 """
 
 from __future__ import annotations
@@ -45,7 +46,21 @@ def workloads() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
     bag_idx = torch.randint(0, 10000, (4096,), generator=g)
     offsets = torch.arange(0, 4096, 16)
     bounds = torch.sort(torch.randn(255, generator=g)).values
+    table_grad = torch.zeros(50257, 768)
+    token_ids = torch.randint(0, 50257, (1024,), generator=g)
+    token_grads = torch.randn(1024, 768, generator=g)
+    nodes = torch.zeros(4096, 64)
+    edges = torch.randint(0, 4096, (20000,), generator=g)
+    messages = torch.randn(20000, 64, generator=g)
+    counts = torch.zeros(32, 8192)
+    words = torch.randint(0, 8192, (32, 512), generator=g)
     return {
+        "embedding grad: index_put 1024 rows -> 50257 x 768": (
+            lambda t, i, v: t.index_put((i,), v, accumulate=True), [table_grad, token_ids, token_grads]),
+        "GNN sum: scatter_add 20000 x 64 edges -> 4096 nodes": (
+            lambda x, e, m: x.scatter_add(0, e.unsqueeze(1).expand(-1, 64), m), [nodes, edges, messages]),
+        "word counts: scatter_add 32 x 512 -> 32 x 8192": (
+            lambda c, w: c.scatter_add(1, w, torch.ones(32, 512)), [counts, words]),
         "topk(50) of 8 x 50257 logits": (lambda t: torch.topk(t, 50), [logits]),
         "sort 128 x 1024 (values + indices)": (lambda t: torch.sort(t, -1), [rows]),
         "median 128 x 1024": (lambda t: torch.median(t, -1), [rows]),

@@ -46,7 +46,7 @@ def _run(fn: Callable[..., Any], *xs: Any, tol: float = 1e-5) -> list[str]:
         got = torch.compile(fn, backend="neuron", dynamic=False)(*xs)
         want = fn(*xs)
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
     for g in B.compiled_graphs()[first:]:
         for (name, src), k in zip(g["sources"], g["plan"].kernels, strict=True):
             if k.family == "index_put":
@@ -72,6 +72,24 @@ def test_index_add_matches_eager_with_duplicates(dtype: torch.dtype, shape: tupl
     # eager bf16/fp16 index_add rounds after every add; ours sums each tile's duplicates in fp32 first
     families = _run(lambda x, i, s: x.index_add(dim, i, s), x, idx, src, tol=TOL[dtype] * (4 if n > 300 else 1))
     assert "index_put" in families and "scatter" not in families, families
+
+
+def test_nan_and_infinities_stay_in_their_own_rows() -> None:
+    """The duplicate sums run through a TensorE matmul, where 0 x NaN would poison every row of the tile: a NaN, +inf,
+    -inf and +inf with -inf in one group give NaN / inf / -inf / NaN there and leave the other rows finite."""
+    x = torch.randn(10, 4, generator=_g(30))
+    idx = torch.tensor([0, 1, 1, 2, 3, 3, 4, 5, 6, 7] * 20)
+    src = torch.randn(200, 4, generator=_g(31))
+    src[0, 0] = float("nan")
+    src[1, 1] = float("inf")
+    src[2, 1] = float("inf")
+    src[4, 2] = float("inf")
+    src[5, 2] = -float("inf")
+    src[6, 3] = -float("inf")
+    want = x.index_add(0, idx, src)
+    assert want[0, 0].isnan() and want[3, 2].isnan() and want[4, 3] == -float("inf") and want[1, 1] == float("inf")
+    assert want[8:].isfinite().all()
+    _run(lambda x, i, s: x.index_add(0, i, s), x, idx, src)
 
 
 def test_scatter_add_with_an_expanded_index_is_a_row_scatter() -> None:
