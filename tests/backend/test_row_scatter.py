@@ -90,6 +90,10 @@ def test_nan_and_infinities_stay_in_their_own_rows() -> None:
     assert want[0, 0].isnan() and want[3, 2].isnan() and want[4, 3] == -float("inf") and want[1, 1] == float("inf")
     assert want[8:].isfinite().all()
     _run(lambda x, i, s: x.index_add(0, i, s), x, idx, src)
+    # an embedding's gradient with one NaN token: one NaN row (the one-hot matmul made all 300 rows NaN)
+    grads = torch.ones(3, 4)
+    grads[0, 0] = float("nan")
+    _run(lambda w, i, g: w.index_put((i,), g, accumulate=True), torch.zeros(300, 4), torch.tensor([5, 7, 9]), grads)
 
 
 def test_scatter_add_with_an_expanded_index_is_a_row_scatter() -> None:
