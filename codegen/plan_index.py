@@ -108,7 +108,7 @@ def index_add_plan(k: IndexAddKernel) -> dict[str, Any]:
     bn, bd = k.base.strides
     dn, dd = k.out.strides
     return {
-        "outer": outer, "ft": min(MATMUL_N, k.row_size), "rows_f": float(k.rows),
+        "outer": outer, "ft": min(MATMUL_N, k.row_size),
         "si": si, "vn": vn, "vd": vd, "bn": bn, "bd": bd, "dn": dn, "dd": dd,
         "index_offset": _offset(k.index.offset, [("k0", si)]),
         "values_offset": _offset(k.values.offset, v_terms + [("k0", vn), ("f0", vd)]),

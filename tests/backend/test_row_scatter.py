@@ -153,6 +153,14 @@ def test_index_put_accumulate_wraps_negative_indices_and_put_accumulates() -> No
     _run(lambda s, i, v: s.put(i, v, accumulate=True), scalar, torch.tensor([0, -1, 0]), torch.randn(3))
 
 
+def test_indices_beyond_2_24_stay_distinct() -> None:
+    """Index math is int32: in fp32, 2**24 and 2**24 + 1 are one number, and the second row would be merged into the
+    first as a duplicate."""
+    n = 2**24 + 8
+    idx = torch.tensor([n - 8, n - 7, n - 8, 5, -1])
+    _run(lambda x, i, v: x.put(i, v, accumulate=True), torch.zeros(n), idx, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+
+
 @pytest.mark.parametrize("bad", [40, -1])
 def test_index_add_out_of_range_raises_like_eager(bad: int) -> None:
     x = torch.randn(3, 40)
