@@ -87,10 +87,18 @@ def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = 
     return out
 
 
-# Targets per line from which a float scatter-add with an index of its own per element goes element by element
-# through the DMA scatter-add (~2.5 us per 128 elements) instead of the compare kernel (every index against every
-# target on VectorE, ~6 passes at ~1 element per cycle per partition): at ~512 targets they cost about the same.
-ELEMENT_SCATTER_MIN_TARGETS = 512
+# A float scatter-add with an index of its own per element goes element by element through the DMA scatter-add
+# (~5.5 us per 128 elements) rather than the compare kernel (every index against every target of a line, lines on
+# partitions: ~5 ns per target and index for each tile of 128 lines) from this many targets per fully used tile
+# of lines: measured break-even under the cost model (trn2) for 512 indices per line, 1100 targets at 128 lines,
+# ~270 at 32 (benchmarks/sort_scatter.py's word counts).
+ELEMENT_SCATTER_BREAK_EVEN = 1100
+
+
+def _element_wise_is_cheaper(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
+    lines = index.numel() // max(index.shape[dim], 1)
+    tiles = -(-lines // 128)
+    return x.shape[dim] * tiles * 128 >= ELEMENT_SCATTER_BREAK_EVEN * lines
 
 
 def _shared_index(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
@@ -129,7 +137,7 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
     if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
     if (reduce == "sum" and include_self and src is not None and x.dtype.is_floating_point and x.dim() > 1
-            and x.shape[dim % x.dim()] >= ELEMENT_SCATTER_MIN_TARGETS and not _shared_index(x, dim % x.dim(), index)):
+            and not _shared_index(x, dim % x.dim(), index) and _element_wise_is_cheaper(x, dim % x.dim(), index)):
         return _element_scatter_add(x, dim % x.dim(), index, src, lo)
     if reduce == "sum" and x.dtype in NARROW_INTS:
         # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)

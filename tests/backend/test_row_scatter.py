@@ -110,7 +110,7 @@ def test_scatter_add_with_an_expanded_index_is_a_row_scatter() -> None:
 
 
 def test_scatter_add_along_long_lines_goes_element_by_element() -> None:
-    """An index of its own per element along a dim of >= 512 targets (bag-of-words counts over a vocabulary): each
+    """An index of its own per element along a long dim (bag-of-words counts over a vocabulary): each
     element's flat address, then one scatter-add of single elements; an index smaller than self in every dim, a
     transposed self, and an out-of-range index raising like eager."""
     counts = torch.zeros(32, 5000)
