@@ -108,7 +108,8 @@ def _shared_index(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
                for d in range(x.dim()) if d != dim)
 
 
-def _element_scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, lo: int) -> torch.Tensor:
+def _element_scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, lo: int,
+                         op: str) -> torch.Tensor:
     """scatter-add along a long dim with an index of its own per element: every element's flat address in ``x``
     (its index times the dim's stride plus its line's offset), then one scatter-add into ``x`` flattened, a line
     whose rows are single elements. O(elements) instead of O(elements x targets)."""
@@ -116,7 +117,7 @@ def _element_scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: to
     strides = [math.prod(x.shape[d + 1:]) for d in range(x.dim())]
     idx = _wrapped(index, size, lo)
     ok = (idx >= 0) & (idx < size)
-    aten._assert_async.msg(ok.all(), f"index out of range in aten.scatter_add: an index is outside [{lo}, {size}) "
+    aten._assert_async.msg(ok.all(), f"index out of range in aten.{op}: an index is outside [{lo}, {size}) "
                                      f"for dimension {dim} of size {size}; fix the indices")
     flat = idx * strides[dim]
     for d, n in enumerate(index.shape):
@@ -131,14 +132,15 @@ def _element_scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: to
 
 
 def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float, reduce: str,
-             include_self: bool = True, lo: int = 0, error: str = "runtime") -> torch.Tensor:
+             include_self: bool = True, lo: int = 0, error: str = "runtime", op: str = "scatter_add") -> torch.Tensor:
+    """``op``: the ATen op's name for error messages."""
     if index.numel() == 0 or x.numel() == 0:
         return x.clone()
     if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
     if (reduce == "sum" and include_self and src is not None and x.dtype.is_floating_point and x.dim() > 1
             and not _shared_index(x, dim % x.dim(), index) and _element_wise_is_cheaper(x, dim % x.dim(), index)):
-        return _element_scatter_add(x, dim % x.dim(), index, src, lo)
+        return _element_scatter_add(x, dim % x.dim(), index, src, lo, op)
     if reduce == "sum" and x.dtype in NARROW_INTS:
         # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)
         wide = SCATTER_LINES(x.to(torch.int32), dim % max(x.dim(), 1), index,
@@ -169,7 +171,7 @@ _OLD_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
 def _scatter_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, *, reduce: str) -> Any:
-    return _scatter(x, dim, index, src, 0.0, _OLD_REDUCE[reduce])
+    return _scatter(x, dim, index, src, 0.0, _OLD_REDUCE[reduce], op="scatter")
 
 
 def _scatter_value_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any, *, reduce: str) -> Any:
@@ -178,7 +180,7 @@ def _scatter_value_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, va
 
 def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
                     include_self: bool = True) -> Any:
-    return _scatter(x, dim, index, src, 0.0, reduce, include_self)
+    return _scatter(x, dim, index, src, 0.0, reduce, include_self, op="scatter_reduce")
 
 
 def _line_index(index: torch.Tensor, dim: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:

@@ -131,6 +131,10 @@ def test_scatter_add_along_long_lines_goes_element_by_element() -> None:
     with pytest.raises(IndexOutOfRangeError, match=r"index out of range in aten.scatter_add: an index is outside "
                                                    r"\[0, 600\) for dimension 1 of size 600"):
         f(x, bad, src)
+    g = torch.compile(lambda x, i, s: x.transpose(0, 1).scatter_reduce(1, i, s, "sum"), backend="neuron",
+                      dynamic=False)
+    with pytest.raises(IndexOutOfRangeError, match=r"index out of range in aten.scatter_reduce: an index is outside"):
+        g(x, bad, src)
 
 
 def test_row_scatter_of_non_contiguous_operands() -> None:
