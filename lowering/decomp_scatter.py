@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -101,11 +101,12 @@ def _element_wise_is_cheaper(x: torch.Tensor, dim: int, index: torch.Tensor) -> 
     return x.shape[dim] * tiles * 128 >= ELEMENT_SCATTER_BREAK_EVEN * lines
 
 
-def _shared_index(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
-    """The index is the same for every line (stride 0 or size 1 elsewhere) and spans ``x`` there: the lowering's
-    row scatter (lowering/ops/scatter.py) takes it as it is."""
-    return all(index.shape[d] == x.shape[d] and (index.stride(d) == 0 or index.shape[d] == 1)
-               for d in range(x.dim()) if d != dim)
+def index_shared_by_lines(shape: Sequence[int], dim: int, index_shape: Sequence[int],
+                          index_strides: Sequence[int]) -> bool:
+    """The index is the same for every line (stride 0 or size 1 off ``dim``) and spans self (of ``shape``) there:
+    the lowering's row scatter (lowering/ops/scatter.py) takes such a scatter-add as it is."""
+    return all(index_shape[d] == shape[d] and (index_strides[d] == 0 or index_shape[d] == 1)
+               for d in range(len(shape)) if d != dim)
 
 
 def _element_scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, lo: int,
@@ -138,15 +139,17 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
         return x.clone()
     if src is not None and src.dim() == 0 and index.dim():
         src = src.expand(index.shape)
+    dim %= max(x.dim(), 1)
     if (reduce == "sum" and include_self and src is not None and x.dtype.is_floating_point and x.dim() > 1
-            and not _shared_index(x, dim % x.dim(), index) and _element_wise_is_cheaper(x, dim % x.dim(), index)):
-        return _element_scatter_add(x, dim % x.dim(), index, src, lo, op)
+            and not index_shared_by_lines(x.shape, dim, index.shape, index.stride())
+            and _element_wise_is_cheaper(x, dim, index)):
+        return _element_scatter_add(x, dim, index, src, lo, op)
     if reduce == "sum" and x.dtype in NARROW_INTS:
         # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)
-        wide = SCATTER_LINES(x.to(torch.int32), dim % max(x.dim(), 1), index,
-                             src.to(torch.int32) if src is not None else None, fill, reduce, include_self, lo, error)
+        wide = SCATTER_LINES(x.to(torch.int32), dim, index, src.to(torch.int32) if src is not None else None, fill,
+                             reduce, include_self, lo, error)
         return wide.to(x.dtype)
-    return SCATTER_LINES(x, dim % max(x.dim(), 1), index, src, fill, reduce, include_self, lo, error)
+    return SCATTER_LINES(x, dim, index, src, fill, reduce, include_self, lo, error)
 
 
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:

@@ -210,9 +210,6 @@ KERNEL_LAUNCH_NS = DMA_FIXED_NS + 2 * SEMAPHORE_NS
 # contiguous runs (its rows, <= 128 elements: 256 B at bf16), so a transposing load is never cheaper than the same
 # bytes copied with the same runs. Keyed by "the source is in HBM".
 DMA_TRANSPOSE_FRACTION = {True: 0.9, False: 0.5}
-# nisa.dma_compute streams every source through the DMA engine and writes dst (the "nki.isa.dma_compute" docs:
-# "reduction across multiple source tensors"); a scatter-RMW's HBM rows are one of its sources (read, then written
-# back). Assumed: each source costs the bytes of a copy of the same rows (no figure is published).
 # Double buffering: a tile allocated inside a loop rotates among this many physical buffers of its allocation site
 # (an allocator choice, not documented; the "NKI Performance Optimizations" guide, Opt #2 gotchas, only says
 # tiles declared inside the loop let the compiler multi-buffer). Assumed 2, within SBUF capacity.
@@ -370,7 +367,10 @@ def dma_cost(hw: Hardware, rec: InstructionRecord) -> DmaCost:
         src_shape, src_strides = rec.shapes[-1], rec.strides[-1]
         run = itemsize(rec.dtypes[-1]) * (src_shape[-1] if src_strides and src_strides[-1] == 1 else 1)
         efficiency = dma_efficiency(run) * DMA_TRANSPOSE_FRACTION[rec.buffers[-1] in HBM_BUFFERS]
-    if rec.instruction == "dma_compute":  # every source streams through the engine (a scatter-RMW: read, write back)
+    if rec.instruction == "dma_compute":
+        # every source streams through the DMA engine, which writes dst ("nki.isa.dma_compute": "reduction across
+        # multiple source tensors"); a scatter-RMW's HBM rows are one of its sources (read, then written back).
+        # Assumed: each source costs the bytes of a copy of the same rows (no figure is published).
         moved *= max(1, len(rec.shapes) - 1)
     engines = min(hw.dma_engines, max(1, math.ceil(parts / PARTITIONS_PER_DMA_ENGINE)))
     data_ns = moved / (hw.dma_engine_bytes_per_ns * engines * efficiency) if moved else 0.0

@@ -598,9 +598,9 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
 
     for fn in (dma_copy, dma_transpose, dma_compute, tensor_copy, tensor_tensor, tensor_scalar, memset, iota,
                activation, reciprocal, tensor_reduce, tensor_scalar_reduce, bn_stats, bn_aggr, tensor_partition_reduce,
-               nc_matmul, nc_transpose,
-               tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor, affine_select, nc_n_gather,
-               sendrecv, core_barrier, register_alloc, register_move, register_load, register_store):
+               nc_matmul, nc_transpose, tensor_copy_predicated, tensor_tensor_scan, scalar_tensor_tensor,
+               affine_select, nc_n_gather, sendrecv, core_barrier, register_alloc, register_move, register_load,
+               register_store):
         setattr(isa, fn.__name__, at_line(fn))
     isa.VirtualRegister = ShapeRegister  # type: ignore[attr-defined]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
-from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES
+from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES, index_shared_by_lines
 from neuron_compile.lowering.ir import (
     Access,
     ArgSpec,
@@ -172,8 +172,7 @@ def _row_scatter_add(base: View, dim: int, index: View, src: View | None, reduce
     with an expanded index) and spans ``self`` on every other dim: a row scatter (:func:`emit_index_add`)."""
     if reduce != "sum" or not include_self or src is None or not base.torch_dtype.is_floating_point:
         return False
-    return all(index.shape[d] == base.shape[d] and (index.strides[d] == 0 or index.shape[d] == 1)
-               for d in range(len(base.shape)) if d != dim)
+    return index_shared_by_lines(base.shape, dim, index.shape, index.strides)
 
 
 @register_lowering(SCATTER_LINES, family="index", kind="copy", check=_scatter_check)
