@@ -44,11 +44,29 @@ def _fused_projection(b: int, h: int, s: int, d: int) -> tuple[Callable[..., Any
     return attn, [torch.randn(b, s, 3 * h * d, dtype=torch.bfloat16)]
 
 
+def _masked(b: int, h: int, s: int, d: int) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+    """A Hugging Face encoder's attention: an additive [b, 1, s, s] mask (0, or the dtype's min past each sequence's
+    length), which every model with an attention mask runs through the standard kernel."""
+    mask = torch.zeros(b, 1, s, s, dtype=torch.bfloat16)
+    mask[1:, :, :, s * 3 // 4:] = torch.finfo(torch.bfloat16).min
+
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    return attn, [torch.randn(b, h, s, d, dtype=torch.bfloat16) for _ in range(3)] + [mask]
+
+
+def _fp16(b: int, h: int, s: int, d: int) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+    return _causal, [torch.randn(b, h, s, d, dtype=torch.float16) for _ in range(3)]
+
+
 SHAPES: dict[str, tuple[str, Callable[[], tuple[Callable[..., Any], list[torch.Tensor]]]]] = {
     "c": ("causal B4 H16 S2048 D128 (workload c)", lambda: _contiguous(4, 16, 2048, 128)),
     "gpt2": ("GPT-2 attention B4 H12 S1024 D64 (workload g)", lambda: _fused_projection(4, 12, 1024, 64)),
     "odd": ("causal B3 H4 S700 D64 (odd batch, ragged)", lambda: _contiguous(3, 4, 700, 64)),
     "one": ("causal B1 H8 S1024 D128 (one batch)", lambda: _contiguous(1, 8, 1024, 128)),
+    "masked": ("masked B2 H16 S1024 D128 (HF encoder mask)", lambda: _masked(2, 16, 1024, 128)),
+    "fp16": ("causal fp16 B2 H8 S2048 D128 (exact kernel)", lambda: _fp16(2, 8, 2048, 128)),
 }
 
 

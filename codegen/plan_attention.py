@@ -110,7 +110,23 @@ def _standard_bytes(k: AttentionKernel) -> tuple[int, int]:
     """Per-partition SBUF of the standard kernel: (one head's Q/K/V/output rows, the rest of its working set)."""
     osize = _size(k.outputs[0].dtype)
     rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * osize
-    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step) - rows
+    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step) - rows + mask_rows_bytes(k)
+
+
+def mask_rows_bytes(k: AttentionKernel) -> int:
+    """Per-partition SBUF of the mask rows the heads of a group share, or 0 when the mask is loaded per chunk.
+
+    A mask with head stride 0 (a padding mask, [b, 1, s, s] or [b, 1, 1, s]) is the same for every head: its rows for
+    a query tile (all keys, in the mask's own dtype) load once and serve the tile's steps of every head of the group,
+    the next tile's rows loading meanwhile (two buffers), instead of one DMA per (head, 512-key chunk). A mask that
+    varies by head (ALiBi, T5's position bias), or rows that don't fit the SBUF budget beside one head's working set,
+    keep the per-chunk loads."""
+    if k.mask is None or k.mask[2][1] != 0:
+        return 0
+    need = 2 * k.sk * _size(k.inputs[k.mask[0]].dtype)
+    rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * _size(k.outputs[0].dtype)
+    base = sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), _size(k.outputs[0].dtype), k.key_step)
+    return need if base + need <= SBUF_BUDGET and rows > 0 else 0
 
 
 def prefetch_fits(k: AttentionKernel, group: int, resident: int, extra: int = 0) -> bool:
@@ -248,7 +264,8 @@ def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
     if k.mask is not None:
         arg, offset, (s_b, s_h, s_q, s_k) = k.mask
         p["mask"] = {"arg": arg, "offset": offset, "terms": [("b", s_b), ("h", s_h), ("q0", s_q), ("kc", s_k)],
-                     "s_q": s_q, "s_k": s_k}
+                     "s_q": s_q, "s_k": s_k, "rows": mask_rows_bytes(k) > 0, "row_terms": [("b", s_b), ("qm", s_q)],
+                     "dtype": k.inputs[arg].dtype}
     return p
 
 

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from neuron_compile.codegen.plan_attention import head_group, mask_rows_bytes
 from neuron_compile.lowering.ir import AttentionKernel
 
 import neuron_compile.backend
 from neuron_compile.config import config
 from neuron_compile.roofline import attention_flops, kernel_roofline
+from neuron_compile.simulator import trace
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "codegen"))
@@ -117,6 +119,38 @@ def test_mask_with_fully_masked_rows_and_finfo_min() -> None:
     mask[1, :, 9, :] = torch.finfo(torch.float32).min
     mask[0, :, :, 130:] = -math.inf
     _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per_head"])
+def test_mask_rows_load_once_per_query_tile_when_heads_share_the_mask(dtype: torch.dtype, per_head: bool) -> None:
+    """A padding-style mask ([b, 1, sq, sk]: head stride 0) loads one DMA of all its keys per query tile, which every
+    head of the group reads (the next tile's rows load meanwhile); a mask of its own per head (ALiBi, T5's bias) keeps
+    one load per (head, query tile, 512-key chunk). Both match eager: ragged query and key tiles, -inf and finfo.min
+    entries, a fully masked row."""
+    b, h, sq, sk = 2, 4, 300, 600
+    q, k, v = _qkv(b, h, sq, sk, 64, dtype=dtype)
+    g = torch.Generator().manual_seed(11)
+    mask = torch.randn(b, h if per_head else 1, sq, sk, generator=g)
+    mask[:, :, :, 550:] = -math.inf
+    mask[1, :, 7, :] = -math.inf
+    mask[0, :, 9, :] = torch.finfo(torch.float32).min
+    mask = mask.to(dtype)
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    with config.patch(target="trn2"), trace() as t:
+        out = torch.compile(fn, backend="neuron", dynamic=False)(q, k, v, mask)
+    ref = fn(q, k, v, mask)
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    kern = neuron_compile.backend.compiled_graphs()[-1]["plan"].kernels[0]
+    assert isinstance(kern, AttentionKernel) and kern.mask is not None
+    assert (mask_rows_bytes(kern) > 0) is not per_head
+    loads = [r for r in t.records if r.instruction == "dma_copy" and r.buffers[0] == "sbuf" and "hbm" in r.buffers[1]]
+    rows = [r for r in loads if r.shapes[0][-1] == sk]
+    chunks = [r for r in loads if r.shapes[0][-1] in (512, sk - 512) and r.dtypes[0] == "float32"]
+    if per_head:
+        assert not rows and len(chunks) == b * h * 3 * 2  # (batch, head, query tile, chunk)
+    else:
+        assert len(rows) == b * (h // head_group(kern, grid=2)) * 3 and not chunks  # (batch, group, query tile)
 
 
 def test_written_out_causal_attention() -> None:
