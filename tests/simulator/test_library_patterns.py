@@ -15,7 +15,9 @@ Each was found by running those kernels here, and each test is written from the 
   an object;
 * ``scalar_tensor_tensor`` takes its ``(P, 1)`` operand0 in any dtype (nki-library's moe_cte scales by a bf16
   expert affinity), while ``tensor_scalar`` keeps requiring fp32 vector operands;
-* a plain ``nl.NKIObject`` subclass may leave annotated fields out of its constructor call and assign them later.
+* a plain ``nl.NKIObject`` subclass may leave annotated fields out of its constructor call and assign them later;
+* a stride-0 (broadcast) view of a PSUM tile counts the elements it touches, not its repeats, against the 4K-element
+  limit of one PSUM access (nki-library's layernorm_tkg).
 """
 
 from __future__ import annotations
@@ -366,3 +368,31 @@ def early(x):
 ''', "early")
     with pytest.raises(AttributeError, match="half"):
         early(x)
+
+
+@pytest.mark.parametrize("repeat", [8, 24])
+def test_a_broadcast_psum_view_counts_the_elements_it_touches_against_the_access_limit(repeat: int) -> None:
+    """The 4K-element limit of one PSUM access counts the elements a view touches: a one-bank (512 fp32) PSUM tile
+    broadcast 24 times (stride 0) over an SBUF tile in one tensor_tensor is legal (nki-library's layernorm_tkg does
+    this with its mean); a view that really spans more than 4K PSUM elements stays an error
+    (test_isa_compute.py)."""
+    k = kernel('''
+@nki.jit
+def k(x, m):
+    R = x.shape[2]
+    xs = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xs, src=x)
+    ms = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ms, src=m)
+    mp = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    nisa.tensor_copy(dst=mp, src=ms)
+    o = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=o, data1=xs, data2=mp.expand_dim(2).broadcast(2, R), op=nl.subtract)
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=o)
+    return out
+''')
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 512, repeat)).astype(np.float32)
+    m = rng.standard_normal((128, 512)).astype(np.float32)
+    np.testing.assert_array_equal(k(x, m), x - m[:, :, None])
