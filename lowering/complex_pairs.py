@@ -231,8 +231,14 @@ class _Rewriter:
         if t == aten.cat.default:
             parts = [env[p] if is_complex(p) else self.real_only(env[p]) for p in a[0]]
             return self.emit(t, parts, (a[1] if len(a) > 1 else 0) % _val(node).dim())
+        if t in (aten.sum.default, aten.mean.default) and len(a) == 1 and not kw:
+            t, a = (aten.sum.dim_IntList if t == aten.sum.default else aten.mean.dim), (a[0], None)
         if t in (aten.sum.dim_IntList, aten.mean.dim) and len(a) >= 2 and not kw:
-            return self.emit(t, x(), [self.dim(a[0], d) for d in a[1]], *a[2:])
+            # no dims (None or []) reduces every dim of the complex value, never the pair dim; a 0-d value is its own sum
+            dims = a[1] or list(range(_val(a[0]).dim()))
+            if not dims:
+                return self.emit(aten.clone.default, x())
+            return self.emit(t, x(), [self.dim(a[0], d) for d in dims], *a[2:])
         if t in FFT_OPS:
             dtype = _val(a[0]).dtype
             try:

@@ -220,6 +220,8 @@ def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Te
 
 
 def _index_fill_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
+    if x.is_complex() or isinstance(value, complex):
+        return NotImplemented  # no real-pair form: refused by name
     size = x.shape[dim % x.dim()] if x.dim() else 1
     return _index_op(x, dim, index, None, float(value), "assign", lo=-size, error="index")
 

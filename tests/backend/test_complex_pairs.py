@@ -89,3 +89,29 @@ def test_abs_of_extreme_complex_values_neither_overflows_nor_underflows():
                       complex(3.0, -4.0), complex(-0.0, 2.0), complex(float("nan"), 1.0)], dtype=torch.complex64)
     got = _compile(lambda t: (t * 1.0).abs())(z)
     torch.testing.assert_close(got, z.abs(), rtol=1e-6, atol=0.0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.dot(a[0], b[0]),
+    lambda a, b: torch.vdot(a[0], b[0]),
+    lambda a, b: (a * b).sum(),
+    lambda a, b: a.mean(),
+    lambda a, b: a[0, 0].sum() + b.sum(dim=1),
+], ids=["dot", "vdot", "sum_all", "mean_all", "sum_0d"])
+def test_reductions_over_every_dim_keep_the_pair(fn):
+    """A sum / mean with no dims reduces every dim of the complex value, never its real-imaginary pair (a 0-d
+    complex result stays a pair); a 0-d value is its own sum."""
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(3, 5, dtype=torch.complex64, generator=g) for _ in range(2))
+    got = _compile(fn)(a, b)
+    torch.testing.assert_close(got, fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_index_fill_with_a_complex_value_is_refused_by_name():
+    a, idx = torch.randn(4, 3, dtype=torch.complex64), torch.tensor([0, 2])
+    with pytest.raises(Exception) as info:
+        _compile(lambda a, i: torch.index_fill(a, 0, i, -8.5 - 1.7j))(a, idx)
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None and "aten.index_fill.int_Scalar(complex64[4, 3]" in str(exc)
