@@ -66,6 +66,7 @@ SHAPES: dict[str, tuple[str, Callable[[], tuple[Callable[..., Any], list[torch.T
     "odd": ("causal B3 H4 S700 D64 (odd batch, ragged)", lambda: _contiguous(3, 4, 700, 64)),
     "one": ("causal B1 H8 S1024 D128 (one batch)", lambda: _contiguous(1, 8, 1024, 128)),
     "masked": ("masked B2 H16 S1024 D128 (HF encoder mask)", lambda: _masked(2, 16, 1024, 128)),
+    "bert": ("masked B8 H12 S512 D64 (BERT-base mask)", lambda: _masked(8, 12, 512, 64)),
     "fp16": ("causal fp16 B2 H8 S2048 D128 (exact kernel)", lambda: _fp16(2, 8, 2048, 128)),
 }
 
