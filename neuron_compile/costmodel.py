@@ -297,7 +297,9 @@ def engine_cycles(hw: Hardware, rec: InstructionRecord) -> float:
         if rec.instruction == "reciprocal":
             work = n * VECTOR_RECIPROCAL_CYCLES
         elif rec.instruction == "tensor_scalar_reduce":
-            work += ACT_READ_ACCUMULATOR  # the accumulator read-out, taken at ScalarE's cost (conservative)
+            # a tensor_scalar at VectorE's width for its dtypes, plus the accumulator read-out at ScalarE's cost
+            # (conservative: charged whether or not the instruction reads the accumulators out)
+            work = work / _vector_speedup(hw, rec) + ACT_READ_ACCUMULATOR
         elif rec.instruction == "exponential" and hw.nc_version >= 4:
             work = n / 4  # NC-v4 VectorE exponential: 4x ScalarE exp
         else:
