@@ -280,6 +280,17 @@ ZOO: list[Entry] = [
                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=64,
                          max_position_embeddings=32, num_local_experts=4, num_experts_per_tok=2),
           needs=("transformers",)),
+    # ALiBi: an additive bias of its own per head, so the attention kernel loads its mask per head and chunk
+    Entry("bloom", _hf("BloomForCausalLM", "BloomConfig", n_layer=2, hidden_size=32, n_head=4, vocab_size=64),
+          needs=("transformers",)),
+    # disentangled attention: content-to-position and position-to-content terms gathered by relative distance
+    Entry("deberta_v2", _hf("DebertaV2Model", "DebertaV2Config", num_hidden_layers=2, hidden_size=32,
+                            num_attention_heads=4, intermediate_size=64, vocab_size=64, max_position_embeddings=32),
+          needs=("transformers",)),
+    # an encoder-decoder whose decoder inputs are the shifted input ids: padding mask, causal mask, cross-attention
+    Entry("bart", _hf("BartModel", "BartConfig", vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                      max_position_embeddings=32), needs=("transformers",)),
     Entry("t5", _t5, needs=("transformers",)),
     Entry("vit", _vit, needs=("transformers",)),
     Entry("clip", _clip, needs=("transformers",)),
