@@ -258,8 +258,16 @@ def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
     return torch.linalg.vector_norm(a - b, float(p))
 
 
+def _fma(a: Any, b: Any, c: Any) -> torch.Tensor:
+    """prims.fma (behind addcmul / addcdiv / lerp in the optimizers' update rules, e.g. AdamW's
+    ``exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)``): ``a * b + c``, rounded twice where eager
+    rounds once (VectorE has no fused multiply-add), so within an ulp of the result."""
+    return aten.add.Tensor(aten.mul.Tensor(a, b), c)
+
+
 OWN: dict[Any, Callable[..., Any]] = {
     torch.ops.prims.gcd.default: _gcd,
+    torch.ops.prims.fma.default: _fma,
     aten.lcm.default: _lcm,
     aten.angle.default: _angle,
     aten.dist.default: _dist,
