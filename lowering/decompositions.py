@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma, which Dynamo emits for addcmul_ & co.)
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -265,6 +266,55 @@ def _fma(a: Any, b: Any, c: Any) -> torch.Tensor:
     return aten.add.Tensor(aten.mul.Tensor(a, b), c)
 
 
+# Scalar forms of the foreach ops whose per-tensor op only takes tensors (maximum / minimum of a number: a clamp)
+_FOREACH_SCALAR_FN = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
+
+
+def _foreach(base: str, overload: str) -> Callable[..., Any]:
+    """``aten._foreach_<base>.<overload>`` as one per-tensor op per list element (clip_grad_norm_'s
+    ``_foreach_norm`` / ``_foreach_mul``, foreach optimizers): list arguments pair up element by element, any other
+    argument (a number, a 0-d tensor) goes to every call. Each result is the per-tensor op's, so it matches eager's
+    foreach kernel element for element."""
+    if base == "norm":
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            return torch.linalg.vector_norm(*args, **kwargs)
+    elif base == "max":
+        fn = torch.max
+    elif overload in ("Scalar", "ScalarList") and base in _FOREACH_SCALAR_FN:
+        fn = _FOREACH_SCALAR_FN[base]
+    else:
+        fn = getattr(torch, base)
+
+    def decomposed(*args: Any, **kwargs: Any) -> list[Any]:
+        n = len(next(a for a in args if isinstance(a, (list, tuple))))
+        if base in ("addcmul", "addcdiv") and len(args) == 4:  # the value (a number, or one per tensor) is keyword-only
+            *args, value = args
+            return [fn(*[a[i] for a in args], value=value[i] if isinstance(value, (list, tuple)) else value)
+                    for i in range(n)]
+        return [fn(*[a[i] if isinstance(a, (list, tuple)) else a for a in args], **kwargs) for i in range(n)]
+
+    return decomposed
+
+
+def _foreach_table() -> dict[Any, Callable[..., Any]]:
+    """Every out-of-place ``aten._foreach_*`` overload this torch has, except the few with no per-tensor
+    counterpart here (``powsum``, ``mm``, and addcmul / addcdiv with their values in a tensor), which stay refused by
+    name."""
+    table: dict[Any, Callable[..., Any]] = {}
+    for name in dir(aten):
+        if not name.startswith("_foreach_") or name.endswith("_"):
+            continue
+        base = name[len("_foreach_"):]
+        if base in ("powsum", "mm", "copy", "zero") or not hasattr(torch, base) and base not in ("norm", "max"):
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            if "out" in overload or (base in ("addcmul", "addcdiv") and overload == "Tensor"):
+                continue
+            table[getattr(packet, overload)] = _foreach(base, overload)
+    return table
+
+
 OWN: dict[Any, Callable[..., Any]] = {
     torch.ops.prims.gcd.default: _gcd,
     torch.ops.prims.fma.default: _fma,
@@ -303,6 +353,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op in KEEP:
         table.pop(op, None)
     table.update(OWN)
+    for op, fn in _foreach_table().items():
+        table.setdefault(op, fn)
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_nn import NN

@@ -118,3 +118,33 @@ def test_whole_training_step_with_the_optimizer_compiles_and_matches_eager(opt_c
         torch.testing.assert_close(compiled(model, opt, x, y), step(ref, ref_opt, x, y), atol=1e-5, rtol=1e-5)
     for p, r in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("opt_cls", "kwargs"), [
+    (torch.optim.AdamW, {}), (torch.optim.Adam, {"amsgrad": True}), (torch.optim.NAdam, {}),
+    (torch.optim.SGD, {"momentum": 0.9}),
+], ids=["adamw", "adam_amsgrad", "nadam", "sgd_momentum"])
+def test_foreach_optimizer_step_with_grad_clipping_matches_eager(opt_cls, kwargs) -> None:
+    """``foreach=True`` optimizers and ``clip_grad_norm_`` inside the compiled step: their ``_foreach_*`` ops
+    (``_foreach_norm``, ``_foreach_mul`` by a 0-d tensor, ``_foreach_pow`` of a number, ...) lower per tensor."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    ref = copy.deepcopy(model)
+    opt = opt_cls(model.parameters(), lr=1e-2, foreach=True, **kwargs)
+    ref_opt = opt_cls(ref.parameters(), lr=1e-2, foreach=True, **kwargs)
+
+    def step(m: torch.nn.Module, o: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        o.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        o.step()
+        return loss
+
+    compiled = torch.compile(step, backend="neuron", dynamic=False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+        torch.testing.assert_close(compiled(model, opt, x, y), step(ref, ref_opt, x, y), atol=1e-5, rtol=1e-5)
+    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
