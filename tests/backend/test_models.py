@@ -83,6 +83,34 @@ def test_gpt_bf16_inference():
     torch.testing.assert_close(got.float(), want.float(), atol=6e-2, rtol=5e-2)
 
 
+def _optimizer_steps_match(make_opt, clip: float | None = None, steps: int = 3) -> None:
+    """zero_grad, forward, backward (optionally ``clip_grad_norm_``) and ``opt.step()`` in one compiled function, as
+    users wrap a training step, against the same step eagerly: losses each step and the parameters after the last
+    within a few fp32 ulps."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4))
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
+
+    def step(m: torch.nn.Module, o: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        o.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+        o.step()
+        return loss
+
+    compiled = torch.compile(step, backend="neuron", dynamic=False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+        torch.testing.assert_close(compiled(model, opt, x, y), step(ref, ref_opt, x, y), atol=1e-5, rtol=1e-5)
+    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("opt_cls", "kwargs"), [
     (torch.optim.AdamW, {"weight_decay": 0.1}),
     (torch.optim.AdamW, {"amsgrad": True}),
@@ -95,29 +123,9 @@ def test_gpt_bf16_inference():
     (torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
 ], ids=["adamw", "adamw_amsgrad", "adam_maximize", "nadam", "radam", "adamax", "adagrad", "rmsprop", "sgd_nesterov"])
 def test_whole_training_step_with_the_optimizer_compiles_and_matches_eager(opt_cls, kwargs) -> None:
-    """zero_grad, forward, backward and ``opt.step()`` in one compiled function, as users wrap a training step. The
-    optimizers' update rules reach the backend as prims.fma (addcmul / addcdiv / lerp), which lowers as a multiply
-    and an add: parameters stay within a few fp32 ulps of eager after three steps."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
-                                torch.nn.Linear(32, 4))
-    ref = copy.deepcopy(model)
-    opt, ref_opt = opt_cls(model.parameters(), lr=1e-2, **kwargs), opt_cls(ref.parameters(), lr=1e-2, **kwargs)
-
-    def step(m: torch.nn.Module, o: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        o.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(m(x), y)
-        loss.backward()
-        o.step()
-        return loss
-
-    compiled = torch.compile(step, backend="neuron", dynamic=False)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
-        torch.testing.assert_close(compiled(model, opt, x, y), step(ref, ref_opt, x, y), atol=1e-5, rtol=1e-5)
-    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+    """The optimizers' update rules reach the backend as prims.fma (addcmul / addcdiv / lerp), which lowers as a
+    multiply and an add."""
+    _optimizer_steps_match(lambda params: opt_cls(params, lr=1e-2, **kwargs))
 
 
 @pytest.mark.parametrize(("opt_cls", "kwargs"), [
@@ -127,24 +135,4 @@ def test_whole_training_step_with_the_optimizer_compiles_and_matches_eager(opt_c
 def test_foreach_optimizer_step_with_grad_clipping_matches_eager(opt_cls, kwargs) -> None:
     """``foreach=True`` optimizers and ``clip_grad_norm_`` inside the compiled step: their ``_foreach_*`` ops
     (``_foreach_norm``, ``_foreach_mul`` by a 0-d tensor, ``_foreach_pow`` of a number, ...) lower per tensor."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-    ref = copy.deepcopy(model)
-    opt = opt_cls(model.parameters(), lr=1e-2, foreach=True, **kwargs)
-    ref_opt = opt_cls(ref.parameters(), lr=1e-2, foreach=True, **kwargs)
-
-    def step(m: torch.nn.Module, o: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        o.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(m(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
-        o.step()
-        return loss
-
-    compiled = torch.compile(step, backend="neuron", dynamic=False)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
-        torch.testing.assert_close(compiled(model, opt, x, y), step(ref, ref_opt, x, y), atol=1e-5, rtol=1e-5)
-    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+    _optimizer_steps_match(lambda params: opt_cls(params, lr=1e-2, foreach=True, **kwargs), clip=0.5)
