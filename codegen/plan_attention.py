@@ -124,9 +124,8 @@ def mask_rows_bytes(k: AttentionKernel) -> int:
     if k.mask is None or k.mask[2][1] != 0:
         return 0
     need = 2 * k.sk * _size(k.inputs[k.mask[0]].dtype)
-    rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * _size(k.outputs[0].dtype)
     base = sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), _size(k.outputs[0].dtype), k.key_step)
-    return need if base + need <= SBUF_BUDGET and rows > 0 else 0
+    return need if base + need <= SBUF_BUDGET else 0
 
 
 def prefetch_fits(k: AttentionKernel, group: int, resident: int, extra: int = 0) -> bool:

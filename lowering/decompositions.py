@@ -266,7 +266,9 @@ def _fma(a: Any, b: Any, c: Any) -> torch.Tensor:
     return aten.add.Tensor(aten.mul.Tensor(a, b), c)
 
 
-# Scalar forms of the foreach ops whose per-tensor op only takes tensors (maximum / minimum of a number: a clamp)
+# Per-tensor ops of the foreach ops not named like them: the norm, and maximum / minimum of a number (a clamp: the
+# torch functions of those names take tensors only)
+_FOREACH_FN = {"norm": torch.linalg.vector_norm}
 _FOREACH_SCALAR_FN = {"maximum": torch.clamp_min, "minimum": torch.clamp_max}
 
 
@@ -275,15 +277,10 @@ def _foreach(base: str, overload: str) -> Callable[..., Any]:
     ``_foreach_norm`` / ``_foreach_mul``, foreach optimizers): list arguments pair up element by element, any other
     argument (a number, a 0-d tensor) goes to every call. Each result is the per-tensor op's, so it matches eager's
     foreach kernel element for element."""
-    if base == "norm":
-        def fn(*args: Any, **kwargs: Any) -> Any:
-            return torch.linalg.vector_norm(*args, **kwargs)
-    elif base == "max":
-        fn = torch.max
-    elif overload in ("Scalar", "ScalarList") and base in _FOREACH_SCALAR_FN:
+    if overload in ("Scalar", "ScalarList") and base in _FOREACH_SCALAR_FN:
         fn = _FOREACH_SCALAR_FN[base]
     else:
-        fn = getattr(torch, base)
+        fn = _FOREACH_FN.get(base) or getattr(torch, base)
 
     def decomposed(*args: Any, **kwargs: Any) -> list[Any]:
         n = len(next(a for a in args if isinstance(a, (list, tuple))))
@@ -305,7 +302,7 @@ def _foreach_table() -> dict[Any, Callable[..., Any]]:
         if not name.startswith("_foreach_") or name.endswith("_"):
             continue
         base = name[len("_foreach_"):]
-        if base in ("powsum", "mm", "copy", "zero") or not hasattr(torch, base) and base not in ("norm", "max"):
+        if base == "mm" or not (base in _FOREACH_FN or hasattr(torch, base)):
             continue
         packet = getattr(aten, name)
         for overload in packet.overloads():
