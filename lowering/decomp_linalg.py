@@ -361,15 +361,18 @@ LINALG: dict[Any, Any] = {
     aten._linalg_det.default: det,
     aten._linalg_slogdet.default: slogdet,
     aten.linalg_cholesky_ex.default: cholesky_ex,
-    aten.cholesky.default: cholesky,
     aten.cholesky_solve.default: cholesky_solve,
     aten.cholesky_inverse.default: cholesky_inverse,
     aten._linalg_check_errors.default: check_errors_op,
 }
+if hasattr(aten, "cholesky"):  # the deprecated torch.cholesky; torch 2.14 removed its ATen op
+    LINALG[aten.cholesky.default] = cholesky
 
 ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default,
              aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_pinv.atol_rtol_tensor,
-             aten.linalg_lstsq.default)
+             aten.linalg_lstsq.default,
+             # torch 2.14's polar decomposition (an SVD) and Hermitian matrix square root (an eigh)
+             *(getattr(aten, name).default for name in ("linalg_polar", "linalg_matrix_sqrth") if hasattr(aten, name)))
 
 
 def _val(arg: Any) -> Any:
@@ -394,7 +397,7 @@ def linalg_problem(node: fx.Node) -> str | None:
 
 
 def _iterative(node: fx.Node) -> str:
-    return ("SVD, eigendecompositions, LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
+    return ("SVD, eigendecompositions (and polar / matrix_sqrth, built on them), LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
             "compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
 
 

@@ -28,7 +28,8 @@ SKIP_FAMILIES = ("linalg.", "fft.", "special.")  # reported separately: outside 
 ITERATIVE_LINALG = frozenset((
     "linalg.svd", "linalg.svdvals", "svd", "svd_lowrank", "pca_lowrank", "linalg.pinv", "pinverse", "linalg.cond",
     "linalg.matrix_rank", "linalg.matrix_norm", "linalg.norm", "linalg.lstsq", "linalg.eig", "linalg.eigvals",
-    "linalg.eigh", "linalg.eigvalsh", "linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve"))
+    "linalg.eigh", "linalg.eigvalsh", "linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve",
+    "linalg.polar", "linalg.matrix_sqrth"))  # torch 2.14: an SVD and an eigh underneath
 
 
 def excluded(name: str) -> str | None:
