@@ -1,4 +1,4 @@
-"""Decomposition of scaled_dot_product_attention's CPU backward into matmuls and a softmax.
+"""Decompositions of scaled_dot_product_attention's CPU forward and backward into matmuls and a softmax.
 
 On CPU, ``F.scaled_dot_product_attention`` reaches AOTAutograd as
 ``_scaled_dot_product_flash_attention_for_cpu``: its forward decomposes to the math path (bmm,
@@ -7,6 +7,11 @@ softmax), but autograd records the fused ``..._backward`` op, which no NeuronCor
 :func:`sdpa_flash_cpu_backward` recomputes the probabilities from q, k, v (causal or additive/bool
 mask, scale) and applies the standard softmax-attention gradients in fp32, so both passes lower
 through the ordinary matmul / reduction / elementwise rules.
+
+The forward itself goes through torch's math decomposition, whose second output is the attention
+matrix where the op's schema promises the rows' logsumexp: :func:`sdpa_flash_cpu` keeps its output (the
+graph ``lowering/attention.py`` recognises) and computes the logsumexp apart, so a caller that reads it
+(the op called directly) gets eager's values and a graph that doesn't loses it to dead-code elimination.
 """
 
 from __future__ import annotations
@@ -22,6 +27,42 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
+def _scores(query: torch.Tensor, key: torch.Tensor, is_causal: bool, attn_mask: torch.Tensor | None,
+            scale: float | None) -> torch.Tensor:
+    """scale * q k^T (+ additive or bool mask, causal -inf) in fp32, key heads repeated for grouped queries."""
+    q, k = query.to(torch.float32), key.to(torch.float32)
+    rep = q.shape[1] // k.shape[1]
+    if rep != 1:  # grouped-query attention: share each key head across `rep` query heads
+        k = k.repeat_interleave(rep, dim=1)
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s
+    n_q, n_k = scores.shape[-2], scores.shape[-1]
+    if is_causal:
+        rows = torch.arange(n_q).unsqueeze(1)
+        cols = torch.arange(n_k).unsqueeze(0)
+        scores = torch.where(cols <= rows, scores, -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = torch.where(attn_mask, scores, -math.inf)
+        else:
+            scores = scores + attn_mask.to(torch.float32)
+    return scores
+
+
+def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
+                   is_causal: bool = False, *, attn_mask: torch.Tensor | None = None, scale: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, logsumexp): torch's math decomposition for the output; the fp32 logsumexp of every row's
+    scores beside it (0 for a row whose every score is -inf, as the CPU kernel gives)."""
+    math_path = torch._decomp.decomposition_table[aten._scaled_dot_product_flash_attention_for_cpu.default]
+    output, _ = math_path(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    scores = _scores(query, key, is_causal, attn_mask, scale)
+    top = scores.amax(dim=-1)
+    finite = torch.where(top == -math.inf, 0.0, top)
+    lse = torch.log(torch.exp(scores - finite.unsqueeze(-1)).sum(dim=-1)) + finite
+    return output, torch.where(top == -math.inf, 0.0, lse)
+
+
 def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             out: torch.Tensor, logsumexp: torch.Tensor, dropout_p: float, is_causal: bool, *,
                             attn_mask: torch.Tensor | None = None, scale: float | None = None
@@ -35,18 +76,7 @@ def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: to
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * s
-    n_q, n_k = scores.shape[-2], scores.shape[-1]
-    if is_causal:
-        rows = torch.arange(n_q).unsqueeze(1)
-        cols = torch.arange(n_k).unsqueeze(0)
-        scores = torch.where(cols <= rows, scores, -math.inf)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = torch.where(attn_mask, scores, -math.inf)
-        else:
-            scores = scores + attn_mask.to(torch.float32)
-    p = torch.softmax(scores, dim=-1)
+    p = torch.softmax(_scores(query, key, is_causal, attn_mask, scale), dim=-1)
     dv = torch.matmul(p.transpose(-2, -1), g)
     dp = torch.matmul(g, v.transpose(-2, -1))
     ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
@@ -60,5 +90,6 @@ def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: to
 
 
 ATTENTION: dict[Any, Callable[..., Any]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: sdpa_flash_cpu_backward,
 }
