@@ -2,7 +2,7 @@
 
 :mod:`neuron_compile.warm_start` rebuilds a whole Dynamo graph's callable from the cache without
 AOTAutograd, but Dynamo still captures the model's Python first: for a Hugging Face GPT-2 that is
-~5 s of a 5.5 s warm first call. torch 2.13 has a mechanism that skips it, "caching precompile"
+~5 s of a 5.5 s warm first call. torch 2.13 and 2.14 have a mechanism that skips it, "caching precompile"
 (``torch._dynamo.config.caching_precompile``, ``torch._dynamo.package``): each ``torch.compile``
 gets a ``CompilePackage`` that records, per compiled frame, Dynamo's transformed bytecode, its
 guards (pickled as ``GuardsState``), the sources it inlined (with checksums) and one
@@ -65,7 +65,7 @@ _scope = threading.local()
 _ORIGINAL: dict[str, Any] = {}
 # torch releases whose Dynamo internals the repairs here and in warm_guards were written against and tested with;
 # with any other torch a warm start takes the AOT path (always right, it just traces the frame again)
-VERIFIED_TORCH = ("2.13.",)
+VERIFIED_TORCH = ("2.13.", "2.14.")
 
 
 def supported(version: str | None = None) -> bool:

@@ -1,6 +1,6 @@
 """Identity guards a Dynamo package can carry to another process (what makes warm frames safe).
 
-torch 2.13's caching precompile (see :mod:`neuron_compile.warm_frames`) cannot serialize a guard on
+torch 2.13 and 2.14's caching precompile (see :mod:`neuron_compile.warm_frames`) cannot serialize a guard on
 an object's *identity* (``ID_MATCH`` and what derives from it: ``FUNCTION_MATCH``, ``CLASS_MATCH``,
 ``MODULE_MATCH``, ``BUILTIN_MATCH``, ``CLOSURE_MATCH``, a ``CONSTANT_MATCH`` on a code object, and
 ``NN_MODULE``, ``DICT_VERSION``, ``WEAKREF_ALIVE``): an ``id()`` means nothing in another process. So
@@ -60,7 +60,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# Guards torch 2.13 won't serialize (CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES).
+# Guards torch 2.13 and 2.14 won't serialize (the same set in both: CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES).
 _IDENTITY_TYPES = frozenset({"DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH",
                              "MODULE_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE"})
 _NEVER = frozenset({"DICT_VERSION", "WEAKREF_ALIVE", "NN_MODULE"})  # no fingerprint can stand for these

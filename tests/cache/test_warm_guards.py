@@ -209,8 +209,9 @@ def test_warm_frames_only_with_the_torch_they_were_verified_with():
     from neuron_compile import warm_frames
 
     assert warm_frames.supported("2.13.0+cpu") and warm_frames.supported("2.13.1")
-    assert not warm_frames.supported("2.14.0") and not warm_frames.supported("2.12.1+cpu")
-    assert warm_frames.supported() == torch.__version__.startswith("2.13.")
+    assert warm_frames.supported("2.14.1+cu130")
+    assert not warm_frames.supported("2.15.0") and not warm_frames.supported("2.12.1+cpu")
+    assert warm_frames.supported() == torch.__version__.startswith(("2.13.", "2.14."))
 
 
 def test_builtins_compile_without_a_package(cache_root: Path) -> None:
