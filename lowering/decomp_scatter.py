@@ -27,6 +27,8 @@ from neuron_compile.lowering.decomp_bag import BAG
 from neuron_compile.lowering.decomp_sort import SORT
 from neuron_compile.lowering.mathlib import NARROW_INTS
 
+from neuron_compile.simulator_limits import PMAX
+
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
@@ -97,8 +99,8 @@ ELEMENT_SCATTER_BREAK_EVEN = 1100
 
 def _element_wise_is_cheaper(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
     lines = index.numel() // max(index.shape[dim], 1)
-    tiles = -(-lines // 128)
-    return x.shape[dim] * tiles * 128 >= ELEMENT_SCATTER_BREAK_EVEN * lines
+    tiles = -(-lines // PMAX)
+    return x.shape[dim] * tiles * PMAX >= ELEMENT_SCATTER_BREAK_EVEN * lines
 
 
 def index_shared_by_lines(shape: Sequence[int], dim: int, index_shape: Sequence[int],
