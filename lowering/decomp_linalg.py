@@ -368,11 +368,12 @@ LINALG: dict[Any, Any] = {
 if hasattr(aten, "cholesky"):  # the deprecated torch.cholesky; torch 2.14 removed its ATen op
     LINALG[aten.cholesky.default] = cholesky
 
+# torch 2.14's polar decomposition and Hermitian matrix square root, and what each is underneath
+_BUILT_ON = {"linalg_polar": "an SVD", "linalg_matrix_sqrth": "an eigendecomposition"}
 ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default,
              aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_pinv.atol_rtol_tensor,
              aten.linalg_lstsq.default,
-             # torch 2.14's polar decomposition (an SVD) and Hermitian matrix square root (an eigh)
-             *(getattr(aten, name).default for name in ("linalg_polar", "linalg_matrix_sqrth") if hasattr(aten, name)))
+             *(getattr(aten, name).default for name in _BUILT_ON if hasattr(aten, name)))
 
 
 def _val(arg: Any) -> Any:
@@ -397,7 +398,9 @@ def linalg_problem(node: fx.Node) -> str | None:
 
 
 def _iterative(node: fx.Node) -> str:
-    return ("SVD, eigendecompositions (and polar / matrix_sqrth, built on them), LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
+    name = node.target.name().split("::")[-1].split(".")[0]
+    prefix = f"{name} is {_BUILT_ON[name]} underneath: " if name in _BUILT_ON else ""
+    return (prefix + "SVD, eigendecompositions, LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
             "compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
 
 
