@@ -77,6 +77,11 @@ class RuntimeExecutionError(NeuronCompileError):
     """A compiled graph failed while running its kernels."""
 
 
+class InputRangeError(RuntimeExecutionError, ValueError):
+    """A graph input holds values the NeuronCore dtype it runs in cannot represent (int64 beyond int32, float64
+    beyond float32's range): raised before any kernel runs, instead of a wrapped or infinite value."""
+
+
 class DistributedCompileError(NeuronCompileError):
     """A graph of a distributed job failed to compile on some rank; every rank raises this same error.
 

@@ -35,7 +35,12 @@ import numpy as np
 import torch
 
 from neuron_compile.config import config
-from neuron_compile.errors import NeuronCompileError, RuntimeExecutionError, device_check_error
+from neuron_compile.errors import (
+    InputRangeError,
+    NeuronCompileError,
+    RuntimeExecutionError,
+    device_check_error,
+)
 from neuron_compile.host_memory import numpy_view, torch_copy
 from neuron_compile.lowering.ir import Plan
 from neuron_compile.lowering.ops.random import draw
@@ -168,21 +173,23 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
                              str(getattr(nki, "__version__", "unknown")))
 
 
-def to_numpy(t: torch.Tensor, nki_dtype: str) -> np.ndarray:
-    """The host array a graph input is uploaded from. Reads the tensor's memory without
-    ``Tensor.numpy()``, which would make its storage non-resizable for good (FSDP2 resizes the storage
+def to_numpy(t: torch.Tensor, nki_dtype: str, what: str = "an input of the compiled graph") -> np.ndarray:
+    """The host array a graph input (described by ``what`` in errors) is uploaded from. Reads the tensor's memory
+    without ``Tensor.numpy()``, which would make its storage non-resizable for good (FSDP2 resizes the storage
     of unsharded parameters; see :mod:`neuron_compile.host_memory`)."""
     if t.dtype == torch.int64:
-        if t.numel() and (int(t.max()) > 2**31 - 1 or int(t.min()) < -(2**31)):
-            raise RuntimeExecutionError("an int64 input holds values outside int32, which NeuronCores cannot "
-                                        "represent; keep indices below 2**31")
+        lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 0)
+        if hi > 2**31 - 1 or lo < -(2**31):
+            raise InputRangeError(f"{what} holds values outside int32 (from {lo} to {hi}), which NeuronCores "
+                                  "cannot represent (int64 runs as int32 there); keep its values within "
+                                  "[-2**31, 2**31) or keep this computation on the host (outside the compiled region)")
         return numpy_view(t.to(torch.int32))
     if t.dtype == torch.float64:
         narrow = t.to(torch.float32)
         if t.numel() and bool((narrow.isinf() & t.isfinite()).any()):
-            raise RuntimeExecutionError("a float64 input holds finite values beyond float32's range (|x| > 3.4e38), "
-                                        "which become inf in the float32 the NeuronCores compute in; scale them "
-                                        "into range or keep this computation on the host")
+            raise InputRangeError(f"{what} holds finite values beyond float32's range (|x| > 3.4e38), "
+                                  "which become inf in the float32 the NeuronCores compute in; scale them "
+                                  "into range or keep this computation on the host (outside the compiled region)")
         return numpy_view(narrow)
     return numpy_view(t)
 
@@ -266,7 +273,8 @@ class CompiledGraph:
                 # expects column-major): lay the data out exactly that way, not merely contiguously.
                 t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype).copy_(t)
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
-            bufs[b] = device.upload(to_numpy(flat, ref.dtype))
+            what = f"the {str(t.dtype).removeprefix('torch.')}{list(t.shape)} input of the compiled graph (its input {ref.index})"
+            bufs[b] = device.upload(to_numpy(flat, ref.dtype, what))
         return bufs
 
     def _check(self, bufs: list[np.ndarray | None]) -> None:

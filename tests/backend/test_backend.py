@@ -262,13 +262,30 @@ def test_float64_runs_as_float32_with_warning():
 def test_float64_input_beyond_float32_range_raises_instead_of_becoming_inf():
     """float64 runs as float32: an input value past float32's range would silently become inf, so it raises (as an
     int64 input past int32 does); infinities, NaN and values in range go through."""
-    from neuron_compile.errors import RuntimeExecutionError
+    from neuron_compile.errors import InputRangeError
 
     f = torch.compile(lambda x: x * 0.5, backend="neuron", dynamic=False)
-    with pytest.raises(RuntimeExecutionError, match=r"finite values beyond float32's range \(\|x\| > 3\.4e38\)"):
+    with pytest.raises(InputRangeError, match=r"^the float64\[2\] input of the compiled graph \(its input 0\) "
+                       r"holds finite values beyond float32's range \(\|x\| > 3\.4e38\)"):
         f(torch.tensor([1.0, 1e300], dtype=torch.float64))
     edge = torch.tensor([3.0e38, float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
     torch.testing.assert_close(f(edge), edge * 0.5, rtol=1e-6, atol=0, equal_nan=True)
+
+
+def test_int64_input_beyond_int32_raises_naming_the_input_and_its_range():
+    """int64 runs as int32 on a NeuronCore: an input value outside int32 (OpInfo's abs samples hold int64 extremes)
+    raises before any kernel runs, naming the input and the values, instead of wrapping; int32's own extremes pass."""
+    from neuron_compile.errors import InputRangeError
+
+    f = torch.compile(lambda i, x: (x.abs(), i.abs() + x.shape[0]), backend="neuron", dynamic=False)
+    small = torch.tensor([-3, 7], dtype=torch.int64)
+    extremes = torch.tensor([[-16777217, -8589934599, -(2**63) + 1]], dtype=torch.int64)
+    with pytest.raises(InputRangeError, match=r"^the int64\[1, 3\] input of the compiled graph \(its input \d\) "
+                       r"holds values outside int32 \(from -9223372036854775807 to -16777217\)"):
+        f(small, extremes)
+    edge = torch.tensor([[-(2**31) + 1, 2**31 - 1, 0]], dtype=torch.int64)
+    got = f(small, edge)
+    assert got[0].tolist() == edge.abs().tolist() and got[1].tolist() == [4, 8]
 
 
 def test_bfloat16_softmax_one_kernel():

@@ -5,7 +5,8 @@ Used by ``tests/opinfo/test_opinfo.py`` (one op per test) and as the full sweep:
 (``--grad`` compares gradients too; ``--reference`` takes OpInfo's reference inputs beyond the sample inputs)
 
 Each op's first K sample inputs are compiled as a one-op function and compared with eager:
-``pass`` (every sample matches), ``refused`` (an UnsupportedOpError/DynamicShapeError names the op),
+``pass`` (every sample matches), ``refused`` (an UnsupportedOpError/DynamicShapeError names the op, or an
+InputRangeError names an input whose values the NeuronCore dtype can't hold),
 ``crash`` (any other exception), ``wrong`` (a result differs from eager). Ops run in worker
 processes so a crash or a hang in one op cannot stop the sweep.
 """
@@ -92,7 +93,7 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
 
     import neuron_compile  # noqa: F401
     from neuron_compile.config import config
-    from neuron_compile.errors import DynamicShapeError, UnsupportedOpError
+    from neuron_compile.errors import DynamicShapeError, InputRangeError, UnsupportedOpError
 
     warnings.filterwarnings("ignore")
     torch._dynamo.config.cache_size_limit = 64
@@ -159,6 +160,9 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
                     actual = (actual, _grads(actual, ours))
             except (UnsupportedOpError, DynamicShapeError) as exc:
                 result.update(status="refused", detail=str(exc).splitlines()[1:2] or str(exc)[:200])
+                return result
+            except InputRangeError as exc:  # a sample value the NeuronCore dtype can't hold (int64 past int32)
+                result.update(status="refused", detail=f"input range: {str(exc)[:200]}")
                 return result
             except Exception as exc:
                 tb = traceback.format_exc().strip().splitlines()
