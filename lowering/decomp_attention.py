@@ -27,14 +27,16 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
-def _scores(query: torch.Tensor, key: torch.Tensor, is_causal: bool, attn_mask: torch.Tensor | None,
-            scale: float | None) -> torch.Tensor:
-    """scale * q k^T (+ additive or bool mask, causal -inf) in fp32, key heads repeated for grouped queries."""
-    q, k = query.to(torch.float32), key.to(torch.float32)
-    rep = q.shape[1] // k.shape[1]
-    if rep != 1:  # grouped-query attention: share each key head across `rep` query heads
-        k = k.repeat_interleave(rep, dim=1)
-    s = q.shape[-1] ** -0.5 if scale is None else scale
+def _fp32_heads(query: torch.Tensor, *kv: torch.Tensor) -> tuple[Any, ...]:
+    """(rep, q, *kv) in fp32, each key/value head repeated across the `rep` query heads that share it (GQA)."""
+    rep = query.shape[1] // kv[0].shape[1]
+    grouped = (t.to(torch.float32) for t in kv)
+    return rep, query.to(torch.float32), *(t.repeat_interleave(rep, dim=1) if rep != 1 else t for t in grouped)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, s: float, is_causal: bool, attn_mask: torch.Tensor | None
+            ) -> torch.Tensor:
+    """s * q k^T (+ additive or bool mask, causal -inf) of fp32 q and k with as many heads."""
     scores = torch.matmul(q, k.transpose(-2, -1)) * s
     n_q, n_k = scores.shape[-2], scores.shape[-1]
     if is_causal:
@@ -56,7 +58,8 @@ def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     scores beside it (0 for a row whose every score is -inf, as the CPU kernel gives)."""
     math_path = torch._decomp.decomposition_table[aten._scaled_dot_product_flash_attention_for_cpu.default]
     output, _ = math_path(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    scores = _scores(query, key, is_causal, attn_mask, scale)
+    _, q, k = _fp32_heads(query, key)
+    scores = _scores(q, k, query.shape[-1] ** -0.5 if scale is None else scale, is_causal, attn_mask)
     top = scores.amax(dim=-1)
     finite = torch.where(top == -math.inf, 0.0, top)
     lse = torch.log(torch.exp(scores - finite.unsqueeze(-1)).sum(dim=-1)) + finite
@@ -70,13 +73,10 @@ def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: to
     """(dq, dk, dv) of softmax(q k^T * scale + mask) v, recomputing the probabilities (dropout_p must be 0)."""
     torch._check(dropout_p == 0.0, lambda: "scaled_dot_product_attention backward with dropout is not supported")
     dtype = query.dtype
-    q, k, v, g = (t.to(torch.float32) for t in (query, key, value, grad_out))
-    rep = q.shape[1] // k.shape[1]
-    if rep != 1:  # grouped-query attention: share each key/value head across `rep` query heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
+    rep, q, k, v = _fp32_heads(query, key, value)
+    g = grad_out.to(torch.float32)
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    p = torch.softmax(_scores(query, key, is_causal, attn_mask, scale), dim=-1)
+    p = torch.softmax(_scores(q, k, s, is_causal, attn_mask), dim=-1)
     dv = torch.matmul(p.transpose(-2, -1), g)
     dp = torch.matmul(g, v.transpose(-2, -1))
     ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))

@@ -173,21 +173,22 @@ def _load_one(name: str, src: str, executor: str) -> Callable[..., Any]:
                              str(getattr(nki, "__version__", "unknown")))
 
 
-def to_numpy(t: torch.Tensor, nki_dtype: str, what: str = "an input of the compiled graph") -> np.ndarray:
-    """The host array a graph input (described by ``what`` in errors) is uploaded from. Reads the tensor's memory
+def to_numpy(t: torch.Tensor, nki_dtype: str, what: Callable[[], str] = lambda: "an input of the compiled graph"
+             ) -> np.ndarray:
+    """The host array a graph input (``what()`` describes it in errors) is uploaded from. Reads the tensor's memory
     without ``Tensor.numpy()``, which would make its storage non-resizable for good (FSDP2 resizes the storage
     of unsharded parameters; see :mod:`neuron_compile.host_memory`)."""
     if t.dtype == torch.int64:
         lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 0)
         if hi > 2**31 - 1 or lo < -(2**31):
-            raise InputRangeError(f"{what} holds values outside int32 (from {lo} to {hi}), which NeuronCores "
+            raise InputRangeError(f"{what()} holds values outside int32 (from {lo} to {hi}), which NeuronCores "
                                   "cannot represent (int64 runs as int32 there); keep its values within "
                                   "[-2**31, 2**31) or keep this computation on the host (outside the compiled region)")
         return numpy_view(t.to(torch.int32))
     if t.dtype == torch.float64:
         narrow = t.to(torch.float32)
         if t.numel() and bool((narrow.isinf() & t.isfinite()).any()):
-            raise InputRangeError(f"{what} holds finite values beyond float32's range (|x| > 3.4e38), "
+            raise InputRangeError(f"{what()} holds finite values beyond float32's range (|x| > 3.4e38), "
                                   "which become inf in the float32 the NeuronCores compute in; scale them "
                                   "into range or keep this computation on the host (outside the compiled region)")
         return numpy_view(narrow)
@@ -273,8 +274,8 @@ class CompiledGraph:
                 # expects column-major): lay the data out exactly that way, not merely contiguously.
                 t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype).copy_(t)
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
-            what = f"the {str(t.dtype).removeprefix('torch.')}{list(t.shape)} input of the compiled graph (its input {ref.index})"
-            bufs[b] = device.upload(to_numpy(flat, ref.dtype, what))
+            bufs[b] = device.upload(to_numpy(flat, ref.dtype, lambda t=t, i=ref.index: (
+                f"the {str(t.dtype).removeprefix('torch.')}{list(t.shape)} input of the compiled graph (its input {i})")))
         return bufs
 
     def _check(self, bufs: list[np.ndarray | None]) -> None:
