@@ -21,14 +21,14 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
-from neuron_compile.lowering.graph_checks import insert_index_checks
+from neuron_compile.lowering.graph_checks import insert_division_checks, insert_index_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import (
     embedding_of_arange_to_slice,
     mlp_hidden_feature_major,
     split_full_reductions,
 )
-from neuron_compile.lowering.intmath import is_int_compute
+from neuron_compile.lowering.intmath import convert_wide_int_operands, is_int_compute
 from neuron_compile.lowering.ir import (
     Access,
     ArgSpec,
@@ -80,6 +80,8 @@ class GraphLowering:
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
         self.gm = insert_index_checks(self.gm)  # out-of-range indices raise like eager (device-side flags)
+        self.gm = insert_division_checks(self.gm)  # so does an integer division by zero
+        self.gm = convert_wide_int_operands(self.gm)  # int8 > tensor(300) compares with 44, as torch does
         self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)

@@ -1,10 +1,13 @@
-"""Insert device-side bounds checks before every indexing op (eager raises IndexError for a bad index).
+"""Insert device-side checks where eager raises on a bad value: indexing and integer division.
 
 Input: an ATen FX graph; output: a copy in which each gather/scatter-like node is preceded by
-``_assert_async(all(lo <= idx < hi), "index out of range ...")``. The check is one small reduction
-over the index tensor (often fused with the index's producer); :mod:`lowering.ops.checks` turns the
-assertion into a flag the runner reads after the kernels. Indices are never clamped or wrapped
-silently: an out-of-range index raises :class:`~neuron_compile.errors.IndexOutOfRangeError`.
+``_assert_async(all(lo <= idx < hi), "index out of range ...")``, and each integer division (``//``, ``%``,
+``fmod``, ``div(rounding_mode=...)``) by ``_assert_async(all(divisor != 0), "ZeroDivisionError ...")``. A
+check is one small reduction over the index or divisor tensor (often fused with its producer);
+:mod:`lowering.ops.checks` turns the assertion into a flag the runner reads after the kernels. Nothing is
+clamped or wrapped silently: an out-of-range index raises :class:`~neuron_compile.errors.IndexOutOfRangeError`
+(an ``IndexError``), an integer division by zero :class:`~neuron_compile.errors.DeviceAssertionError` (a
+``RuntimeError`` saying ``ZeroDivisionError``, as eager's).
 """
 
 from __future__ import annotations
@@ -60,6 +63,51 @@ def _provably_in_range(idx: Any, lo: int, size: int) -> bool:
         idx = idx.args[0]
     rng = _arange_range(idx)
     return rng is not None and lo <= rng[0] and rng[1] <= size
+
+
+# integer divisions eager refuses with "RuntimeError: ZeroDivisionError": the divisor is args[1]
+INT_DIVISIONS = (aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default, aten.floor_divide.Scalar,
+                 aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, aten.fmod.Tensor,
+                 aten.fmod.Scalar)
+ZERO_DIVISION = "ZeroDivisionError"
+
+
+def insert_division_checks(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with a check before each integer division that its divisor holds no 0 (changed in place).
+
+    The NeuronCore's integer division by zero gives a value, not an error; eager raises. A divisor that is a
+    number is checked here: 0 makes the check a constant ``False``, which fails the compile as eager fails
+    every call; any other number needs no check."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        out = _val(node)
+        if node.op != "call_function" or node.target not in INT_DIVISIONS or out is None or out.dtype == torch.bool \
+                or out.dtype.is_floating_point or out.dtype.is_complex or not out.numel():
+            continue
+        div = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
+        dv = _val(div)
+        if isinstance(div, fx.Node) and (dv is None or not dv.numel()):
+            continue
+        if not isinstance(div, fx.Node) and div != 0:
+            continue
+        where = str(node.target).split(".")[1] if "." in str(node.target) else str(node.target)
+        msg = f"{ZERO_DIVISION}: integer division by zero in aten.{where} (the divisor holds a 0)"
+        trace = node.meta.get("stack_trace")
+        with gm.graph.inserting_before(node):
+            if isinstance(div, fx.Node):
+                ne = gm.graph.call_function(aten.ne.Scalar, (div, 0))
+                ne.meta = {"val": torch.empty(tuple(dv.shape), dtype=torch.bool, device="meta"), "stack_trace": trace}
+                ok: Any = gm.graph.call_function(aten.all.default, (ne,))
+                ok.meta = {"val": torch.empty((), dtype=torch.bool, device="meta"), "stack_trace": trace}
+            else:
+                ok = False
+            check = gm.graph.call_function(aten._assert_async.msg, (ok, msg))
+            check.meta = {"stack_trace": trace}
+        count += 1
+    if count:
+        gm.recompile()
+        log.debug("inserted zero-divisor checks before %d integer division(s)", count)
+    return gm
 
 
 def insert_index_checks(gm: fx.GraphModule) -> fx.GraphModule:

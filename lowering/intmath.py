@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+NARROW = (torch.int8, torch.uint8, torch.int16)  # integers torch converts a scalar operand to before computing
+# ... which only ring operations may skip: their low 8/16 bits don't depend on whether the scalar wrapped first
+_RING = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"))
 # Ops whose compute dtype is their input's, not their output's (the output is an index).
 _INDEX_OUT = (aten.argmax.default, aten.argmin.default)
 _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
@@ -71,16 +74,25 @@ def int_refusal(op: str, dtype: torch.dtype | None, why: str, fix: str) -> str:
     return f"{op} on {dtype} is not supported: {why}; {fix}"
 
 
-def int_scalars_in_range(node: fx.Node) -> str | None:
+def int_scalars_in_range(node: fx.Node, narrow: bool = False) -> str | None:
     """A refusal when ``node`` computes in integers and one of its scalar operands (a value, a fill) is outside
-    int32: NeuronCores hold integers as int32, so the constant itself can't be represented."""
+    int32: NeuronCores hold integers as int32, so the constant itself can't be represented. With ``narrow`` (the
+    scalar is an operand of an elementwise op) it must also fit an int8/uint8/int16 operand's own dtype: torch
+    converts it to that dtype first (300 becomes 44 in ``int8 == 300``, ``clamp`` raises), where int32 keeps it."""
     if not is_int_compute(node):
         return None
     dtype = dtype_of(node)
     if dtype == torch.bool:  # a comparison: name its integer operand's dtype
         dtype = next((dtype_of(a) for a in node.args if isinstance(a, fx.Node)), dtype)
+    lo, hi, name = -(2**31), 2**31 - 1, "int32"
+    if narrow and dtype in NARROW and node.target.name().split("::")[-1].split(".")[0] not in _RING:
+        lo, hi, name = torch.iinfo(dtype).min, torch.iinfo(dtype).max, str(dtype).removeprefix("torch.")
     for a in list(node.args) + list(node.kwargs.values()):
-        if isinstance(a, (int, float)) and not isinstance(a, bool) and not -(2**31) <= a < 2**31:
+        if isinstance(a, (int, float)) and not isinstance(a, bool) and not lo <= a <= hi:
+            if name != "int32":
+                return int_refusal(str(node.target), dtype, f"the integer scalar {a} is outside {name}, which torch "
+                                   f"converts it to first (wrapping it, or raising an overflow error)",
+                                   f"use a constant within {name}, or cast the tensor to int32 first")
             return int_refusal(str(node.target), dtype, f"the integer scalar {a} is outside int32, the range "
                                "NeuronCores compute integers in", "keep integer constants below 2**31")
     return None
@@ -96,3 +108,53 @@ def no_int(op: str, why: str, fix: str = "cast to float first (x.float()) if fp3
         return None
 
     return check
+
+
+def _holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
+    """Whether every value of integer dtype ``wide`` is a value of ``narrow`` too."""
+    a, b = torch.iinfo(wide), torch.iinfo(narrow)
+    return b.min <= a.min and a.max <= b.max
+
+
+def convert_wide_int_operands(gm: fx.GraphModule) -> fx.GraphModule:
+    """Convert an elementwise op's wider integer operands to its int8/uint8/int16 compute dtype first, in place.
+
+    Only a 0-d tensor is left wider by torch's promotion (``int8 > torch.tensor(300)`` compares in int8); torch
+    converts its value (300 becomes 44) before computing, where int32 tiles would keep 300. The conversion is an
+    explicit ``convert_element_type`` node, which wraps as torch does."""
+    from neuron_compile.lowering.registry import lookup
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not is_int_compute(node):
+            continue
+        rule = lookup(node.target)
+        if rule is None or rule.family != "elementwise":
+            continue
+        vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        if not tensors or any(v.dtype.is_floating_point or v.dtype.is_complex for v in tensors):
+            continue
+        try:
+            dtype = elementwise_dtypes(*[v for v in vals if isinstance(v, (torch.Tensor, int))],
+                                       type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if dtype not in NARROW:
+            continue
+        args = list(node.args)
+        for i, a in enumerate(args):
+            v = vals[i]
+            if not isinstance(v, torch.Tensor) or v.dtype == torch.bool or v.dtype == dtype or _holds(v.dtype, dtype):
+                continue
+            with gm.graph.inserting_before(node):
+                conv = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (a, dtype))
+            conv.meta = {"val": v.to(dtype), "stack_trace": node.meta.get("stack_trace")}
+            args[i] = conv
+            count += 1
+        node.args = tuple(args)
+    if count:
+        gm.recompile()
+        log.debug("converted %d wider integer operand(s) to their op's 8/16-bit dtype", count)
+    return gm

@@ -144,7 +144,7 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return (why(node) if why is not None else None) or "no lowering rule"
     why = rule.check(node) if rule.check is not None else None
     if why is None and rule.family in _VALUE_SCALARS:
-        why = int_scalars_in_range(node)
+        why = int_scalars_in_range(node, narrow=rule.family == "elementwise")
     return why
 
 

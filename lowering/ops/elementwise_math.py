@@ -376,8 +376,10 @@ def _int_operands(b: ProgramBuilder, x: Any, y: Any) -> tuple[TileVal, TileVal]:
 
 
 def _int_div_check(node: fx.Node) -> str | None:
+    """Narrow integer quotients are refused (``-128 // -1`` wraps in torch); remainders always fit the dtype."""
     d = dtype_of(node)
-    if d in (torch.int8, torch.int16, torch.uint8):
+    remainder = "fmod" in str(node.target) or "remainder" in str(node.target)
+    if d in (torch.int8, torch.int16, torch.uint8) and not remainder:
         return int_refusal(str(node.target), d, "results are computed in int32, torch wraps at 8/16 bits",
                            "compute in int32/int64")
     return None
