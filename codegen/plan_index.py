@@ -56,7 +56,7 @@ def copy_plan(k: CopyKernel) -> dict[str, Any]:
         tail = list(range(max(n - 2, 0), n))
         copies.append({"loops": _loops([space[i] for i in loops]), "src_arg": src_arg, "dst_out": dst_out,
                        "src": _copy_access(src, space, loops, tail), "dst": _copy_access(dst, space, loops, tail)})
-    return {"copies": copies}
+    return {"copies": copies, "src_dtype": k.src_dtype}
 
 
 def _itemsize(dtype: str) -> int:

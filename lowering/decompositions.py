@@ -353,11 +353,13 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     for op, fn in _foreach_table().items():
         table.setdefault(op, fn)
     from neuron_compile.lowering.decomp_attention import ATTENTION
+    from neuron_compile.lowering.decomp_bits import BITS
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_nn import NN
     from neuron_compile.lowering.decomp_special import SPECIAL
 
     table.update(ATTENTION)
+    table.update(BITS)
     table.update(NN)
     table.update(INDEX)
     table.update(SPECIAL)

@@ -21,7 +21,7 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
-from neuron_compile.lowering.graph_checks import insert_division_checks, insert_index_checks
+from neuron_compile.lowering.graph_checks import insert_device_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import (
     embedding_of_arange_to_slice,
@@ -79,8 +79,8 @@ class GraphLowering:
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self) -> Plan:
-        self.gm = insert_index_checks(self.gm)  # out-of-range indices raise like eager (device-side flags)
-        self.gm = insert_division_checks(self.gm)  # so does an integer division by zero
+        # out-of-range indices and integer division by zero raise like eager (device-side flags)
+        self.gm = insert_device_checks(self.gm)
         self.gm = convert_wide_int_operands(self.gm)  # int8 > tensor(300) compares with 44, as torch does
         self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
@@ -219,8 +219,10 @@ class GraphLowering:
         self.emit_copy(f"k{kernel_index}_copy", [(src, dst)], [out_buf], ("aten.clone.default",))
         return dst
 
-    def emit_copy(self, name: str, pairs: list[tuple[View, View]], results: list[int], source_ops: tuple[str, ...]) -> None:
-        """One CopyKernel doing HBM->HBM DMAs; ``pairs`` are (src view, dst view) of equal shape."""
+    def emit_copy(self, name: str, pairs: list[tuple[View, View]], results: list[int], source_ops: tuple[str, ...],
+                  src_dtype: str = "") -> None:
+        """One CopyKernel doing HBM->HBM DMAs; ``pairs`` are (src view, dst view) of equal shape (``src_dtype``: the
+        sources' bytes read as that dtype, a bitcast)."""
         args: list[int] = []
         copies = []
         for src, dst in pairs:
@@ -237,7 +239,7 @@ class GraphLowering:
                            canon.space))
         kernel = CopyKernel(name, "copy", tuple(ArgSpec(self.buffers[b].numel, self.buffers[b].dtype) for b in args),
                             tuple(ArgSpec(self.buffers[b].numel, self.buffers[b].dtype) for b in results),
-                            tuple(copies), source_ops)
+                            tuple(copies), source_ops, src_dtype)
         self.kernels.append(kernel)
         self.calls.append(KernelCall(len(self.kernels) - 1, tuple(args), tuple(results)))
 

@@ -70,80 +70,84 @@ INT_DIVISIONS = (aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.d
                  aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, aten.fmod.Tensor,
                  aten.fmod.Scalar)
 ZERO_DIVISION = "ZeroDivisionError"
+CHECKED = "neuron_checked"  # node.meta key: the node's checks are in the graph already (lowering.decomp_cond)
 
 
-def insert_division_checks(gm: fx.GraphModule) -> fx.GraphModule:
-    """``gm`` with a check before each integer division that its divisor holds no 0 (changed in place).
+def _op_name(node: fx.Node) -> str:
+    return str(node.target).split(".")[1] if "." in str(node.target) else str(node.target)
+
+
+def _meta(node: fx.Node, shape: tuple[int, ...], trace: Any) -> fx.Node:
+    node.meta = {"val": torch.empty(shape, dtype=torch.bool, device="meta"), "stack_trace": trace}
+    return node
+
+
+def _assert(graph: fx.Graph, ok: Any, msg: str, trace: Any) -> fx.Node:
+    check = graph.call_function(aten._assert_async.msg, (ok, msg))
+    check.meta = {"stack_trace": trace}
+    return check
+
+
+def division_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
+    """The check, inserted before ``node`` if it is an integer division, that its divisor holds no 0.
 
     The NeuronCore's integer division by zero gives a value, not an error; eager raises. A divisor that is a
     number is checked here: 0 makes the check a constant ``False``, which fails the compile as eager fails
     every call; any other number needs no check."""
-    count = 0
-    for node in list(gm.graph.nodes):
-        out = _val(node)
-        if node.op != "call_function" or node.target not in INT_DIVISIONS or out is None or out.dtype == torch.bool \
-                or out.dtype.is_floating_point or out.dtype.is_complex or not out.numel():
-            continue
-        div = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
-        dv = _val(div)
-        if isinstance(div, fx.Node) and (dv is None or not dv.numel()):
-            continue
-        if not isinstance(div, fx.Node) and div != 0:
-            continue
-        where = str(node.target).split(".")[1] if "." in str(node.target) else str(node.target)
-        msg = f"{ZERO_DIVISION}: integer division by zero in aten.{where} (the divisor holds a 0)"
-        trace = node.meta.get("stack_trace")
-        with gm.graph.inserting_before(node):
-            if isinstance(div, fx.Node):
-                ne = gm.graph.call_function(aten.ne.Scalar, (div, 0))
-                ne.meta = {"val": torch.empty(tuple(dv.shape), dtype=torch.bool, device="meta"), "stack_trace": trace}
-                ok: Any = gm.graph.call_function(aten.all.default, (ne,))
-                ok.meta = {"val": torch.empty((), dtype=torch.bool, device="meta"), "stack_trace": trace}
-            else:
-                ok = False
-            check = gm.graph.call_function(aten._assert_async.msg, (ok, msg))
-            check.meta = {"stack_trace": trace}
-        count += 1
-    if count:
-        gm.recompile()
-        log.debug("inserted zero-divisor checks before %d integer division(s)", count)
-    return gm
+    out = _val(node)
+    if node.op != "call_function" or node.target not in INT_DIVISIONS or out is None or out.dtype == torch.bool \
+            or out.dtype.is_floating_point or out.dtype.is_complex or not out.numel() or node.meta.get(CHECKED):
+        return []
+    div = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
+    dv = _val(div)
+    if isinstance(div, fx.Node) and (dv is None or not dv.numel()) or not isinstance(div, fx.Node) and div != 0:
+        return []
+    msg = f"{ZERO_DIVISION}: integer division by zero in aten.{_op_name(node)} (the divisor holds a 0)"
+    trace = node.meta.get("stack_trace")
+    with graph.inserting_before(node):
+        ok: Any = False
+        if isinstance(div, fx.Node):
+            ne = _meta(graph.call_function(aten.ne.Scalar, (div, 0)), tuple(dv.shape), trace)
+            ok = _meta(graph.call_function(aten.all.default, (ne,)), (), trace)
+        return [_assert(graph, ok, msg, trace)]
 
 
-def insert_index_checks(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` with a bounds check before each indexing node (``gm`` if there is none)."""
-    todo = [(n, list(index_operands(n))) for n in gm.graph.nodes if n.op == "call_function"]
-    todo = [(n, [(i, size, neg) for i, size, neg in ops
-                 if isinstance(i, fx.Node) and _val(i) is not None and _val(i).numel()
-                 and not _provably_in_range(i, -size if neg else 0, size)]) for n, ops in todo]
-    todo = [(n, ops) for n, ops in todo if ops]
-    if not todo:
-        return gm
+def index_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
+    """The bounds checks, inserted before ``node``, of each of its index tensors not provably in range."""
+    if node.op != "call_function" or node.meta.get(CHECKED):
+        return []
+    checks = []
+    trace = node.meta.get("stack_trace")
+    for idx, size, negative in index_operands(node):
+        iv = _val(idx)
+        lo = -size if negative else 0
+        if not isinstance(idx, fx.Node) or iv is None or not iv.numel() or _provably_in_range(idx, lo, size):
+            continue
+        shape = tuple(iv.shape)
+        with graph.inserting_before(node):
+            ge = _meta(graph.call_function(aten.ge.Scalar, (idx, lo)), shape, trace)
+            lt = _meta(graph.call_function(aten.lt.Scalar, (idx, size)), shape, trace)
+            ok = _meta(graph.call_function(aten.logical_and.default, (ge, lt)), shape, trace)
+            every = _meta(graph.call_function(aten.all.default, (ok,)), (), trace)
+            msg = (f"{INDEX_PREFIX} in aten.{_op_name(node)}: an index is outside [{lo}, {size}) for a dimension "
+                   f"of size {size}")
+            checks.append(_assert(graph, every, msg, trace))
+    return checks
+
+
+def device_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
+    """Every check of ``node`` (bounds, zero divisor), inserted before it; ``node`` is marked as checked."""
+    checks = index_checks(graph, node) + division_checks(graph, node)
+    node.meta[CHECKED] = True
+    return checks
+
+
+def insert_device_checks(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with the checks of every indexing op and integer division before it (``gm`` if none)."""
     graph = fx.Graph()
-    remap: dict[fx.Node, fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, remap))
-    for old, ops in todo:
-        node = remap[old]
-        for idx_old, size, negative in ops:
-            idx = remap.get(idx_old, idx_old)
-            iv = _val(idx)
-            if iv is None or not iv.numel():
-                continue
-            lo = -size if negative else 0
-            with graph.inserting_before(node):
-                ge = graph.call_function(aten.ge.Scalar, (idx, lo))
-                lt = graph.call_function(aten.lt.Scalar, (idx, size))
-                ok = graph.call_function(aten.logical_and.default, (ge, lt))
-                every = graph.call_function(aten.all.default, (ok,))
-                what = f"{str(old.target).split('.')[1] if '.' in str(old.target) else old.target}"
-                msg = (f"{INDEX_PREFIX} in aten.{what}: an index is outside [{lo}, {size}) for a dimension of "
-                       f"size {size}")
-                check = graph.call_function(aten._assert_async.msg, (every, msg))
-            for n in (ge, lt, ok):
-                n.meta = {"val": torch.empty(tuple(iv.shape), dtype=torch.bool, device="meta"),
-                          "stack_trace": old.meta.get("stack_trace")}
-            every.meta = {"val": torch.empty((), dtype=torch.bool, device="meta"),
-                          "stack_trace": old.meta.get("stack_trace")}
-            check.meta = {"stack_trace": old.meta.get("stack_trace")}
-    log.debug("inserted bounds checks before %d indexing op(s)", len(todo))
+    graph.output(graph.graph_copy(gm.graph, {}))
+    count = sum(len(device_checks(graph, node)) for node in list(graph.nodes))
+    if not count:
+        return gm
+    log.debug("inserted %d device-side check(s)", count)
     return fx.GraphModule(gm, graph)

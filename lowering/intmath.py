@@ -116,45 +116,53 @@ def _holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
     return b.min <= a.min and a.max <= b.max
 
 
+def _wide_operands(node: fx.Node) -> tuple[torch.dtype, list[int]] | None:
+    """``(compute dtype, positions)`` of an 8/16-bit elementwise op's integer operands torch narrows first."""
+    from neuron_compile.lowering.registry import lookup
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    if node.op != "call_function" or not is_int_compute(node):
+        return None
+    rule = lookup(node.target)
+    if rule is None or rule.family != "elementwise":
+        return None
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if not tensors or any(v.dtype.is_floating_point or v.dtype.is_complex for v in tensors):
+        return None
+    try:
+        dtype = elementwise_dtypes(*[v for v in vals if isinstance(v, (torch.Tensor, int))],
+                                   type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if dtype not in NARROW:
+        return None
+    wide = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor) and v.dtype not in (torch.bool, dtype)
+            and not _holds(v.dtype, dtype)]
+    return (dtype, wide) if wide else None
+
+
 def convert_wide_int_operands(gm: fx.GraphModule) -> fx.GraphModule:
-    """Convert an elementwise op's wider integer operands to its int8/uint8/int16 compute dtype first, in place.
+    """A copy of ``gm`` (``gm`` if nothing changes) in which an elementwise op's wider integer operands are
+    converted to its int8/uint8/int16 compute dtype first.
 
     Only a 0-d tensor is left wider by torch's promotion (``int8 > torch.tensor(300)`` compares in int8); torch
     converts its value (300 becomes 44) before computing, where int32 tiles would keep 300. The conversion is an
     explicit ``convert_element_type`` node, which wraps as torch does."""
-    from neuron_compile.lowering.registry import lookup
-    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not is_int_compute(node):
+    if not any(_wide_operands(n) for n in gm.graph.nodes):
+        return gm
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in list(graph.nodes):
+        found = _wide_operands(node)
+        if found is None:
             continue
-        rule = lookup(node.target)
-        if rule is None or rule.family != "elementwise":
-            continue
-        vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
-        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
-        if not tensors or any(v.dtype.is_floating_point or v.dtype.is_complex for v in tensors):
-            continue
-        try:
-            dtype = elementwise_dtypes(*[v for v in vals if isinstance(v, (torch.Tensor, int))],
-                                       type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
-        except (TypeError, ValueError, RuntimeError):
-            continue
-        if dtype not in NARROW:
-            continue
+        dtype, wide = found
         args = list(node.args)
-        for i, a in enumerate(args):
-            v = vals[i]
-            if not isinstance(v, torch.Tensor) or v.dtype == torch.bool or v.dtype == dtype or _holds(v.dtype, dtype):
-                continue
-            with gm.graph.inserting_before(node):
-                conv = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (a, dtype))
-            conv.meta = {"val": v.to(dtype), "stack_trace": node.meta.get("stack_trace")}
+        for i in wide:
+            with graph.inserting_before(node):
+                conv = graph.call_function(torch.ops.prims.convert_element_type.default, (args[i], dtype))
+            conv.meta = {"val": args[i].meta["val"].to(dtype), "stack_trace": node.meta.get("stack_trace")}
             args[i] = conv
-            count += 1
         node.args = tuple(args)
-    if count:
-        gm.recompile()
-        log.debug("converted %d wider integer operand(s) to their op's 8/16-bit dtype", count)
-    return gm
+    return fx.GraphModule(gm, graph)

@@ -68,6 +68,7 @@ class CopyKernel:
     outputs: tuple[ArgSpec, ...]
     copies: tuple[tuple[int, Access, int, Access, tuple[int, ...]], ...]  # (src_arg, src, dst_out, dst, space)
     source_ops: tuple[str, ...] = ()
+    src_dtype: str = ""  # a bitcast (aten.view.dtype): sources read as this storage dtype of the same size
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))

@@ -62,6 +62,8 @@ from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES  
 
 # Ops whose schema alone does not give a valid (and lowerable) call: explicit sample arguments.
 # Index tensors are int64 and masks bool whatever the probed data dtype ``d``.
+_BITCAST_PEER = {torch.float32: torch.int32, torch.int32: torch.float32, torch.bfloat16: torch.int16,
+                 torch.float16: torch.int16, torch.int16: torch.bfloat16, torch.int8: torch.uint8, torch.uint8: torch.int8}
 _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.mm.default: lambda d: ((_t(d, (4, 8)), _t(d, (8, 5))), {}),
     aten.polygamma.default: lambda d: ((1, _t(d)), {}),  # the order n first
@@ -84,6 +86,7 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
     torch.ops.prims.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
     aten.view.default: lambda d: ((_t(d), [8, 4]), {}),
+    aten.view.dtype: lambda d: ((_t(d), _BITCAST_PEER.get(d, torch.int32)), {}),  # the same-size peer of d
     aten._unsafe_view.default: lambda d: ((_t(d), [8, 4]), {}),
     aten.reshape.default: lambda d: ((_t(d), [8, 4]), {}),
     aten.permute.default: lambda d: ((_t(d), [1, 0]), {}),
@@ -267,11 +270,14 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "dim; the direct linear algebra (LU with partial pivoting, solve, inv, det, slogdet, triangular solves, "
         "Cholesky and its solves, Householder QR, geqrf/ormqr/householder_product, matrix_exp by scaling and "
         "squaring, for matrices up to 64 x 64) as unrolled eliminations and reflections, singular or indefinite "
-        "inputs raising `torch.linalg.LinAlgError` as in eager) or "
+        "inputs raising `torch.linalg.LinAlgError` as in eager; `torch.cond` as both branches and a select of each "
+        "result) or "
         "refused at compile time with an `UnsupportedOpError` naming the op and your source line. float64 runs "
         "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
-        "like int32; int64 values live as int32) or are refused; int8/int16/uint8 arithmetic is refused because "
-        "torch wraps at 8/16 bits.",
+        "like int32; int64 values live as int32) or are refused; int8/int16/uint8 values compute in int32 and wrap "
+        "at their own width as torch's (ops whose intermediate wraps would differ, such as integer `prod`, a "
+        "narrow `cumsum` or `index_put(accumulate=True)`, are refused); an integer division by zero raises as "
+        "eager's.",
         "",
     ]
     header = "| ATen op | kind | " + " | ".join(SHORT[d] for d in DTYPES) + " | notes |"

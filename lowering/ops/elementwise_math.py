@@ -375,17 +375,7 @@ def _int_operands(b: ProgramBuilder, x: Any, y: Any) -> tuple[TileVal, TileVal]:
     return b.coerce(x), b.coerce(y)  # type: ignore[return-value]
 
 
-def _int_div_check(node: fx.Node) -> str | None:
-    """Narrow integer quotients are refused (``-128 // -1`` wraps in torch); remainders always fit the dtype."""
-    d = dtype_of(node)
-    remainder = "fmod" in str(node.target) or "remainder" in str(node.target)
-    if d in (torch.int8, torch.int16, torch.uint8) and not remainder:
-        return int_refusal(str(node.target), d, "results are computed in int32, torch wraps at 8/16 bits",
-                           "compute in int32/int64")
-    return None
-
-
-@register_lowering(aten.fmod.Tensor, aten.fmod.Scalar, family="elementwise", check=_int_div_check)
+@register_lowering(aten.fmod.Tensor, aten.fmod.Scalar, family="elementwise")
 def lower_fmod(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     """aten.fmod: remainder with the dividend's sign; exact for floats (Dekker) and int32."""
     b = ctx.b
@@ -395,8 +385,7 @@ def lower_fmod(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     return _float_fmod(b, _tile(b, x, y), _tile(b, y, x))
 
 
-@register_lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, family="elementwise",
-                   check=_int_div_check)
+@register_lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, family="elementwise")
 def lower_remainder(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     """aten.remainder: remainder with the divisor's sign (Python's %): fmod, plus d where the signs differ."""
     b = ctx.b
@@ -413,9 +402,10 @@ def lower_remainder(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     return b.select(b.binary("logical_and", b.binary("equal", m.absval(b, d), math.inf), fix), d, out)
 
 
-@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, family="elementwise", check=_int_div_check)
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, family="elementwise")
 def lower_div_mode(ctx: Any, node: fx.Node, x: Any, y: Any, *, rounding_mode: str | None = None) -> Any:
-    """aten.div(rounding_mode='trunc'|'floor'): exact int32 quotients; floats as torch (trunc of the true
+    """aten.div(rounding_mode='trunc'|'floor'): exact int32 quotients (8/16-bit ones wrap at the store as torch's:
+    ``-128 // -1 == -128`` in int8); floats as torch (trunc of the true
     quotient; floor as (a - fmod(a, d)) / d stepped down where fmod's sign differs from d's)."""
     b = ctx.b
     if rounding_mode is None:

@@ -288,3 +288,35 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
     if src.numel > 0:
         pairs.append((src, View(out.buffer, size, stride, out.offset + offset, out.torch_dtype)))
     gl.emit_copy(f"k{kernel_index}_as_strided_scatter", pairs, [buf], (qualified_name(node.target),))
+
+
+# dtypes a bitcast may move between: the same size and each stored as itself (int64 and float64 live as 32-bit
+# values, bool as uint8 0/1, so their bits are not torch's)
+_BITCAST_SIZES = {torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int16: 2,
+                  torch.int8: 1, torch.uint8: 1}
+
+
+def _bitcast_check(node: fx.Node) -> str | None:
+    src = node.args[0].meta["val"].dtype if isinstance(node.args[0], fx.Node) else None
+    dst = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
+    if src not in _BITCAST_SIZES or dst not in _BITCAST_SIZES:
+        return (f"a bitcast from {src} to {dst} is not supported: int64/float64 are stored as 32-bit values and bool "
+                "as bytes, so their bits differ from torch's; bitcast between float32/int32, bfloat16/float16/int16 "
+                "or int8/uint8")
+    if _BITCAST_SIZES[src] != _BITCAST_SIZES[dst]:
+        return (f"a bitcast from {src} to {dst} changes the element size (and the last dim); only same-size bitcasts "
+                "are supported (float32/int32, bfloat16/float16/int16, int8/uint8)")
+    return None
+
+
+@register_lowering(aten.view.dtype, family="movement", kind="copy", check=_bitcast_check)
+def lower_view_dtype(gl, node: fx.Node) -> None:
+    """aten.view.dtype (``x.view(torch.int32)``, same element size): a DMA of the source's bytes, read as the new
+    dtype, into a buffer of its own (every downstream kernel sees an ordinary input of that dtype)."""
+    src = gl.view_of(node.args[0])  # may emit copy kernels: the index is taken after
+    kernel_index = len(gl.kernels)
+    buf, out = gl.new_output(node, kernel_index, 0)
+    if not out.numel:
+        return
+    gl.emit_copy(f"k{kernel_index}_bitcast", [(src, out)], [buf], ("aten.view.dtype",),
+                 src_dtype=gl.buffers[buf].dtype)

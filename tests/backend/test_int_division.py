@@ -2,8 +2,8 @@
 
 * An integer division by zero (``//``, ``%``, ``fmod``, ``div(rounding_mode=...)``) raises, as eager's
   "RuntimeError: ZeroDivisionError" does: a NeuronCore would return a value.
-* The remainder of 8/16-bit integers fits their dtype, so it is computed (their quotients stay refused:
-  ``-128 // -1`` wraps in torch).
+* 8/16-bit quotients and remainders are computed in int32; a quotient wraps at the store as torch's does
+  (``-128 // -1 == -128`` in int8), a remainder always fits.
 * torch converts a scalar operand to an 8/16-bit tensor's dtype before comparing, dividing or clamping (300
   becomes 44 in int8); such a scalar is refused, except in add/sub/mul/bitwise ops, whose low bits don't depend on it.
 * A wider 0-d integer tensor operand is converted the same way.
@@ -77,6 +77,14 @@ def test_float_division_by_zero_is_not_checked() -> None:
     assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8], ids=str)
+def test_every_8_bit_quotient_and_remainder_matches_eager(dtype: torch.dtype) -> None:
+    info = torch.iinfo(dtype)
+    v = torch.arange(info.min, info.max + 1, dtype=torch.int32)
+    a, b = torch.cartesian_prod(v, v[v != 0]).T.to(dtype)
+    _same(lambda a, b: torch.stack([a // b, torch.div(a, b, rounding_mode="trunc"), a % b, torch.fmod(a, b)]), a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16], ids=str)
 def test_8_and_16_bit_remainders_match_eager(dtype: torch.dtype) -> None:
     info = torch.iinfo(dtype)
@@ -90,6 +98,8 @@ def test_8_and_16_bit_remainders_match_eager(dtype: torch.dtype) -> None:
     _same(torch.fmod, a, b)
     _same(lambda a, b: a % 7, a, b)
     _same(lambda a, b: 100 % b, a, b)
+    _same(lambda a, b: a // b, a, b)
+    _same(lambda a, b: torch.div(a, 7, rounding_mode="trunc"), a, b)
 
 
 @pytest.mark.parametrize(("name", "fn"), [
