@@ -232,6 +232,20 @@ def _register_cache_hooks() -> None:
 _register_cache_hooks()
 
 
+def _check_devices(example_inputs: Sequence[Any]) -> None:
+    """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute)."""
+    from neuron_compile.errors import InputDeviceError
+
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            what = f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+            hint = (" (a meta tensor has no values: infer shapes by running the model eagerly on meta tensors, "
+                    "outside torch.compile)" if x.device.type == "meta" else "")
+            raise InputDeviceError(f"the {what} input of the compiled graph (its input {i}) is on device "
+                                   f"'{x.device}'; compiled graphs take CPU tensors, which the runner moves to the "
+                                   f"NeuronCore: move it with .cpu(){hint}")
+
+
 def _warn_float64(example_inputs: Sequence[Any]) -> None:
     if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
         if config.float64 == "error":
@@ -272,6 +286,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         gm._backend_id = backend_id
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
+    _check_devices(example_inputs)
     _warn_float64(example_inputs)
 
     def with_config(fn: Callable[..., Any], boxed: bool = True) -> Callable[..., Any]:

@@ -77,6 +77,11 @@ class RuntimeExecutionError(NeuronCompileError):
     """A compiled graph failed while running its kernels."""
 
 
+class InputDeviceError(NeuronCompileError, ValueError):
+    """A graph input lives on a device the backend does not run from (``meta``, ``cuda``): compiled graphs take
+    CPU tensors, which the runner moves to the NeuronCore (or the simulator reads)."""
+
+
 class InputRangeError(RuntimeExecutionError, ValueError):
     """A graph input holds values the NeuronCore dtype it runs in cannot represent (int64 beyond int32, float64
     beyond float32's range): raised before any kernel runs, instead of a wrapped or infinite value."""

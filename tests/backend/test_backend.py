@@ -288,6 +288,23 @@ def test_int64_input_beyond_int32_raises_naming_the_input_and_its_range():
     assert got[0].tolist() == edge.abs().tolist() and got[1].tolist() == [4, 8]
 
 
+def test_a_meta_tensor_input_is_refused_naming_its_device():
+    """A meta tensor has no values to compute: one error naming the input and the device, not a crash in the
+    runner's host-memory view."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from neuron_compile.errors import InputDeviceError
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, y: (x * 2, y + 1), backend="neuron", dynamic=False)
+    with pytest.raises(BackendCompilerFailed) as info:
+        f(torch.ones(3), torch.empty(2, 3, device="meta"))
+    assert isinstance(info.value.inner_exception, InputDeviceError)
+    assert "the float32[2, 3] input of the compiled graph (its input 1) is on device 'meta'; compiled graphs take " \
+           "CPU tensors" in str(info.value)
+    assert torch.equal(f(torch.ones(3), torch.ones(2, 3))[1], torch.full((2, 3), 2.0))
+
+
 def test_bfloat16_softmax_one_kernel():
     x = torch.randn(5, 300, dtype=torch.bfloat16)
     f = torch.compile(lambda t: F.softmax(t, dim=-1), backend="neuron", dynamic=False)
