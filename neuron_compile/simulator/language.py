@@ -8,6 +8,8 @@ Compute wrappers (``nl.add``, ``nl.exp``, ``nl.sum``, ``nl.matmul`` ...) live in
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -280,12 +282,43 @@ def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
 
 class _NKIObjectMeta(type):
     """Keeps :class:`NKIObject`'s keyword ``__init__`` on a ``@dataclass`` subclass without annotated fields, whose
-    generated ``__init__`` would take no arguments (AWS's kernels construct such classes with keywords)."""
+    generated ``__init__`` would take no arguments (AWS's kernels construct such classes with keywords). With
+    fields, the generated ``__init__`` runs, but a field without a default may be left out as with a plain
+    NKIObject (NKI's ``__init__(**kwargs)``; nki-library's mlp_tkg never passes ``remainderIFused``)."""
 
     def __setattr__(cls, name: str, value: Any) -> None:
-        if name == "__init__" and getattr(cls, "__dataclass_fields__", None) == {}:
+        fields = getattr(cls, "__dataclass_fields__", None)
+        if name == "__init__" and fields == {}:
             return  # set by @dataclass, which fills __dataclass_fields__ first
+        if name == "__init__" and fields:
+            value = _tolerate_left_out_fields(value)
         super().__setattr__(name, value)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset NKIObject field>"
+
+
+_UNSET = _Unset()
+
+
+def _tolerate_left_out_fields(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a ``@dataclass`` ``__init__`` so required fields left out of the call stay unset (reading one before a
+    method assigns it raises AttributeError), instead of raising TypeError."""
+    params = list(inspect.signature(init).parameters.values())[1:]  # after self
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = {p.name for p in params[:len(args)]} | set(kwargs)
+        missing = [n for n in required if n not in given]
+        init(self, *args, **kwargs, **dict.fromkeys(missing, _UNSET))
+        for n in missing:
+            if self.__dict__.get(n) is _UNSET:
+                object.__delattr__(self, n)
+
+    return __init__
 
 
 class NKIObject(metaclass=_NKIObjectMeta):
@@ -294,8 +327,8 @@ class NKIObject(metaclass=_NKIObjectMeta):
     own ``__init__`` or ``@dataclass`` generates one from annotated fields (then that one runs: defaults,
     ``default_factory``, ``frozen``, ``__post_init__``). Without annotated fields, keyword arguments become
     attributes, with or without ``@dataclass``. An annotated field left out (and without a class default) stays
-    unset: NKI 0.6's ``NKIObject.__init__(**kwargs)`` sets what it is given, and AWS's kernels fill such fields
-    in a method after construction."""
+    unset, with or without ``@dataclass``: NKI 0.6's ``NKIObject.__init__(**kwargs)`` sets what it is given, and
+    AWS's kernels fill such fields in a method after construction."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)

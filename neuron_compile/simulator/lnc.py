@@ -112,7 +112,8 @@ def _names_sync(fn: Callable[..., Any]) -> bool:
             g = glb.get(name)
             targets = [g]
             if isinstance(g, types.ModuleType):  # module.function: the attribute names are co_names too
-                targets = [getattr(g, a, None) for a in code.co_names]
+                # read the module's dict: a name the code never reaches must not warn or raise (nki.collectives)
+                targets = [vars(g).get(a) for a in code.co_names]
             for t in targets:
                 inner = _kernel_function(t)
                 if inner is not None:

@@ -2,8 +2,9 @@
 
 Each is a module object with an explicit export table. A missing attribute raises
 :class:`RemovedAPIError` naming the replacement for removed names, a ``DeprecationWarning`` for
-deprecated aliases, ``NotImplementedError`` for public NKI names the simulator does not implement
-(the list of public names is :mod:`neuron_compile.nki_api`), else ``AttributeError``.
+deprecated aliases, ``NotImplementedError`` (also an ``ImportError``, for ``from ... import``) for public NKI
+names the simulator does not implement (the list of public names is :mod:`neuron_compile.nki_api`), else
+``AttributeError``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from neuron_compile.nki_api import api
 log = logging.getLogger(__name__)
 
 API = api()
+
+
+class UnimplementedNameError(NotImplementedError, ImportError):
+    """A public NKI name the simulator does not implement. Also an ImportError, so ``from nki.collectives import
+    ReplicaGroup`` inside ``try: ... except ImportError:`` falls back as under AWS's simulator (nki-library's
+    attention_block_tkg does this)."""
 
 
 class Namespace(types.ModuleType):
@@ -44,7 +51,7 @@ class Namespace(types.ModuleType):
             warnings.warn(f"{self.__name__}.{attr} is deprecated: {dep[1]}", DeprecationWarning, stacklevel=2)
             return dep[0]
         if attr in self._public:
-            raise NotImplementedError(f"{self.__name__}.{attr} is not implemented by the neuron_compile simulator")
+            raise UnimplementedNameError(f"{self.__name__}.{attr} is not implemented by the neuron_compile simulator")
         raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
 
     def __dir__(self) -> list[str]:
