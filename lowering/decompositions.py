@@ -354,12 +354,14 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.setdefault(op, fn)
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_bits import BITS
+    from neuron_compile.lowering.decomp_igamma import IGAMMA
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_nn import NN
     from neuron_compile.lowering.decomp_special import SPECIAL
 
     table.update(ATTENTION)
     table.update(BITS)
+    table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)
     table.update(SPECIAL)

@@ -25,8 +25,10 @@ aten = torch.ops.aten
 
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 NARROW = (torch.int8, torch.uint8, torch.int16)  # integers torch converts a scalar operand to before computing
-# ... which only ring operations may skip: their low 8/16 bits don't depend on whether the scalar wrapped first
-_RING = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"))
+# ... which ring operations may skip (their low 8/16 bits don't depend on whether the scalar wrapped first), and
+# shifts, whose lowering converts it as torch does (lowering/ops/elementwise.py)
+_RING = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor", "__lshift__",
+                   "__rshift__", "bitwise_left_shift", "bitwise_right_shift"))
 # Ops whose compute dtype is their input's, not their output's (the output is an index).
 _INDEX_OUT = (aten.argmax.default, aten.argmin.default)
 _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)

@@ -181,6 +181,16 @@ _RSHIFT = (aten.__rshift__.Scalar, aten.__rshift__.Tensor, aten.bitwise_right_sh
            aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
 
 
+def _as_torch_converts(node: fx.Node, v: object) -> object:
+    """A Python int operand of an 8/16-bit shift as torch converts it to the tensor's dtype (300 -> 44 in int8)."""
+    d = _dtype(node)
+    if isinstance(v, TileVal) or d not in (torch.int8, torch.uint8, torch.int16):
+        return v
+    info = torch.iinfo(d)
+    span = info.max - info.min + 1
+    return (int(v) - info.min) % span + info.min
+
+
 def _shift_check(node: fx.Node) -> str | None:
     d = _dtype(node)
     if d is None or d not in INTS:
@@ -203,6 +213,7 @@ def lower_left_shift(ctx, node, x, s):
     ``x * 2**s``)."""
     b = ctx.b
     width = torch.iinfo(_dtype(node)).bits
+    x, s = _as_torch_converts(node, x), _as_torch_converts(node, s)
     if not isinstance(x, TileVal):  # a Python int shifted by a tensor
         x = b.fill(x, s.kind)
     if not isinstance(s, TileVal):
@@ -223,6 +234,7 @@ def lower_right_shift(ctx, node, x, s):
     The ALU shifts logically, so a negative x shifts its complement: ``~(~x >> s)``. Values live as int32, so a shift
     of 31 already gives the sign (0 for unsigned values)."""
     b = ctx.b
+    x, s = _as_torch_converts(node, x), _as_torch_converts(node, s)
     if not isinstance(x, TileVal):  # a Python int shifted by a tensor
         x = b.fill(x, s.kind)
     if isinstance(s, TileVal):

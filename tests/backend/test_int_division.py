@@ -140,3 +140,13 @@ def test_a_wider_0d_operand_is_converted_like_torch(name: str, fn: Callable[...,
     info = torch.iinfo(dtype)
     x = torch.tensor([7, 44, 100, 0, info.max, info.min, 3], dtype=dtype)
     _same(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16], ids=str)
+@pytest.mark.parametrize("amount", [-300, -1, 9, 257, 300, 65537])
+def test_shift_amounts_outside_the_dtype_convert_like_torch(dtype: torch.dtype, amount: int) -> None:
+    info = torch.iinfo(dtype)
+    x = torch.arange(info.min, info.max + 1, 7).to(dtype)
+    _same(lambda x: torch.stack([x >> amount, x << amount]), x)
+    s = torch.tensor([0, 1, 3, 7], dtype=dtype)
+    _same(lambda s: torch.bitwise_left_shift(300, s), s)
