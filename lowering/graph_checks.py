@@ -88,12 +88,8 @@ def _assert(graph: fx.Graph, ok: Any, msg: str, trace: Any) -> fx.Node:
     return check
 
 
-def division_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
-    """The check, inserted before ``node`` if it is an integer division, that its divisor holds no 0.
-
-    The NeuronCore's integer division by zero gives a value, not an error; eager raises. A divisor that is a
-    number is checked here: 0 makes the check a constant ``False``, which fails the compile as eager fails
-    every call; any other number needs no check."""
+def _divisor(node: fx.Node) -> list[Any]:
+    """``[divisor]`` when ``node`` is an integer division whose divisor may hold a 0 (a tensor, or the number 0)."""
     out = _val(node)
     if node.op != "call_function" or node.target not in INT_DIVISIONS or out is None or out.dtype == torch.bool \
             or out.dtype.is_floating_point or out.dtype.is_complex or not out.numel() or node.meta.get(CHECKED):
@@ -102,28 +98,47 @@ def division_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     dv = _val(div)
     if isinstance(div, fx.Node) and (dv is None or not dv.numel()) or not isinstance(div, fx.Node) and div != 0:
         return []
-    msg = f"{ZERO_DIVISION}: integer division by zero in aten.{_op_name(node)} (the divisor holds a 0)"
+    return [div]
+
+
+def division_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
+    """The check, inserted before ``node`` if it is an integer division, that its divisor holds no 0.
+
+    The NeuronCore's integer division by zero gives a value, not an error; eager raises. A divisor that is a
+    number is checked here: 0 makes the check a constant ``False``, which fails the compile as eager fails
+    every call; any other number needs no check."""
+    checks = []
     trace = node.meta.get("stack_trace")
-    with graph.inserting_before(node):
-        ok: Any = False
-        if isinstance(div, fx.Node):
-            ne = _meta(graph.call_function(aten.ne.Scalar, (div, 0)), tuple(dv.shape), trace)
-            ok = _meta(graph.call_function(aten.all.default, (ne,)), (), trace)
-        return [_assert(graph, ok, msg, trace)]
+    for div in _divisor(node):
+        msg = f"{ZERO_DIVISION}: integer division by zero in aten.{_op_name(node)} (the divisor holds a 0)"
+        with graph.inserting_before(node):
+            ok: Any = False
+            if isinstance(div, fx.Node):
+                ne = _meta(graph.call_function(aten.ne.Scalar, (div, 0)), tuple(_val(div).shape), trace)
+                ok = _meta(graph.call_function(aten.all.default, (ne,)), (), trace)
+            checks.append(_assert(graph, ok, msg, trace))
+    return checks
+
+
+def _indices(node: fx.Node) -> list[tuple[fx.Node, int, int]]:
+    """``(index tensor, lo, size)`` of each index of ``node`` that needs a bounds check."""
+    if node.op != "call_function" or node.meta.get(CHECKED):
+        return []
+    out = []
+    for idx, size, negative in index_operands(node):
+        iv = _val(idx)
+        lo = -size if negative else 0
+        if isinstance(idx, fx.Node) and iv is not None and iv.numel() and not _provably_in_range(idx, lo, size):
+            out.append((idx, lo, size))
+    return out
 
 
 def index_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     """The bounds checks, inserted before ``node``, of each of its index tensors not provably in range."""
-    if node.op != "call_function" or node.meta.get(CHECKED):
-        return []
     checks = []
     trace = node.meta.get("stack_trace")
-    for idx, size, negative in index_operands(node):
-        iv = _val(idx)
-        lo = -size if negative else 0
-        if not isinstance(idx, fx.Node) or iv is None or not iv.numel() or _provably_in_range(idx, lo, size):
-            continue
-        shape = tuple(iv.shape)
+    for idx, lo, size in _indices(node):
+        shape = tuple(_val(idx).shape)
         with graph.inserting_before(node):
             ge = _meta(graph.call_function(aten.ge.Scalar, (idx, lo)), shape, trace)
             lt = _meta(graph.call_function(aten.lt.Scalar, (idx, size)), shape, trace)
@@ -144,10 +159,10 @@ def device_checks(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
 
 def insert_device_checks(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` with the checks of every indexing op and integer division before it (``gm`` if none)."""
+    if not any(_indices(n) or _divisor(n) for n in gm.graph.nodes):
+        return gm
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     count = sum(len(device_checks(graph, node)) for node in list(graph.nodes))
-    if not count:
-        return gm
     log.debug("inserted %d device-side check(s)", count)
     return fx.GraphModule(gm, graph)

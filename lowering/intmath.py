@@ -18,17 +18,18 @@ import logging
 from typing import Any
 
 import torch
+from neuron_compile.lowering.mathlib import NARROW_INTS
 from torch import fx
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-NARROW = (torch.int8, torch.uint8, torch.int16)  # integers torch converts a scalar operand to before computing
-# ... which ring operations may skip (their low 8/16 bits don't depend on whether the scalar wrapped first), and
-# shifts, whose lowering converts it as torch does (lowering/ops/elementwise.py)
-_RING = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor", "__lshift__",
-                   "__rshift__", "bitwise_left_shift", "bitwise_right_shift"))
+# torch converts a scalar operand to an 8/16-bit tensor's dtype before computing; these ops may take any scalar:
+# ring operations (their low 8/16 bits don't depend on whether it wrapped first), and shifts, whose lowering
+# converts it as torch does (lowering/ops/elementwise.py)
+_WRAP_SAFE = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor", "__lshift__",
+                        "__rshift__", "bitwise_left_shift", "bitwise_right_shift"))
 # Ops whose compute dtype is their input's, not their output's (the output is an index).
 _INDEX_OUT = (aten.argmax.default, aten.argmin.default)
 _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
@@ -87,7 +88,7 @@ def int_scalars_in_range(node: fx.Node, narrow: bool = False) -> str | None:
     if dtype == torch.bool:  # a comparison: name its integer operand's dtype
         dtype = next((dtype_of(a) for a in node.args if isinstance(a, fx.Node)), dtype)
     lo, hi, name = -(2**31), 2**31 - 1, "int32"
-    if narrow and dtype in NARROW and node.target.name().split("::")[-1].split(".")[0] not in _RING:
+    if narrow and dtype in NARROW_INTS and node.target.overloadpacket.__name__ not in _WRAP_SAFE:
         lo, hi, name = torch.iinfo(dtype).min, torch.iinfo(dtype).max, str(dtype).removeprefix("torch.")
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, (int, float)) and not isinstance(a, bool) and not lo <= a <= hi:
@@ -137,7 +138,7 @@ def _wide_operands(node: fx.Node) -> tuple[torch.dtype, list[int]] | None:
                                    type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
     except (TypeError, ValueError, RuntimeError):
         return None
-    if dtype not in NARROW:
+    if dtype not in NARROW_INTS:
         return None
     wide = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor) and v.dtype not in (torch.bool, dtype)
             and not _holds(v.dtype, dtype)]
@@ -151,15 +152,14 @@ def convert_wide_int_operands(gm: fx.GraphModule) -> fx.GraphModule:
     Only a 0-d tensor is left wider by torch's promotion (``int8 > torch.tensor(300)`` compares in int8); torch
     converts its value (300 becomes 44) before computing, where int32 tiles would keep 300. The conversion is an
     explicit ``convert_element_type`` node, which wraps as torch does."""
-    if not any(_wide_operands(n) for n in gm.graph.nodes):
+    todo = [(n, found) for n in gm.graph.nodes if (found := _wide_operands(n)) is not None]
+    if not todo:
         return gm
     graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    for node in list(graph.nodes):
-        found = _wide_operands(node)
-        if found is None:
-            continue
-        dtype, wide = found
+    remap: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, remap))
+    for old, (dtype, wide) in todo:
+        node = remap[old]
         args = list(node.args)
         for i in wide:
             with graph.inserting_before(node):

@@ -615,6 +615,11 @@ def bessel_i(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal
 NARROW_INTS = (torch.int8, torch.uint8, torch.int16)  # integers torch wraps at 8/16 bits (computed here in int32)
 
 
+def wrap_int_scalar(value: int, dtype: torch.dtype) -> int:
+    """A Python int as torch converts it to an 8/16-bit integer dtype (300 -> 44 in int8, -1 -> 255 in uint8)."""
+    return int(torch.tensor(int(value), dtype=torch.int64).to(dtype).item())
+
+
 def wrap_int(b: ProgramBuilder, x: TileVal, dtype: torch.dtype) -> TileVal:
     """An int32 tile wrapped to an 8/16-bit integer range, as torch's integer arithmetic wraps."""
     bits = torch.iinfo(dtype).bits

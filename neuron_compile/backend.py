@@ -140,13 +140,21 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
         return _compile_aten_graph(gm, example_inputs, kind)
 
 
-def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
-    from neuron_compile import compile_record, precompile
+def _normalized(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` (changed in place) as every ATen graph is lowered: conds inlined, effectful checks as assertions,
+    scalar ops folded. The joint graph goes through it too, so a training graph is refused as it will compile."""
     from neuron_compile.lowering.decomp_cond import inline_cond
     from neuron_compile.lowering.decomp_linalg import effectful_checks_as_asserts
-    from neuron_compile.lowering.graph_passes import fold_scalar_ops, lift_constants
+    from neuron_compile.lowering.graph_passes import fold_scalar_ops
 
-    gm, constants = lift_constants(fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm))))
+    return fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm)))
+
+
+def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    from neuron_compile import compile_record, precompile
+    from neuron_compile.lowering.graph_passes import lift_constants
+
+    gm, constants = lift_constants(_normalized(gm))
     if constants:  # tensor literals of the graph: passed after the real inputs on every call
         inner = _compile_aten_graph(gm, [*example_inputs, *constants], kind)
 
@@ -313,12 +321,8 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().
         with config.patch(**overrides):
             strict = config.fallback != "eager"  # eager fallback: each graph is split when compiled
-        from neuron_compile.lowering.decomp_cond import inline_cond
-        from neuron_compile.lowering.decomp_linalg import effectful_checks_as_asserts
-        from neuron_compile.lowering.graph_passes import fold_scalar_ops
-
         # as the forward and backward compilers will (the partition keeps the constants and the checks)
-        fold_scalar_ops(effectful_checks_as_asserts(inline_cond(joint)))
+        _normalized(joint)
         if strict:
             from neuron_compile.lowering.complex_pairs import as_real_pairs
 

@@ -60,10 +60,17 @@ Sample = tuple[tuple[Any, ...], dict[str, Any]]
 
 from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES  # noqa: E402
 
+
+def _bitcast_peer(d: torch.dtype) -> torch.dtype:
+    """Another dtype of ``d``'s size that a bitcast may move to (int32 when there is none: the probe is refused)."""
+    from neuron_compile.lowering.ops.movement import BITCAST_SIZES
+
+    size = BITCAST_SIZES.get(d)
+    return next((o for o, n in BITCAST_SIZES.items() if o != d and n == size), torch.int32)
+
+
 # Ops whose schema alone does not give a valid (and lowerable) call: explicit sample arguments.
 # Index tensors are int64 and masks bool whatever the probed data dtype ``d``.
-_BITCAST_PEER = {torch.float32: torch.int32, torch.int32: torch.float32, torch.bfloat16: torch.int16,
-                 torch.float16: torch.int16, torch.int16: torch.bfloat16, torch.int8: torch.uint8, torch.uint8: torch.int8}
 _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.mm.default: lambda d: ((_t(d, (4, 8)), _t(d, (8, 5))), {}),
     aten.polygamma.default: lambda d: ((1, _t(d)), {}),  # the order n first
@@ -86,7 +93,7 @@ _OVERRIDES: dict[OpOverload, Callable[[torch.dtype], Sample]] = {
     aten.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
     torch.ops.prims.as_strided_scatter.default: lambda d: ((_t(d), _t(d, (2, 3)), [2, 3], [8, 2], 1), {}),
     aten.view.default: lambda d: ((_t(d), [8, 4]), {}),
-    aten.view.dtype: lambda d: ((_t(d), _BITCAST_PEER.get(d, torch.int32)), {}),  # the same-size peer of d
+    aten.view.dtype: lambda d: ((_t(d), _bitcast_peer(d)), {}),
     aten._unsafe_view.default: lambda d: ((_t(d), [8, 4]), {}),
     aten.reshape.default: lambda d: ((_t(d), [8, 4]), {}),
     aten.permute.default: lambda d: ((_t(d), [1, 0]), {}),

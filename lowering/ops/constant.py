@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import torch
-from neuron_compile.lowering.mathlib import NARROW_INTS, wrap_int
+from neuron_compile.lowering.mathlib import NARROW_INTS, wrap_int, wrap_int_scalar
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -25,7 +25,7 @@ def as_stored(node: fx.Node, value: Any) -> float:
     if dtype == torch.bool:
         return float(bool(value))
     if dtype in NARROW_INTS:
-        return float(torch.tensor(int(value), dtype=torch.int64).to(dtype).item())
+        return float(wrap_int_scalar(value, dtype))
     return float(value)
 
 

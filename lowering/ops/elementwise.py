@@ -22,6 +22,7 @@ import torch
 from neuron_compile.lowering import mathlib
 from neuron_compile.lowering.builder import TileVal
 from neuron_compile.lowering.intmath import INTS, int_refusal, is_int_compute
+from neuron_compile.lowering.mathlib import NARROW_INTS, wrap_int_scalar
 from neuron_compile.lowering.ranges import lower_bound
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -184,11 +185,7 @@ _RSHIFT = (aten.__rshift__.Scalar, aten.__rshift__.Tensor, aten.bitwise_right_sh
 def _as_torch_converts(node: fx.Node, v: object) -> object:
     """A Python int operand of an 8/16-bit shift as torch converts it to the tensor's dtype (300 -> 44 in int8)."""
     d = _dtype(node)
-    if isinstance(v, TileVal) or d not in (torch.int8, torch.uint8, torch.int16):
-        return v
-    info = torch.iinfo(d)
-    span = info.max - info.min + 1
-    return (int(v) - info.min) % span + info.min
+    return v if isinstance(v, TileVal) or d not in NARROW_INTS else wrap_int_scalar(v, d)
 
 
 def _shift_check(node: fx.Node) -> str | None:

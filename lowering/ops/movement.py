@@ -292,18 +292,18 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
 
 # dtypes a bitcast may move between: the same size and each stored as itself (int64 and float64 live as 32-bit
 # values, bool as uint8 0/1, so their bits are not torch's)
-_BITCAST_SIZES = {torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int16: 2,
+BITCAST_SIZES = {torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int16: 2,
                   torch.int8: 1, torch.uint8: 1}
 
 
 def _bitcast_check(node: fx.Node) -> str | None:
     src = node.args[0].meta["val"].dtype if isinstance(node.args[0], fx.Node) else None
     dst = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
-    if src not in _BITCAST_SIZES or dst not in _BITCAST_SIZES:
+    if src not in BITCAST_SIZES or dst not in BITCAST_SIZES:
         return (f"a bitcast from {src} to {dst} is not supported: int64/float64 are stored as 32-bit values and bool "
                 "as bytes, so their bits differ from torch's; bitcast between float32/int32, bfloat16/float16/int16 "
                 "or int8/uint8")
-    if _BITCAST_SIZES[src] != _BITCAST_SIZES[dst]:
+    if BITCAST_SIZES[src] != BITCAST_SIZES[dst]:
         return (f"a bitcast from {src} to {dst} changes the element size (and the last dim); only same-size bitcasts "
                 "are supported (float32/int32, bfloat16/float16/int16, int8/uint8)")
     return None
