@@ -176,6 +176,20 @@ class _Folder:
             self.b = self._op(target, self.b, col)
 
 
+def _fitting(conv: fx.Node, chain: list[tuple[fx.Node, tuple[Any, ...]]]) -> list[tuple[fx.Node, tuple[Any, ...]]]:
+    """``chain`` up to its first full-size operand (a residual) that would not fit the conv kernel's SBUF budget
+    (each is staged beside the output tile: a wide input's band leaves no room for them)."""
+    from neuron_compile.lowering.ops.conv import fits_with
+
+    n_full = 0
+    for i, (_, step) in enumerate(chain):
+        if step[0] == "tensor":
+            n_full += 1
+            if not fits_with(conv, n_full):
+                return chain[:i]
+    return chain
+
+
 def fuse_conv_epilogue(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` with each convolution and its fusable chain replaced by one conv_fused node (or ``gm``)."""
     convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == aten.convolution.default]
@@ -186,7 +200,7 @@ def fuse_conv_epilogue(gm: fx.GraphModule) -> fx.GraphModule:
     graph.output(graph.graph_copy(gm.graph, remap))
     for conv0 in convs:
         conv = remap[conv0]
-        chain = _chain(conv)
+        chain = _fitting(conv, _chain(conv))
         if not chain:
             continue
         x, w, bias, stride, padding, dilation, transposed, output_padding, groups = conv.args

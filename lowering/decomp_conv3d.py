@@ -107,9 +107,12 @@ def _conv_transpose3d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
 
 def _convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
                  dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
-    """aten.convolution: 3-D ones as 2-D kernels; 1-D and 2-D stay for their own lowering rule."""
+    """aten.convolution: 3-D ones as 2-D kernels; 1-D and 2-D stay for their own lowering rule unless one conv
+    kernel can't hold them (:mod:`lowering.decomp_bigconv`)."""
     if x.dim() != 5 or not x.dtype.is_floating_point or w.dim() != 5:
-        return NotImplemented
+        from neuron_compile.lowering.decomp_bigconv import convolution
+
+        return convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
     st, pad, dil = _triple(stride, [1, 1, 1]), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
     if transposed:
         return _conv_transpose3d(x, w, bias, st, pad, dil, _triple(output_padding, [0, 0, 0]), groups)

@@ -80,7 +80,12 @@ def conv_args(node: fx.Node) -> tuple[Any, ...]:
 
 def geometry(node: fx.Node) -> ConvGeometry:
     x, w, _, stride, padding, dilation, transposed, groups = conv_args(node)
-    xs, ws, os_ = node_shape(x), node_shape(w), node_shape(node)
+    return geometry_of(node_shape(x), node_shape(w), node_shape(node), stride, padding, dilation, transposed, groups)
+
+
+def geometry_of(xs: tuple[int, ...], ws: tuple[int, ...], os_: tuple[int, ...], stride: Any, padding: Any,
+                dilation: Any, transposed: bool, groups: int) -> ConvGeometry:
+    """The geometry of a convolution of input shape ``xs``, weight ``ws`` and output ``os_`` (1-D or 2-D)."""
     nsp = len(xs) - 2
     hw = (1, xs[2]) if nsp == 1 else (xs[2], xs[3])
     ohw = (1, os_[2]) if nsp == 1 else (os_[2], os_[3])
@@ -166,16 +171,33 @@ def group_pack(geo: ConvGeometry) -> int:
 
 
 def _plan(node: fx.Node) -> tuple[ConvGeometry, Any, Any, int, tuple[int, int, int, int] | None]:
-    geo = geometry(node)
+    return _plan_of(geometry(node), node.args[0].meta["val"].dtype, node.meta["val"].dtype)
+
+
+def _plan_of(geo: ConvGeometry, x_dtype: torch.dtype, out_dtype: torch.dtype, n_full: int = 0
+             ) -> tuple[ConvGeometry, Any, Any, int, tuple[int, int, int, int] | None]:
     ph = phases(geo.in_hw[0], geo.out_hw[0], geo.kernel[0], geo.stride[0], geo.padding[0], geo.dilation[0],
                 geo.transposed)
     pw = phases(geo.in_hw[1], geo.out_hw[1], geo.kernel[1], geo.stride[1], geo.padding[1], geo.dilation[1],
                 geo.transposed)
     gpp = group_pack(geo)
-    x = node.args[0].meta["val"]
-    dtype = storage_dtype(x.dtype) or "float32"
-    out_bytes = itemsize(storage_dtype(node.meta["val"].dtype) or "float32")
-    return geo, ph, pw, gpp, plan_blocks(geo, ph, pw, gpp, dtype, out_bytes, 0)
+    dtype = storage_dtype(x_dtype) or "float32"
+    out_bytes = itemsize(storage_dtype(out_dtype) or "float32")
+    return geo, ph, pw, gpp, plan_blocks(geo, ph, pw, gpp, dtype, out_bytes, n_full)
+
+
+def fits_with(node: fx.Node, n_full: int) -> bool:
+    """Whether the convolution ``node`` still fits one kernel with ``n_full`` full-size epilogue operands staged
+    beside its output (what the epilogue fusion asks before it adds a residual)."""
+    return _plan_of(geometry(node), node.args[0].meta["val"].dtype, node.meta["val"].dtype, n_full)[4] is not None
+
+
+def fits(xs: tuple[int, ...], ws: tuple[int, ...], os_: tuple[int, ...], stride: Any, padding: Any, dilation: Any,
+         transposed: bool, groups: int, dtype: torch.dtype) -> bool:
+    """Whether one conv kernel holds this 1-D/2-D convolution (its weights and an input band within the SBUF
+    budget): what the lowering's check asks, for a decomposition to ask before it emits the convolution."""
+    geo = geometry_of(xs, ws, os_, stride, padding, dilation, transposed, groups)
+    return math.prod(os_) == 0 or _plan_of(geo, dtype, dtype)[4] is not None
 
 
 def _conv_check(node: fx.Node) -> str | None:
@@ -340,4 +362,4 @@ def _broadcast_nchw(view: View, shape: tuple[int, ...]) -> tuple[int, int, int, 
     return (st[0], st[1], 0, st[2]) if len(shape) == 3 else (st[0], st[1], st[2], st[3])
 
 
-__all__ = ["ConvGeometry", "emit_conv", "geometry", "lower_convolution", "phases", "plan_blocks"]
+__all__ = ["ConvGeometry", "emit_conv", "fits", "fits_with", "geometry", "geometry_of", "lower_convolution", "phases", "plan_blocks"]

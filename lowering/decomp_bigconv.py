@@ -1,0 +1,202 @@
+"""Convolutions too large for one conv kernel, rewritten onto kernels that hold them.
+
+A conv kernel keeps every tap's weight tile in SBUF (``lowering.ops.conv``), so a kernel of more than ~190 taps
+per 128 output channels (fp32; ViT's 16 x 16 patch embedding has 256, ViT-B/32's 1024) does not fit. Two
+rewrites, both for 1-D/2-D convolutions that are not transposed, and only when the direct kernel does not fit:
+
+* **patches**: stride == kernel, no padding or dilation, one group (a ViT/CLIP patch embedding): the windows don't
+  overlap, so the convolution is a matmul of the patches (a reshape and permute of the input, no im2col copy
+  beyond one layout change) with the flattened weight, ``[N * OH * OW, C * kh * kw] @ [C * kh * kw, O]``;
+  its backward is two matmuls the same way.
+* **tap blocks**: any other shape sums the convolutions of blocks of kernel rows (and columns, when one row is too
+  many taps) over the explicitly padded input, each shifted to its taps' origin, in fp32. The backward runs each
+  block's own ``convolution_backward`` and adds the input gradients back at their offsets; the weight gradient is
+  the blocks' gradients side by side.
+
+Both are registered as decompositions of ``aten.convolution`` / ``aten.convolution_backward`` (the ATen level
+AOTAutograd traces), so forward, backward and the inference graph take the same path. Shapes whose input band
+alone is too wide for one kernel stay as they are and are refused by the conv lowering's check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from neuron_compile.lowering.ops.conv import fits
+
+aten = torch.ops.aten
+
+
+def _ints(v: Any, n: int) -> list[int]:
+    vals = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+    return vals * n if len(vals) == 1 else vals
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _as_2d(x: torch.Tensor, w: torch.Tensor, stride: Any, padding: Any, dilation: Any
+           ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int], list[int]]:
+    """A 1-D convolution's arguments as a 2-D one's (H = 1)."""
+    nsp = x.dim() - 2
+    st, pad, dil = _ints(stride, nsp), _ints(padding, nsp), _ints(dilation, nsp)
+    if nsp == 2:
+        return x, w, st, pad, dil
+    return x.unsqueeze(2), w.unsqueeze(2), [1, *st], [0, *pad], [1, *dil]
+
+
+def _direct(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
+            groups: int) -> bool:
+    """Whether one conv kernel holds this (2-D-shaped) convolution."""
+    out = [_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i]) for i in range(2)]
+    return fits(tuple(x.shape), tuple(w.shape), (x.shape[0], w.shape[0], *out), stride, padding, dilation, False,
+                groups, x.dtype)
+
+
+def _is_patches(w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int) -> bool:
+    return groups == 1 and list(w.shape[2:]) == stride and not any(padding) and all(d == 1 for d in dilation)
+
+
+def _blocks(x: torch.Tensor, w: torch.Tensor, stride: list[int], dilation: list[int], groups: int
+            ) -> tuple[int, int] | None:
+    """(kernel rows, kernel cols) per block: the most rows of whole kernel rows that fit, else the most columns of
+    one row; None when not even one tap fits (the input band is too wide)."""
+    kh, kw = w.shape[2:]
+    oh, ow = (_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], 0, dilation[i]) for i in range(2))
+
+    def ok(r: int, c: int) -> bool:
+        xs = (x.shape[0], x.shape[1], (oh - 1) * stride[0] + (r - 1) * dilation[0] + 1,
+              (ow - 1) * stride[1] + (c - 1) * dilation[1] + 1)
+        return fits(xs, (w.shape[0], w.shape[1], r, c), (x.shape[0], w.shape[0], oh, ow), stride, [0, 0], dilation,
+                    False, groups, x.dtype)
+
+    for r in range(kh, 0, -1):
+        if ok(r, kw):
+            return r, kw
+    for c in range(kw - 1, 0, -1):
+        if ok(1, c):
+            return 1, c
+    return None
+
+
+def _pad(x: torch.Tensor, padding: list[int]) -> torch.Tensor:
+    return aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]]) if any(padding) else x
+
+
+def _tap_slices(x: torch.Tensor, w: torch.Tensor, out: list[int], stride: list[int], dilation: list[int],
+                block: tuple[int, int]) -> list[tuple[tuple[int, int], tuple[slice, slice], tuple[slice, slice]]]:
+    """Per block: (its input origin (row, col) in the padded input, its input rows/cols, its kernel rows/cols)."""
+    kh, kw = w.shape[2:]
+    r, c = block
+    res = []
+    for a0 in range(0, kh, r):
+        for b0 in range(0, kw, c):
+            rb, cb = min(r, kh - a0), min(c, kw - b0)
+            i0, j0 = a0 * dilation[0], b0 * dilation[1]
+            rows = slice(i0, i0 + (out[0] - 1) * stride[0] + (rb - 1) * dilation[0] + 1)
+            cols = slice(j0, j0 + (out[1] - 1) * stride[1] + (cb - 1) * dilation[1] + 1)
+            res.append(((i0, j0), (rows, cols), (slice(a0, a0 + rb), slice(b0, b0 + cb))))
+    return res
+
+
+def _patches(x: torch.Tensor, k: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """``[N * OH * OW, C * kh * kw]`` patch rows of ``x`` (rows past the last whole window dropped) and (OH, OW)."""
+    n, c, h, wd = x.shape
+    out = [h // k[0], wd // k[1]]
+    x = x[:, :, :out[0] * k[0], :out[1] * k[1]]
+    x = x.reshape(n, c, out[0], k[0], out[1], k[1]).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(n * out[0] * out[1], c * k[0] * k[1]), out
+
+
+def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
+                dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
+    """aten.convolution (1-D/2-D, not transposed) that one conv kernel can't hold; anything else NotImplemented."""
+    if transposed or x.dim() not in (3, 4) or not x.dtype.is_floating_point or x.numel() == 0 or w.numel() == 0:
+        return NotImplemented
+    nsp = x.dim() - 2
+    x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
+    if _direct(x2, w2, st, pad, dil, groups):
+        return NotImplemented
+    if _is_patches(w2, st, pad, dil, groups):
+        rows, out = _patches(x2, st)
+        wm = w2.reshape(w2.shape[0], -1).t()
+        y = aten.mm.default(rows, wm) if bias is None else aten.addmm.default(bias, rows, wm)
+        y = y.reshape(x.shape[0], out[0], out[1], w.shape[0]).permute(0, 3, 1, 2)
+    else:
+        xp = _pad(x2, pad)
+        block = _blocks(xp, w2, st, dil, groups)
+        if block is None:
+            return NotImplemented
+        out = [_out_size(xp.shape[2 + i], w2.shape[2 + i], st[i], 0, dil[i]) for i in range(2)]
+        acc = None
+        for _, (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
+            part = aten.convolution.default(xp[:, :, rows, cols], w2[:, :, kr, kc], None, st, [0, 0], dil, False,
+                                            [0, 0], groups).to(torch.float32)
+            acc = part if acc is None else acc + part
+        assert acc is not None
+        if bias is not None:
+            acc = acc + bias.to(torch.float32).reshape(1, -1, 1, 1)
+        y = acc.to(x.dtype)
+    y = y.contiguous()
+    return y.squeeze(2) if nsp == 1 else y
+
+
+def convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+                         dilation: list[int], groups: int, output_mask: list[bool]) -> Any:
+    """The backward of :func:`convolution`'s rewrites; NotImplemented where the forward kept the direct kernel."""
+    if x.dim() not in (3, 4) or not x.dtype.is_floating_point or x.numel() == 0 or w.numel() == 0 \
+            or go.numel() == 0:
+        return NotImplemented
+    nsp = x.dim() - 2
+    x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
+    go2 = go if nsp == 2 else go.unsqueeze(2)
+    if _direct(x2, w2, st, pad, dil, groups):
+        return NotImplemented
+    gi = gw = None
+    if _is_patches(w2, st, pad, dil, groups):
+        rows, out = _patches(x2, st)
+        n, c, h, wd = x2.shape
+        gp = go2.permute(0, 2, 3, 1).reshape(n * out[0] * out[1], w2.shape[0])
+        if output_mask[0]:
+            gr = aten.mm.default(gp, w2.reshape(w2.shape[0], -1))
+            gr = gr.reshape(n, out[0], out[1], c, st[0], st[1]).permute(0, 3, 1, 4, 2, 5)
+            gi = gr.reshape(n, c, out[0] * st[0], out[1] * st[1])
+            if (h, wd) != (out[0] * st[0], out[1] * st[1]):  # rows past the last whole window get no gradient
+                gi = aten.constant_pad_nd.default(gi, [0, wd - out[1] * st[1], 0, h - out[0] * st[0]])
+        if output_mask[1]:
+            gw = aten.mm.default(gp.t(), rows).reshape(w2.shape)
+    else:
+        xp = _pad(x2, pad)
+        block = _blocks(xp, w2, st, dil, groups)
+        if block is None:
+            return NotImplemented
+        out = list(go2.shape[2:])
+        gxp = None
+        gws: dict[tuple[int, int], torch.Tensor] = {}
+        for (i0, j0), (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
+            xb = xp[:, :, rows, cols]
+            gib, gwb, _ = aten.convolution_backward.default(go2, xb, w2[:, :, kr, kc], None, st, [0, 0], dil, False,
+                                                             [0, 0], groups, [output_mask[0], output_mask[1], False])
+            if output_mask[0]:
+                placed = aten.constant_pad_nd.default(gib.to(torch.float32), [
+                    j0, xp.shape[3] - j0 - xb.shape[3], i0, xp.shape[2] - i0 - xb.shape[2]])
+                gxp = placed if gxp is None else gxp + placed
+            if output_mask[1]:
+                gws[(kr.start, kc.start)] = gwb
+        if output_mask[0]:
+            assert gxp is not None
+            gi = gxp[:, :, pad[0]:pad[0] + x2.shape[2], pad[1]:pad[1] + x2.shape[3]].to(x.dtype)
+        if output_mask[1]:
+            row_starts = sorted({a for a, _ in gws})
+            gw = torch.cat([torch.cat([gws[(a, b)] for b in sorted(b for r, b in gws if r == a)], dim=3)
+                            for a in row_starts], dim=2)
+    gb = aten.sum.dim_IntList(go, [0, *range(2, go.dim())]) if output_mask[2] else None
+    if nsp == 1:
+        gi = None if gi is None else gi.squeeze(2)
+        gw = None if gw is None else gw.squeeze(2)
+    return gi, gw, gb
+
+
+__all__ = ["convolution", "convolution_backward"]
