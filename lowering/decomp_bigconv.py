@@ -2,20 +2,22 @@
 
 A conv kernel keeps every tap's weight tile in SBUF (``lowering.ops.conv``), so a kernel of more than ~190 taps
 per 128 output channels (fp32; ViT's 16 x 16 patch embedding has 256, ViT-B/32's 1024) does not fit. Two
-rewrites, both for 1-D/2-D convolutions that are not transposed, and only when the direct kernel does not fit:
+rewrites, for 1-D/2-D convolutions and only when the direct kernel does not fit:
 
 * **patches**: stride == kernel, no padding or dilation, one group (a ViT/CLIP patch embedding): the windows don't
   overlap, so the convolution is a matmul of the patches (a reshape and permute of the input, no im2col copy
   beyond one layout change) with the flattened weight, ``[N * OH * OW, C * kh * kw] @ [C * kh * kw, O]``;
-  its backward is two matmuls the same way.
-* **tap blocks**: any other shape sums the convolutions of blocks of kernel rows (and columns, when one row is too
-  many taps) over the explicitly padded input, each shifted to its taps' origin, in fp32. The backward runs each
-  block's own ``convolution_backward`` and adds the input gradients back at their offsets; the weight gradient is
-  the blocks' gradients side by side.
+  its backward is two matmuls the same way. A transposed one with stride == kernel (an "unpatchify") is the mirror
+  image: each input position's output patch is one row of ``[N * H * W, C] @ [C, O * kh * kw]``.
+* **tap blocks**: any other shape (not transposed) sums the convolutions of blocks of kernel rows (and columns,
+  when one row is too many taps) over the explicitly padded input, each shifted to its taps' origin, in fp32. The
+  backward runs each block's own ``convolution_backward`` and adds the input gradients back at their offsets; the
+  weight gradient is the blocks' gradients side by side.
 
 Both are registered as decompositions of ``aten.convolution`` / ``aten.convolution_backward`` (the ATen level
 AOTAutograd traces), so forward, backward and the inference graph take the same path. Shapes whose input band
-alone is too wide for one kernel stay as they are and are refused by the conv lowering's check.
+alone is too wide for one kernel, and other large transposed kernels, stay as they are and are refused by the conv
+lowering's check.
 """
 
 from __future__ import annotations
@@ -110,12 +112,44 @@ def _patches(x: torch.Tensor, k: list[int]) -> tuple[torch.Tensor, list[int]]:
     return x.reshape(n * out[0] * out[1], c * k[0] * k[1]), out
 
 
+def _transposed_patches(x: torch.Tensor, w: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+                        output_padding: Any, groups: int) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """(x, w) as 2-D and the output padding of a transposed convolution one conv kernel can't hold whose windows
+    don't overlap (stride == kernel, no padding or dilation, one group: an "unpatchify"); None otherwise."""
+    x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
+    op = _ints(output_padding, x.dim() - 2)
+    op = op if x.dim() == 4 else [0, *op]
+    out = [(x2.shape[2 + i] - 1) * st[i] - 2 * pad[i] + dil[i] * (w2.shape[2 + i] - 1) + op[i] + 1 for i in range(2)]
+    if fits(tuple(x2.shape), tuple(w2.shape), (x2.shape[0], w2.shape[1] * groups, *out), st, pad, dil, True, groups,
+            x.dtype) or not _is_patches(w2, st, pad, dil, groups):
+        return None
+    return x2, w2, op
+
+
+def _unpatchify(x2: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, op: list[int]) -> torch.Tensor:
+    """``conv_transpose(x, w)`` with stride == kernel: each input position writes its own output patch,
+    ``[N * H * W, C] @ [C, O * kh * kw]``; output_padding rows and columns get only the bias."""
+    n, c, h, wd = x2.shape
+    o, k = w2.shape[1], list(w2.shape[2:])
+    y = aten.mm.default(x2.permute(0, 2, 3, 1).reshape(n * h * wd, c), w2.reshape(c, -1))
+    y = y.reshape(n, h, wd, o, k[0], k[1]).permute(0, 3, 1, 4, 2, 5).reshape(n, o, h * k[0], wd * k[1])
+    if any(op):
+        y = aten.constant_pad_nd.default(y, [0, op[1], 0, op[0]])
+    return y if bias is None else y + bias.reshape(1, -1, 1, 1)
+
+
 def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
                 dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
-    """aten.convolution (1-D/2-D, not transposed) that one conv kernel can't hold; anything else NotImplemented."""
-    if transposed or x.dim() not in (3, 4) or not x.dtype.is_floating_point or x.numel() == 0 or w.numel() == 0:
+    """aten.convolution (1-D/2-D) that one conv kernel can't hold; anything else NotImplemented."""
+    if x.dim() not in (3, 4) or not x.dtype.is_floating_point or x.numel() == 0 or w.numel() == 0:
         return NotImplemented
     nsp = x.dim() - 2
+    if transposed:
+        tp = _transposed_patches(x, w, stride, padding, dilation, output_padding, groups)
+        if tp is None:
+            return NotImplemented
+        y = _unpatchify(tp[0], tp[1], bias, tp[2]).contiguous()
+        return y.squeeze(2) if nsp == 1 else y
     x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
     if _direct(x2, w2, st, pad, dil, groups):
         return NotImplemented
@@ -144,17 +178,31 @@ def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, str
 
 
 def convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
-                         dilation: list[int], groups: int, output_mask: list[bool]) -> Any:
+                         dilation: list[int], transposed: bool, output_padding: list[int], groups: int,
+                         output_mask: list[bool]) -> Any:
     """The backward of :func:`convolution`'s rewrites; NotImplemented where the forward kept the direct kernel."""
     if x.dim() not in (3, 4) or not x.dtype.is_floating_point or x.numel() == 0 or w.numel() == 0 \
             or go.numel() == 0:
         return NotImplemented
     nsp = x.dim() - 2
-    x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
     go2 = go if nsp == 2 else go.unsqueeze(2)
+    gi = gw = None
+    if transposed:
+        tp = _transposed_patches(x, w, stride, padding, dilation, output_padding, groups)
+        if tp is None:
+            return NotImplemented
+        x2, w2, _ = tp
+        n, c, h, wd = x2.shape
+        gp, _ = _patches(go2, list(w2.shape[2:]))  # [N * H * W, O * kh * kw]: the output padding drops out
+        xr = x2.permute(0, 2, 3, 1).reshape(n * h * wd, c)
+        if output_mask[0]:
+            gi = aten.mm.default(gp, w2.reshape(c, -1).t()).reshape(n, h, wd, c).permute(0, 3, 1, 2)
+        if output_mask[1]:
+            gw = aten.mm.default(xr.t(), gp).reshape(w2.shape)
+        return _finish(go, gi, gw, output_mask, nsp)
+    x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
     if _direct(x2, w2, st, pad, dil, groups):
         return NotImplemented
-    gi = gw = None
     if _is_patches(w2, st, pad, dil, groups):
         rows, out = _patches(x2, st)
         n, c, h, wd = x2.shape
@@ -192,11 +240,16 @@ def convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, str
             row_starts = sorted({a for a, _ in gws})
             gw = torch.cat([torch.cat([gws[(a, b)] for b in sorted(b for r, b in gws if r == a)], dim=3)
                             for a in row_starts], dim=2)
+    return _finish(go, gi, gw, output_mask, nsp)
+
+
+def _finish(go: torch.Tensor, gi: torch.Tensor | None, gw: torch.Tensor | None, output_mask: list[bool], nsp: int
+            ) -> tuple[torch.Tensor | None, ...]:
     gb = aten.sum.dim_IntList(go, [0, *range(2, go.dim())]) if output_mask[2] else None
     if nsp == 1:
         gi = None if gi is None else gi.squeeze(2)
         gw = None if gw is None else gw.squeeze(2)
-    return gi, gw, gb
+    return gi, None if gw is None else gw.contiguous(), gb
 
 
 __all__ = ["convolution", "convolution_backward"]

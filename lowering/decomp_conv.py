@@ -559,12 +559,12 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     if nsp not in (1, 2):
         return NotImplemented
     stride, padding, dilation = (list(v) * nsp if len(v) == 1 else list(v) for v in (stride, padding, dilation))
-    if not transposed:  # one conv kernel can't hold it: the forward was rewritten, and so is its backward
-        from neuron_compile.lowering.decomp_bigconv import convolution_backward
+    # one conv kernel can't hold it: the forward was rewritten, and so is its backward
+    from neuron_compile.lowering.decomp_bigconv import convolution_backward
 
-        big = convolution_backward(go, x, w, stride, padding, dilation, groups, output_mask)
-        if big is not NotImplemented:
-            return big
+    big = convolution_backward(go, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+    if big is not NotImplemented:
+        return big
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:

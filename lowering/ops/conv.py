@@ -214,6 +214,10 @@ def _conv_check(node: fx.Node) -> str | None:
     if math.prod(node_shape(node)) == 0:
         return None
     geo, _, _, _, blocks = _plan(node)
+    if blocks is None and geo.transposed and geo.kernel[0] * geo.kernel[1] * PMAX * 4 > SBUF_BUDGET // 2:
+        return (f"transposed convolution with a {geo.kernel[0]}x{geo.kernel[1]} kernel: its weight taps do not fit "
+                f"the SBUF budget of one kernel (only stride == kernel without padding is rewritten as a matmul); "
+                f"use a smaller kernel")
     if blocks is None:
         return (f"convolution input rows of width {geo.in_hw[1]} with {geo.cin_g} channels per group do not fit the "
                 f"SBUF budget of one kernel; split the input along its width")

@@ -125,3 +125,24 @@ def test_a_row_too_wide_for_one_tap_is_still_refused_by_name() -> None:
 def test_a_kernel_that_fits_stays_one_conv() -> None:
     kernels = check_grads(lambda x, w, b: _conv(x, w, b, 4), *_args((2, 3, 32, 32), (96, 3, 4, 4)))
     assert families(kernels).count("conv") == 2 and "matmul" not in families(kernels)
+
+
+@pytest.mark.parametrize("xs,ws,stride,output_padding", [
+    ((2, 96, 4, 5), (96, 128, 16, 16), 16, 0),  # tokens back to a feature map
+    ((1, 64, 3, 3), (64, 128, 16, 16), 16, (5, 0)),  # output padding: those rows hold only the bias
+    ((2, 32, 6), (32, 128, 300), 300, 7),  # 1-D
+])
+def test_unpatchify_is_a_matmul(xs: tuple[int, ...], ws: tuple[int, ...], stride: int, output_padding: Any) -> None:
+    conv_t = F.conv_transpose1d if len(xs) == 3 else F.conv_transpose2d
+    x, w = torch.randn(xs), torch.randn(ws) / ws[0] ** 0.5
+    kernels = check_grads(lambda x, w, b: conv_t(x, w, b, stride, 0, output_padding), x, w, torch.randn(ws[1]))
+    assert "conv" not in families(kernels) and "conv_wgrad" not in families(kernels)
+
+
+def test_other_large_transposed_kernels_are_refused_by_name() -> None:
+    x, w = torch.randn(1, 64, 5, 5), torch.randn(64, 128, 16, 16)
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x, w: F.conv_transpose2d(x, w, stride=8), backend="neuron")(x, w)
+    msg = str(unsupported(info.value))
+    assert "aten.convolution.default(float32[1, 64, 5, 5], float32[64, 128, 16, 16]" in msg
+    assert "transposed convolution with a 16x16 kernel: its weight taps do not fit the SBUF budget" in msg
