@@ -113,15 +113,6 @@ def test_a_band_too_wide_for_all_kernel_rows_takes_one_row_at_a_time() -> None:
     assert families(kernels).count("conv") >= 6
 
 
-def test_a_row_too_wide_for_one_tap_is_still_refused_by_name() -> None:
-    x, w = torch.randn(1, 3, 4, 30000), torch.randn(4, 3, 3, 3)
-    with pytest.raises(Exception) as info:
-        torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron")(x, w)
-    msg = str(unsupported(info.value))
-    assert "aten.convolution.default(float32[1, 3, 4, 30000], float32[4, 3, 3, 3]" in msg
-    assert "do not fit the SBUF budget of one kernel; split the input along its width" in msg
-
-
 def test_a_kernel_that_fits_stays_one_conv() -> None:
     kernels = check_grads(lambda x, w, b: _conv(x, w, b, 4), *_args((2, 3, 32, 32), (96, 3, 4, 4)))
     assert families(kernels).count("conv") == 2 and "matmul" not in families(kernels)
@@ -139,10 +130,15 @@ def test_unpatchify_is_a_matmul(xs: tuple[int, ...], ws: tuple[int, ...], stride
     assert "conv" not in families(kernels) and "conv_wgrad" not in families(kernels)
 
 
-def test_other_large_transposed_kernels_are_refused_by_name() -> None:
-    x, w = torch.randn(1, 64, 5, 5), torch.randn(64, 128, 16, 16)
+@pytest.mark.parametrize("fn,xs,ws,why", [
+    (lambda x, w: F.conv2d(x, w, padding=1), (1, 3, 4, 30000), (4, 3, 3, 3),  # a row too wide for even one tap
+     "do not fit the SBUF budget of one kernel; split the input along its width"),
+    (lambda x, w: F.conv_transpose2d(x, w, stride=8), (1, 64, 5, 5), (64, 128, 16, 16),  # not an unpatchify
+     "transposed convolution with a 16x16 kernel: its weight taps do not fit the SBUF budget"),
+])
+def test_what_stays_too_large_is_refused_by_name(fn: Any, xs: tuple[int, ...], ws: tuple[int, ...], why: str) -> None:
     with pytest.raises(Exception) as info:
-        torch.compile(lambda x, w: F.conv_transpose2d(x, w, stride=8), backend="neuron")(x, w)
+        torch.compile(fn, backend="neuron")(torch.randn(xs), torch.randn(ws))
     msg = str(unsupported(info.value))
-    assert "aten.convolution.default(float32[1, 64, 5, 5], float32[64, 128, 16, 16]" in msg
-    assert "transposed convolution with a 16x16 kernel: its weight taps do not fit the SBUF budget" in msg
+    assert f"aten.convolution.default(float32{list(xs)}, float32{list(ws)}" in msg
+    assert why in msg
