@@ -25,14 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from neuron_compile.lowering.ops.conv import fits
+from neuron_compile.lowering.ops.conv import fits, pair
 
 aten = torch.ops.aten
-
-
-def _ints(v: Any, n: int) -> list[int]:
-    vals = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-    return vals * n if len(vals) == 1 else vals
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -43,10 +38,8 @@ def _as_2d(x: torch.Tensor, w: torch.Tensor, stride: Any, padding: Any, dilation
            ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int], list[int]]:
     """A 1-D convolution's arguments as a 2-D one's (H = 1)."""
     nsp = x.dim() - 2
-    st, pad, dil = _ints(stride, nsp), _ints(padding, nsp), _ints(dilation, nsp)
-    if nsp == 2:
-        return x, w, st, pad, dil
-    return x.unsqueeze(2), w.unsqueeze(2), [1, *st], [0, *pad], [1, *dil]
+    st, pad, dil = (list(pair(v, nsp, fill)) for v, fill in ((stride, 1), (padding, 0), (dilation, 1)))
+    return (x, w, st, pad, dil) if nsp == 2 else (x.unsqueeze(2), w.unsqueeze(2), st, pad, dil)
 
 
 def _direct(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
@@ -88,8 +81,8 @@ def _pad(x: torch.Tensor, padding: list[int]) -> torch.Tensor:
 
 
 def _tap_slices(x: torch.Tensor, w: torch.Tensor, out: list[int], stride: list[int], dilation: list[int],
-                block: tuple[int, int]) -> list[tuple[tuple[int, int], tuple[slice, slice], tuple[slice, slice]]]:
-    """Per block: (its input origin (row, col) in the padded input, its input rows/cols, its kernel rows/cols)."""
+                block: tuple[int, int]) -> list[tuple[tuple[slice, slice], tuple[slice, slice]]]:
+    """Per block, row-major: (its input rows/cols in the padded input, its kernel rows/cols)."""
     kh, kw = w.shape[2:]
     r, c = block
     res = []
@@ -99,7 +92,7 @@ def _tap_slices(x: torch.Tensor, w: torch.Tensor, out: list[int], stride: list[i
             i0, j0 = a0 * dilation[0], b0 * dilation[1]
             rows = slice(i0, i0 + (out[0] - 1) * stride[0] + (rb - 1) * dilation[0] + 1)
             cols = slice(j0, j0 + (out[1] - 1) * stride[1] + (cb - 1) * dilation[1] + 1)
-            res.append(((i0, j0), (rows, cols), (slice(a0, a0 + rb), slice(b0, b0 + cb))))
+            res.append(((rows, cols), (slice(a0, a0 + rb), slice(b0, b0 + cb))))
     return res
 
 
@@ -117,8 +110,7 @@ def _transposed_patches(x: torch.Tensor, w: torch.Tensor, stride: Any, padding: 
     """(x, w) as 2-D and the output padding of a transposed convolution one conv kernel can't hold whose windows
     don't overlap (stride == kernel, no padding or dilation, one group: an "unpatchify"); None otherwise."""
     x2, w2, st, pad, dil = _as_2d(x, w, stride, padding, dilation)
-    op = _ints(output_padding, x.dim() - 2)
-    op = op if x.dim() == 4 else [0, *op]
+    op = list(pair(output_padding, x.dim() - 2, 0))
     out = [(x2.shape[2 + i] - 1) * st[i] - 2 * pad[i] + dil[i] * (w2.shape[2 + i] - 1) + op[i] + 1 for i in range(2)]
     if fits(tuple(x2.shape), tuple(w2.shape), (x2.shape[0], w2.shape[1] * groups, *out), st, pad, dil, True, groups,
             x.dtype) or not _is_patches(w2, st, pad, dil, groups):
@@ -165,7 +157,7 @@ def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, str
             return NotImplemented
         out = [_out_size(xp.shape[2 + i], w2.shape[2 + i], st[i], 0, dil[i]) for i in range(2)]
         acc = None
-        for _, (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
+        for (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
             part = aten.convolution.default(xp[:, :, rows, cols], w2[:, :, kr, kc], None, st, [0, 0], dil, False,
                                             [0, 0], groups).to(torch.float32)
             acc = part if acc is None else acc + part
@@ -222,24 +214,22 @@ def convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, str
             return NotImplemented
         out = list(go2.shape[2:])
         gxp = None
-        gws: dict[tuple[int, int], torch.Tensor] = {}
-        for (i0, j0), (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
+        gw_rows: dict[int, list[torch.Tensor]] = {}  # per block of kernel rows, its blocks of columns in order
+        for (rows, cols), (kr, kc) in _tap_slices(xp, w2, out, st, dil, block):
             xb = xp[:, :, rows, cols]
             gib, gwb, _ = aten.convolution_backward.default(go2, xb, w2[:, :, kr, kc], None, st, [0, 0], dil, False,
                                                              [0, 0], groups, [output_mask[0], output_mask[1], False])
             if output_mask[0]:
                 placed = aten.constant_pad_nd.default(gib.to(torch.float32), [
-                    j0, xp.shape[3] - j0 - xb.shape[3], i0, xp.shape[2] - i0 - xb.shape[2]])
+                    cols.start, xp.shape[3] - cols.stop, rows.start, xp.shape[2] - rows.stop])
                 gxp = placed if gxp is None else gxp + placed
             if output_mask[1]:
-                gws[(kr.start, kc.start)] = gwb
+                gw_rows.setdefault(kr.start, []).append(gwb)
         if output_mask[0]:
             assert gxp is not None
             gi = gxp[:, :, pad[0]:pad[0] + x2.shape[2], pad[1]:pad[1] + x2.shape[3]].to(x.dtype)
         if output_mask[1]:
-            row_starts = sorted({a for a, _ in gws})
-            gw = torch.cat([torch.cat([gws[(a, b)] for b in sorted(b for r, b in gws if r == a)], dim=3)
-                            for a in row_starts], dim=2)
+            gw = torch.cat([torch.cat(blocks, dim=3) for blocks in gw_rows.values()], dim=2)
     return _finish(go, gi, gw, output_mask, nsp)
 
 
