@@ -71,8 +71,16 @@ def _native_layer_norm(x: torch.Tensor, normalized_shape: Any, weight: Any, bias
     return out.to(x.dtype), mean.to(stats), rstd.to(stats)
 
 
+def _integral_scalars(t: torch.Tensor, *scalars: Any) -> tuple[Any, ...]:
+    """addmm/addbmm's beta and alpha as eager takes them: truncated to integers for integer operands."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return scalars
+    return tuple(int(x) for x in scalars)
+
+
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
     """addmm as mm + bias so the bias add fuses into the matmul's PSUM eviction."""
+    beta, alpha = _integral_scalars(a, beta, alpha)
     out = aten.mm.default(a, b)
     if alpha != 1:
         out = aten.mul.Tensor(out, alpha)
@@ -115,7 +123,12 @@ def _constant_pad_nd(x: torch.Tensor, pad: Any, value: Any = 0) -> torch.Tensor:
 
 def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
     """addbmm: beta x + alpha sum_b b1[b] @ b2[b] (one batched matmul, then a sum over the batch)."""
-    out = aten.sum.dim_IntList(aten.bmm.default(b1, b2), [0])
+    beta, alpha = _integral_scalars(b1, beta, alpha)
+    if b1.dtype.is_floating_point or b1.dtype.is_complex:
+        out = aten.sum.dim_IntList(aten.bmm.default(b1, b2), [0])
+    else:  # one matmul over the batch's concatenated reductions: it wraps at the operands' width as eager does
+        nb, n, k = b1.shape
+        out = aten.mm.default(b1.permute(1, 0, 2).reshape(n, nb * k), b2.reshape(nb * k, b2.shape[2]))
     if alpha != 1:
         out = aten.mul.Tensor(out, alpha)
     return out if beta == 0 else aten.add.Tensor(out, x if beta == 1 else aten.mul.Tensor(x, beta))
@@ -343,6 +356,18 @@ OWN: dict[Any, Callable[..., Any]] = {
 }
 
 
+def _first(fn: Callable[..., Any], then: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``fn``, or ``then`` where ``fn`` returns NotImplemented (an op with no ``then`` is traced as it is)."""
+    if then is None:
+        return fn
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return then(*args, **kwargs) if out is NotImplemented else out
+
+    return first
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
@@ -356,6 +381,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_bits import BITS
     from neuron_compile.lowering.decomp_igamma import IGAMMA
     from neuron_compile.lowering.decomp_index import INDEX
+    from neuron_compile.lowering.decomp_intmm import INTMM
     from neuron_compile.lowering.decomp_nn import NN
     from neuron_compile.lowering.decomp_special import SPECIAL
 
@@ -364,6 +390,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)
+    for op, fn in INTMM.items():  # integer operands only: anything else goes on to the decomposition before
+        table[op] = _first(fn, table.get(op))
     table.update(SPECIAL)
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 

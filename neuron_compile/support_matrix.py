@@ -186,6 +186,8 @@ def _node_arg(graph: fx.Graph, value: Any, counter: list[int]) -> Any:
 
 def probe(op: OpOverload, d: torch.dtype) -> bool | None:
     """True if the backend lowers ``op`` on dtype ``d``, False if it refuses, None if torch rejects the call."""
+    from torch.utils._pytree import tree_map_only
+
     from neuron_compile.backend import unsupported_nodes
 
     try:
@@ -195,12 +197,50 @@ def probe(op: OpOverload, d: torch.dtype) -> bool | None:
         out = op(*args, **kwargs, **({"device": "meta"} if factory else {}))
     except Exception:  # the dtype is not valid for this op in torch itself (or the sample is)
         return None
+    decomposed = _decomposed(op, args, kwargs)
+    if decomposed is not None:
+        # a decomposition traces where eager's own CPU kernel may not exist (meta tensors take any dtype)
+        try:
+            op(*tree_map_only(torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), args), **kwargs)
+        except Exception:
+            return None
+        return not unsupported_nodes(decomposed)
     graph = fx.Graph()
     counter = [0]
     node = graph.call_function(op, _node_arg(graph, args, counter), kwargs)
     node.meta["val"] = out
     graph.output(node)
     return not unsupported_nodes(fx.GraphModule(torch.nn.Module(), graph))
+
+
+def _decomposed(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule | None:
+    """The graph a compile lowers for ``op`` on these arguments when one of the backend's decompositions takes it
+    (integer matmuls, for one, are limb matmuls in fp32); None when the op reaches its lowering rule as it is."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from neuron_compile.lowering.decompositions import decompositions
+
+    table = decompositions()
+    if op not in table:
+        return None
+    flat, spec = tree_flatten(args)
+    where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        values = list(flat)
+        for i, t in zip(where, tensors, strict=True):
+            values[i] = t
+        return op(*tree_unflatten(values, spec), **kwargs)
+
+    try:
+        gm = make_fx(call, decomposition_table=table, tracing_mode="fake")(*[flat[i] for i in where])
+    except Exception:  # the decomposition does not trace on the sample: probe the op's own rule
+        return None
+    calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    if calls == [op]:
+        return None  # the decomposition declined (NotImplemented): the rule takes the op
+    return gm
 
 
 @dataclass(frozen=True)
@@ -284,8 +324,8 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
         "like int32; int64 values live as int32) or are refused; int8/int16/uint8 values compute in int32 and wrap "
         "at their own width as torch's (ops whose intermediate wraps would differ, such as integer `prod`, a "
-        "narrow `cumsum` or `index_put(accumulate=True)`, are refused); an integer division by zero raises as "
-        "eager's.",
+        "narrow `cumsum` or `index_put(accumulate=True)`, are refused); integer matmuls are fp32 matmuls of "
+        "8-bit limbs, exact, an int64 result past int32 raising; an integer division by zero raises as eager's.",
         "",
     ]
     header = "| ATen op | kind | " + " | ".join(SHORT[d] for d in DTYPES) + " | notes |"

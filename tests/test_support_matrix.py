@@ -51,8 +51,9 @@ def test_json_schema_covers_exactly_the_registry(data, capsys):
 def test_dtype_limits_come_from_the_rules_checks(data):
     ops = _by_op(data)
     # matmul check: TensorE takes fp32/bf16/fp16 only.
-    assert ops["aten.mm.default"]["dtypes"] == ["float32", "bfloat16", "float16"]
-    assert ops["aten.bmm.default"]["dtypes"] == ["float32", "bfloat16", "float16"]
+    # integer matmuls come from decomp_intmm (fp32 matmuls of 8-bit limbs), which the probe follows
+    assert ops["aten.mm.default"]["dtypes"] == ["float32", "bfloat16", "float16", "int64", "int32", "int16", "int8", "uint8"]
+    assert ops["aten.bmm.default"]["dtypes"] == ["float32", "bfloat16", "float16", "int64", "int32", "int16", "int8", "uint8"]
     # bitwise ops lower on integers and bools, not floats; activations only on floats; views on everything.
     assert ops["aten.bitwise_and.Tensor"]["dtypes"] == [d for d in ALL if not d.startswith(("float", "bfloat"))]
     assert ops["aten.gelu.default"]["dtypes"] == ["float32", "bfloat16", "float16", "float64"]
@@ -62,23 +63,30 @@ def test_dtype_limits_come_from_the_rules_checks(data):
 
 
 def test_probe_agrees_with_the_compiler():
-    assert sm.probe(torch.ops.aten.mm.default, torch.int64) is False
+    assert sm.probe(torch.ops.aten.mm.default, torch.int64) is True  # limb matmuls in fp32 (decomp_intmm)
     assert sm.probe(torch.ops.aten.mm.default, torch.float32) is True
-    f = torch.compile(lambda a, b: a @ b, backend="neuron", dynamic=False)
+    assert sm.probe(torch.ops.aten.frac.default, torch.int64) is None  # eager's CPU kernel is float-only
+    assert sm.probe(torch.ops.aten.prod.default, torch.int64) is False
+    f = torch.compile(lambda a: a.prod(), backend="neuron", dynamic=False)
     with pytest.raises(Exception) as info:
-        f(torch.ones(4, 8, dtype=torch.int64), torch.ones(8, 5, dtype=torch.int64))
+        f(torch.ones(4, 8, dtype=torch.int64))
     exc: BaseException | None = info.value
     while exc is not None and not isinstance(exc, UnsupportedOpError):
         exc = exc.__cause__ or exc.__context__
-    assert exc is not None and "aten.mm.default" in str(exc) and "torch.int64" in str(exc)
+    assert exc is not None and "aten.prod.default" in str(exc) and "torch.int64" in str(exc)
+    g = torch.compile(lambda a, b: a @ b, backend="neuron", dynamic=False)
+    a, b = torch.arange(32).reshape(4, 8), torch.arange(40).reshape(8, 5)
+    assert torch.equal(g(a, b), a @ b)
 
 
 def test_text_output_grouped_by_family(capsys):
     assert main(["ops", "--family", "matmul", "--family", "scan"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "matmul (2)"
-    assert out[1].split() == ["aten.bmm.default", "float32", "bfloat16", "float16"]
-    assert out[2].split() == ["aten.mm.default", "float32", "bfloat16", "float16"]
+    assert out[1].split() == ["aten.bmm.default", "float32", "bfloat16", "float16", "int64", "int32", "int16", "int8",
+                              "uint8"]
+    assert out[2].split() == ["aten.mm.default", "float32", "bfloat16", "float16", "int64", "int32", "int16", "int8",
+                              "uint8"]
     assert out[3] == "scan (5)" and [ln.split()[0] for ln in out[4:9]] == [
         "aten.cummax.default", "aten.cummin.default", "aten.cumprod.default", "aten.cumsum.default",
         "aten.logcumsumexp.default"]
@@ -88,7 +96,7 @@ def test_text_output_grouped_by_family(capsys):
 def test_committed_markdown_is_the_generated_one():
     text = sm.render_markdown(sm.matrix())
     assert DOC.read_text(encoding="utf-8") == text, "docs/ops.md is stale: run `neuron-compile ops --markdown docs/ops.md`"
-    assert "do not edit by hand" in text and "| `aten.mm.default` | matmul | ✓ | ✓ | ✓ |  |" in text
+    assert "do not edit by hand" in text and "| `aten.mm.default` | matmul | ✓ | ✓ | ✓ |  | ✓ |" in text
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "## Supported ops" in readme and "(docs/ops.md)" in readme
 
