@@ -272,6 +272,36 @@ def _dist(a: torch.Tensor, b: torch.Tensor, p: Any = 2) -> torch.Tensor:
     return torch.linalg.vector_norm(a - b, float(p))
 
 
+def _pow_scalar_base(base: Any, e: Any) -> Any:
+    """``base ** e`` for a Python number ``base`` that ``exp(e * ln(base))`` (the lowering) gets wrong: 1 (1 for
+    every e, inf and NaN too), 0, negative, infinite or NaN, with C's ``pow`` rules as eager has them: a negative
+    base takes the sign of an odd integer exponent and gives NaN for a finite non-integer one."""
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not isinstance(e, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(base, e)
+    b = float(base)
+    if not dtype.is_floating_point or (b > 0 and b != 1 and math.isfinite(b)):
+        return NotImplemented
+    x = e.to(torch.float32)
+    m = abs(b)
+    nan, inf = float("nan"), float("inf")
+    if math.isnan(b):
+        mag = torch.where(x == 0, 1.0, nan)
+    elif m == 1:
+        mag = torch.where(x.isnan() & (b < 0), nan, 1.0)
+    elif m in (0.0, inf):
+        big, small = (inf, 0.0) if m == inf else (0.0, inf)
+        mag = torch.where(x > 0, big, torch.where(x < 0, small, torch.where(x == 0, 1.0, nan)))
+    else:
+        mag = torch.exp(x * math.log(m))
+    if math.copysign(1.0, b) < 0:
+        integer = x == x.trunc()  # inf counts (even), NaN doesn't
+        mag = torch.where(integer & (x.abs().fmod(2.0) == 1.0), -mag, mag)
+        if 0 < m < inf:
+            mag = torch.where(integer, mag, nan)
+    return mag.to(dtype)
+
+
 def _fma(a: Any, b: Any, c: Any) -> torch.Tensor:
     """prims.fma (behind addcmul / addcdiv / lerp in the optimizers' update rules, e.g. AdamW's
     ``exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)``): ``a * b + c``, rounded twice where eager
@@ -326,6 +356,7 @@ def _foreach_table() -> dict[Any, Callable[..., Any]]:
 
 
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.pow.Scalar: _pow_scalar_base,
     torch.ops.prims.gcd.default: _gcd,
     torch.ops.prims.fma.default: _fma,
     aten.lcm.default: _lcm,

@@ -241,10 +241,17 @@ _register_cache_hooks()
 
 
 def _check_devices(example_inputs: Sequence[Any]) -> None:
-    """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute)."""
-    from neuron_compile.errors import InputDeviceError
+    """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute), or
+    a nested or sparse one."""
+    from neuron_compile.errors import InputDeviceError, UnsupportedOpError
 
     for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and (x.is_nested or x.is_sparse):
+            kind = "nested (jagged)" if x.is_nested else "sparse"
+            fix = ("pad it into a dense tensor (torch.nested.to_padded_tensor(x, 0.0)) with a mask, and compile the "
+                   "code that takes the padded tensor" if x.is_nested else "make it dense with .to_dense()")
+            raise UnsupportedOpError(f"input {i} of the compiled graph is a {kind} tensor, which the neuron backend "
+                                     f"does not compile (NeuronCore kernels take dense tensors of static shape): {fix}")
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             what = f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
             hint = (" (a meta tensor has no values: infer shapes by running the model eagerly on meta tensors, "

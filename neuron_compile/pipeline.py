@@ -31,6 +31,17 @@ log = logging.getLogger(__name__)
 _SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                            torch.int16, torch.int8, torch.uint8, torch.bool}
 
+def _dtype_advice(dtype: torch.dtype) -> str:
+    """What to cast an input of an unsupported dtype to."""
+    if dtype in (torch.uint16, torch.uint32, torch.uint64):
+        return "NeuronCores have no unsigned integers wider than 8 bits; cast it to int32, or int64 for values of 2**31 and up"
+    if dtype.is_complex:
+        return "complex inputs are computed as float32 pairs: cast it to complex64"
+    if dtype.is_floating_point:
+        return "cast it to bfloat16 or float32"
+    return "cast it to int32, float32 or bfloat16"
+
+
 def describe_inputs(node: fx.Node) -> str:
     parts = []
     for a in node.args:
@@ -56,8 +67,7 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 if val.is_sparse or getattr(val, "is_nested", False):
                     problems.append(f"input {node.name}: sparse/nested tensors are not supported")
                 elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported (complex and float8 "
-                                    f"inputs cannot be lowered; cast to float32/bfloat16)")
+                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported ({_dtype_advice(val.dtype)})")
                 elif node.meta.get("neuron_constant") and (why := _constant_beyond_int32(node, val)):
                     problems.append(why)
             continue

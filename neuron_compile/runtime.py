@@ -269,6 +269,13 @@ class CompiledGraph:
             if not isinstance(t, torch.Tensor):
                 raise RuntimeExecutionError(f"input {ref.index}: expected a tensor, got {type(t).__name__}")
             t = t.detach()
+            if tuple(t.shape) != tuple(spec.shape):
+                raise RuntimeExecutionError(
+                    f"input {ref.index} of the compiled graph has shape {list(t.shape)}, but the graph was compiled "
+                    f"for {list(spec.shape)}. AOTAutograd passes a tensor made at run time in place of overlapping "
+                    f"inputs that are not views of one another (e.g. two .detach()ed overlapping slices of one "
+                    f"tensor, one of them changed in place), and can size it differently than at compile time: pass "
+                    f"the slices as views of their base (no .detach()) or .clone() them")
             if tuple(t.stride()) != spec.strides and t.numel() > 1:
                 # Kernels address the buffer with the compiled strides (e.g. a saved activation AOTAutograd
                 # expects column-major): lay the data out exactly that way, not merely contiguously.
@@ -305,15 +312,28 @@ class CompiledGraph:
 
     def outputs(self, bufs: list[np.ndarray | None]) -> list[Any]:
         """The graph outputs: torch tensors over the result buffers (one torch-owned storage per buffer, so
-        outputs of one buffer share memory as they do in eager). Each is a plain tensor placed on the storage
+        outputs of one buffer share memory as they do in eager). An output is a plain tensor placed on the storage
         with ``set_``, not an ``as_strided`` view: eager ops return non-views, and FSDP2 and autograd treat
-        views differently (in-place ops on views rebase their grad_fn)."""
+        views differently (in-place ops on views rebase their grad_fn). Two exceptions keep autograd's in-place
+        checks as eager has them (an in-place change of a user output that the backward also reads must bump the
+        version counter autograd checks before it uses the saved value): outputs that are the same value (buffer,
+        view, dtype) are one tensor object, and different views of one buffer are views of one tensor over it,
+        which gives them one version counter, as views of one eager result have."""
         plan = self.plan
+        views: dict[int, set[tuple[Any, ...]]] = {}
+        for spec in plan.outputs:
+            if spec.buffer is not None:
+                views.setdefault(spec.buffer, set()).add(_view_key(spec))
         results: list[Any] = []
         storages: dict[int, torch.Tensor] = {}
+        made: dict[tuple[Any, ...], torch.Tensor] = {}
         for spec in plan.outputs:
             if spec.buffer is None:
                 results.append(spec.literal)
+                continue
+            key = (spec.buffer, *_view_key(spec))
+            if key in made:
+                results.append(made[key])
                 continue
             data = bufs[spec.buffer]
             assert data is not None
@@ -322,16 +342,23 @@ class CompiledGraph:
             flat = storages[spec.buffer]
             want = _TORCH_DTYPES[spec.torch_dtype]
             if flat.numel() == 0 or math.prod(spec.shape) == 0:
-                results.append(torch.empty(spec.shape, dtype=want))
-                continue
-            placed = torch.bool if want == torch.bool and flat.dtype == torch.uint8 else flat.dtype
-            out = torch.empty(0, dtype=placed).set_(flat.untyped_storage(), spec.offset, spec.shape, spec.strides)
-            if want == torch.bool and out.dtype != torch.bool:
-                out = out != 0
-            elif out.dtype != want:
-                out = out.to(want)
+                out = torch.empty(spec.shape, dtype=want)
+            elif flat.dtype == want and len(views[spec.buffer]) > 1:
+                out = flat.as_strided(spec.shape, spec.strides, spec.offset)
+            else:
+                placed = torch.bool if want == torch.bool and flat.dtype == torch.uint8 else flat.dtype
+                out = torch.empty(0, dtype=placed).set_(flat.untyped_storage(), spec.offset, spec.shape, spec.strides)
+                if want == torch.bool and out.dtype != torch.bool:
+                    out = out != 0
+                elif out.dtype != want:
+                    out = out.to(want)
+            made[key] = out
             results.append(out)
         return results
+
+
+def _view_key(spec: Any) -> tuple[Any, ...]:
+    return (spec.offset, tuple(spec.shape), tuple(spec.strides), spec.torch_dtype)
 
 
 def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:

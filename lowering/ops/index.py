@@ -112,7 +112,14 @@ def lower_embedding(gl: Any, node: fx.Node) -> None:
     _emit_gather(gl, node, gl.view_of(node.args[0]), 0, node.args[1], "aten.embedding.default")
 
 
-@register_lowering(aten.index_select.default, family="index", kind="gather")
+def _index_select_check(node: fx.Node) -> str | None:
+    n = math.prod(node_shape(node.args[2]))
+    if len(node_shape(node.args[0])) == 0 and n != 1:
+        return f"index_select on a 0-d tensor takes exactly one index, got {n} (eager raises here too)"
+    return None
+
+
+@register_lowering(aten.index_select.default, family="index", kind="gather", check=_index_select_check)
 def lower_index_select(gl: Any, node: fx.Node) -> None:
     """aten.index_select along any dim: a row gather over the strided (permuted) view."""
     _emit_gather(gl, node, gl.view_of(node.args[0]), int(node.args[1]), node.args[2], "aten.index_select.default")

@@ -159,7 +159,7 @@ def lower_flip(gl: Any, node: fx.Node) -> None:
     offset = v.offset
     strides = list(v.strides)
     for d in dims:
-        if v.shape[d] > 1:
+        if d < len(v.shape) and v.shape[d] > 1:  # a 0-d tensor flips to itself
             offset += (v.shape[d] - 1) * v.strides[d]
             strides[d] = -strides[d]
     src = View(v.buffer, v.shape, tuple(strides), offset, v.torch_dtype)

@@ -188,11 +188,14 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     if _trace.ACTIVE is not None:
         _trace.mark_kernel(getattr(fn, "__name__", "kernel"))
     programs = math.prod(grid) if grid else 1
+    # The engines compute IEEE results (inf, NaN) without complaint: numpy's floating-point warnings about them
+    # would reach the user's console from every kernel whose inputs hold an inf or NaN.
     if programs == 2 and _lnc.synchronises(fn):
         with single_threaded_blas():
             result = _lnc.run_programs(fn, cargs, ckw, grid, strict_capacity, check_capacity)
     else:
-        result = _run_sequential(fn, cargs, ckw, grid, programs, strict_capacity)
+        with np.errstate(all="ignore"):
+            result = _run_sequential(fn, cargs, ckw, grid, programs, strict_capacity)
     for a in conv:
         if a.tensor.storage.written:
             _write_back(a)

@@ -27,6 +27,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from neuron_compile.errors import SimulatorError
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
@@ -210,7 +212,8 @@ def run_programs(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
             _trace.set_thread_trace(traces[pid])
         _state.push(st)
         try:
-            results[pid] = fn(*args, **kwargs)
+            with np.errstate(all="ignore"):  # IEEE results, no host warnings (see kernel.run)
+                results[pid] = fn(*args, **kwargs)
             check_capacity(name)
             rv.finish(pid, "finished")
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
