@@ -49,6 +49,7 @@ from neuron_compile.lowering.partition import Group, Partitioner, classify, node
 from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from neuron_compile.config import config
 from neuron_compile.errors import LoweringError, source_line
@@ -304,10 +305,23 @@ class GraphLowering:
                 result.append(OutputSpec(None, literal=self.literals[arg]))
             elif isinstance(arg, fx.Node):
                 v = self.view_of(arg)
-                result.append(OutputSpec(v.buffer, v.shape, v.strides, v.offset, str(v.torch_dtype).replace("torch.", "")))
+                result.append(OutputSpec(v.buffer, v.shape, v.strides, v.offset, str(v.torch_dtype).replace("torch.", ""),
+                                         layout=_eager_layout(arg, v)))
             else:
                 result.append(OutputSpec(None, literal=arg))
         return result
+
+
+def _eager_layout(node: fx.Node, view: View) -> tuple[int, ...] | None:
+    """The strides eager gives ``node``'s value when they are a dense layout other than the view's (a
+    channels_last result, a permuted one): the runner returns the output in that layout."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.numel() <= 1 or tuple(val.shape) != tuple(view.shape):
+        return None
+    strides = tuple(int(s) for s in val.stride())
+    if strides == tuple(view.strides) or not is_non_overlapping_and_dense_or_false(val):
+        return None
+    return strides
 
 
 class LoopGroupEmitter:

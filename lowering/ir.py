@@ -410,6 +410,7 @@ class OutputSpec:
     offset: int = 0
     torch_dtype: str = "float32"
     literal: Any = None
+    layout: tuple[int, ...] | None = None  # eager's strides when they differ (a dense permutation, channels_last)
 
 
 @dataclass(frozen=True)

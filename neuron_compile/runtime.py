@@ -352,6 +352,8 @@ class CompiledGraph:
                     out = out != 0
                 elif out.dtype != want:
                     out = out.to(want)
+                if spec.layout is not None and len(views[spec.buffer]) == 1:  # eager's layout (channels_last, ...)
+                    out = torch.empty_strided(spec.shape, spec.layout, dtype=out.dtype).copy_(out)
             made[key] = out
             results.append(out)
         return results

@@ -143,3 +143,21 @@ def test_nan_and_inf_results_raise_no_host_warnings() -> None:
         want = (torch.log(x), x / 0, x * math.inf, x - x)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_outputs_keep_eager_memory_layout() -> None:
+    """channels_last and permuted results come back in eager's strides (the values were always right; a model
+    that checks or relies on its activations' memory format saw contiguous ones)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)
+    for f in (lambda t: t * 2 + 1, conv, lambda t: t.permute(0, 2, 3, 1) * 2):
+        torch._dynamo.reset()
+        want, got = f(x), _compile(f)(x)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+    xg = x.clone().requires_grad_(True)
+    torch._dynamo.reset()
+    y = _compile(lambda t: conv(t) * 2)(xg)
+    y.sum().backward()
+    assert y.is_contiguous(memory_format=torch.channels_last) and xg.grad.stride() == x.stride()
