@@ -413,6 +413,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_igamma import IGAMMA
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_intmm import INTMM
+    from neuron_compile.lowering.decomp_intpow import INTPOW
     from neuron_compile.lowering.decomp_nn import NN
     from neuron_compile.lowering.decomp_special import SPECIAL
 
@@ -421,7 +422,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)
-    for op, fn in INTMM.items():  # integer operands only: anything else goes on to the decomposition before
+    for op, fn in {**INTMM, **INTPOW}.items():  # integer operands only: anything else goes on to the one before
         table[op] = _first(fn, table.get(op))
     table.update(SPECIAL)
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
