@@ -1,5 +1,5 @@
 """Integer matmuls (``mm``/``bmm``/``mv``/``dot`` and what decomposes into them: ``matmul``, ``addmm``, ``linear``,
-``baddbmm``, ``tensordot``, ...) computed exactly with float matmuls of 8-bit limbs.
+``baddbmm``, ``tensordot``, ...) and convolutions computed exactly with float matmuls (convolutions) of 8-bit limbs.
 
 TensorE multiplies floats. Every integer a NeuronCore holds is an int32 (int64 runs as int32 there), and an int32
 is the sum of four 8-bit limbs, ``a = a0 + a1 2^8 + a2 2^16 + a3 2^24`` with ``a0, a1, a2`` in [0, 255] and the
@@ -9,7 +9,8 @@ exact in TensorE's fp32 accumulation. So, per block of <= ``_chunk`` reduction i
 ``A_i @ B_j`` is an exact integer; converted to int32 and shifted by ``8 (i + j)`` bits, the pairs add up to
 ``A @ B`` modulo 2^32 (int32 arithmetic wraps, as torch's does). Pairs with ``8 (i + j) >= `` the result's width
 vanish modulo it and are not computed: int32 takes 10 pairs, int16 3, int8 and uint8 one (their values are one
-limb each, signed for int8).
+limb each, signed for int8). A convolution is bilinear too: its reduction blocks are blocks of input channels
+(all of a group's when there are several groups), and a kernel with more than 258 taps per block is refused.
 
 That is torch's result exactly for int8/uint8/int16/int32, whose matmuls wrap at their own width. An int64 result
 is exact modulo 2^64 in torch, so it must not have left int32: an fp32 shadow ``A @ B`` (within ``err`` of the
@@ -21,6 +22,8 @@ in int64 anyway).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,45 +47,82 @@ def _limbs(x: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
     return out
 
 
-def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> Any:
+def _exact_products(a: torch.Tensor, b: torch.Tensor, product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    units: int, per_unit: int, split: Callable[[torch.Tensor, torch.Tensor, int, int], Any],
+                    what: str) -> Any:
+    """``product(a, b)`` (bilinear, reducing over ``units`` slices of ``per_unit`` products each: a matmul's K, a
+    convolution's input channels) exactly, in ``a``'s integer dtype; ``split(ai, bj, u0, u1)`` gives the operands
+    of units u0..u1. NotImplemented when even one unit's products could leave fp32's exact range."""
     dtype = a.dtype
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or b.dtype != dtype:
-        return NotImplemented
     bits = _RESULT_BITS.get(dtype)
-    if bits is None:
+    if bits is None or b.dtype != dtype:
         return NotImplemented
-    mm = aten.bmm.default if a.dim() == 3 else aten.mm.default
-    k = a.shape[-1]
     la, lb = _limbs(a), _limbs(b)
-    chunk = max(1, (_EXACT - 1) // (max(m for _, m in la) * max(m for _, m in lb)))
+    per_block = (_EXACT - 1) // (max(m for _, m in la) * max(m for _, m in lb))
+    chunk = per_block // max(per_unit, 1)
+    if chunk < 1:
+        return NotImplemented
     acc: torch.Tensor | None = None
     for i, (ai, _) in enumerate(la):
         for j, (bj, _) in enumerate(lb):
             shift = _LIMB_BITS * (i + j)
             if shift >= bits:
                 continue
-            for k0 in range(0, max(k, 1), chunk):
-                k1 = min(k, k0 + chunk)
-                part = mm(ai[..., k0:k1], bj[..., k0:k1, :]) if k1 - k0 < k else mm(ai, bj)
+            for u0 in range(0, max(units, 1), chunk):
+                u1 = min(units, u0 + chunk)
+                part = product(*split(ai, bj, u0, u1)) if u1 - u0 < units else product(ai, bj)
                 term = part.to(torch.int32)
                 if shift:
                     term = term * (1 << shift)
                 acc = term if acc is None else acc + term
     assert acc is not None
     if dtype == torch.int64:
-        _check_int32(a, b, acc, mm, k)
+        _check_int32(a, b, acc, product, units * per_unit, what)
     return acc.to(dtype)
 
 
-def _check_int32(a: torch.Tensor, b: torch.Tensor, result: torch.Tensor, mm: Any, k: int) -> None:
-    """A device-side check that the int64 matmul's true result is the int32 ``result`` (module docstring)."""
+def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> Any:
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return NotImplemented
+    mm = aten.bmm.default if a.dim() == 3 else aten.mm.default
+    return _exact_products(a, b, mm, a.shape[-1], 1, lambda x, y, k0, k1: (x[..., k0:k1], y[..., k0:k1, :]),
+                           "matmul")
+
+
+def _int_convolution(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Any, padding: Any, dilation: Any,
+                     transposed: bool, output_padding: Any, groups: int) -> Any:
+    """An integer convolution (forward or transposed) as limb convolutions in fp32, reducing over blocks of input
+    channels (one group; with several groups, only when a whole group's products fit one block)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+
+    def conv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return aten.convolution.default(a, b, None, stride, padding, dilation, transposed, output_padding, groups)
+
+    def split(a: torch.Tensor, b: torch.Tensor, c0: int, c1: int) -> Any:
+        return a[:, c0:c1], (b[c0:c1] if transposed else b[:, c0:c1])
+
+    taps = math.prod(w.shape[2:])
+    if groups == 1:
+        out = _exact_products(x, w, conv, x.shape[1], taps, split, "convolution")
+    else:  # never split: one block must hold a whole group's products
+        out = _exact_products(x, w, conv, 1, taps * (x.shape[1] // groups), split, "convolution")
+    if out is NotImplemented or bias is None:
+        return out
+    shape = [1, -1] + [1] * (out.dim() - 2)
+    return (out.to(torch.int32) + bias.to(torch.int32).reshape(shape)).to(out.dtype)
+
+
+def _check_int32(a: torch.Tensor, b: torch.Tensor, result: torch.Tensor, product: Any, k: int, what: str) -> None:
+    """A device-side check that the int64 product's true result is the int32 ``result`` (module docstring): ``k``
+    products are summed into each result."""
     af, bf = a.to(torch.float32), b.to(torch.float32)
-    shadow = mm(af, bf)
-    bound = mm(af.abs(), bf.abs())
+    shadow = product(af, bf)
+    bound = product(af.abs(), bf.abs())
     # fp32 rounding of the operands (2^-24 each), of every product and of every partial sum: 2^-24 (k + 3) relative
     err = bound * (4.0 * (k + 3) * 2.0**-24)
     ok = ((result.to(torch.float32) - shadow).abs() <= 2.0**30) & (err <= 2.0**29)
-    aten._assert_async.msg(ok.all(), "integer overflow in an int64 matmul: a result (or the sum of its products' "
+    aten._assert_async.msg(ok.all(), f"integer overflow in an int64 {what}: a result (or the sum of its products' "
                                      "magnitudes) left the int32 range NeuronCores compute integers in; compute "
                                      "it in float64 on the CPU or keep the values smaller")
 
@@ -100,6 +140,7 @@ def _int_dot(a: torch.Tensor, b: torch.Tensor) -> Any:
 
 
 INTMM: dict[Any, Any] = {
+    aten.convolution.default: _int_convolution,
     aten.mm.default: _int_matmul,
     aten.bmm.default: _int_matmul,
     aten.mv.default: _int_mv,

@@ -422,8 +422,6 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)
-    for op, fn in {**INTMM, **INTPOW}.items():  # integer operands only: anything else goes on to the one before
-        table[op] = _first(fn, table.get(op))
     table.update(SPECIAL)
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 
@@ -454,6 +452,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(LINALG)
     table.update(QR)
     table.update(MATRIX_EXP)
+    for op, fn in {**INTMM, **INTPOW}.items():  # integer operands only: anything else goes on to the one before
+        table[op] = _first(fn, table.get(op))
     return table
 
 

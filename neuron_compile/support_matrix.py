@@ -324,8 +324,8 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
         "like int32; int64 values live as int32) or are refused; int8/int16/uint8 values compute in int32 and wrap "
         "at their own width as torch's (ops whose intermediate wraps would differ, such as integer `prod`, a "
-        "narrow `cumsum` or `index_put(accumulate=True)`, are refused); integer matmuls are fp32 matmuls of "
-        "8-bit limbs and integer powers square-and-multiply in int32, both exact, an int64 result past int32 "
+        "narrow `cumsum` or `index_put(accumulate=True)`, are refused); integer matmuls and convolutions are "
+        "fp32 products of 8-bit limbs and integer powers square-and-multiply in int32, both exact, an int64 result past int32 "
         "raising; an integer division by zero raises as eager's.",
         "",
     ]

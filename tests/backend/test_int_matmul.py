@@ -1,4 +1,5 @@
-"""Integer matmuls (lowering/decomp_intmm.py): exact, with eager's wrap-around, from fp32 matmuls of 8-bit limbs.
+"""Integer matmuls and convolutions (lowering/decomp_intmm.py): exact, with eager's wrap-around, from fp32 products
+of 8-bit limbs.
 
 Values span each dtype's whole range and the reductions are long enough (K = 700 > the 256 products an fp32
 accumulation holds exactly) that a plain fp32 matmul would be wrong in the low bits: every result must equal
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.exc import BackendCompilerFailed
 
 from neuron_compile import backend as B
 from neuron_compile.errors import DeviceAssertionError
@@ -89,3 +91,27 @@ def test_empty_reduction_and_float_matmuls_unchanged() -> None:
     srcs = B.compiled_graphs()[-1]["sources"]
     text = "".join(s for _, s in srcs) if isinstance(srcs, list) else "".join(srcs.values())
     assert "nisa.nc_matmul" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8], ids=str)
+def test_integer_convolutions_match_eager_exactly(dtype: torch.dtype) -> None:
+    """Convolutions of integers reduce over blocks of input channels (40 channels of 3x3 taps: two blocks for
+    4-limb int64) with the bias added in int32; grouped, 1-D, 3-D and (int64, as eager) transposed ones too."""
+    lo, hi = (-300, 300) if dtype == torch.int64 else RANGES[dtype]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(lo, hi, (2, 40, 9, 9), dtype=dtype, generator=g)
+    w = torch.randint(lo, hi, (6, 40, 3, 3), dtype=dtype, generator=g)
+    b = torch.randint(lo, hi, (6,), dtype=dtype, generator=g)
+    _same(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), x, w, b)
+    _same(lambda x, w: F.conv1d(x, w, padding=2), x[:, :, 0], w[:, :, 0])
+    _same(lambda x, w: F.conv2d(x, w, groups=2), x, w[:, :20])
+    _same(lambda x, w: F.conv3d(x, w), x[:, :8].reshape(2, 8, 9, 3, 3), w[:, :8, :2].reshape(6, 8, 2, 3, 1))
+    if dtype == torch.int64:  # eager's CPU transposed convolution takes int64 only
+        _same(lambda x, w: F.conv_transpose2d(x, w, stride=2, output_padding=1), x, w.transpose(0, 1).contiguous())
+
+
+def test_integer_convolution_with_too_many_taps_is_refused() -> None:
+    """300 taps of 4-limb products exceed what one fp32 accumulation holds exactly: refused by name."""
+    x, w = torch.ones(1, 1, 400, dtype=torch.int64), torch.ones(2, 1, 300, dtype=torch.int64)
+    with pytest.raises(BackendCompilerFailed, match="convolution of torch.int64 x torch.int64 is not supported"):
+        torch.compile(lambda a, b: F.conv1d(a, b), backend="neuron", dynamic=False)(x, w)
