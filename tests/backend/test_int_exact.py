@@ -374,3 +374,19 @@ def test_int64_pow_beyond_int32_raises() -> None:
     f = torch.compile(torch.pow, backend="neuron", dynamic=False)
     with pytest.raises(DeviceAssertionError, match="integer overflow in an int64 pow"):
         f(torch.tensor([3, 2]), torch.tensor([25, 31]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_max_pool_values_and_indices_are_exact(dtype: torch.dtype) -> None:
+    """A tap scan with int32 ``>`` (first largest wins, padding never does): values beyond 2**24, where an fp32
+    compare would merge neighbours, keep their exact order; 1-D, 2-D (ceil_mode, dilation), 3-D, unbatched."""
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -(2**31)), min(info.max, 2**31 - 1)
+    x = torch.randint(lo, hi, (2, 3, 9, 8), dtype=torch.int64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x[0, 0, :2, :2] = torch.tensor([[B24 + 1, B24], [B24 + 3, B24 + 2]]).to(dtype) if dtype in INTS else 7
+    _check(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), x)
+    _check(lambda t: F.max_pool2d(t, (2, 3), (2, 1), (1, 0), (2, 1), ceil_mode=True, return_indices=True), x)
+    _check(lambda t: F.max_pool1d(t, 3, 2, 1, return_indices=True), x[:, :, 0])
+    _check(lambda t: F.max_pool3d(t, 2, 1, 1, return_indices=True), x.reshape(2, 3, 3, 3, 8))
+    _check(lambda t: F.max_pool2d(t, 3, 3, ceil_mode=True), x[0])
+    _check(lambda t: F.max_pool2d(t, 3, 1, 1, return_indices=True), torch.zeros(1, 1, 4, 4, dtype=dtype))  # ties

@@ -1,0 +1,87 @@
+"""Max pooling of integers (1-D, 2-D and 3-D, with indices), exactly.
+
+The pool kernels compare in fp32, which holds every integer only below 2^24. An integer max pool is instead a scan
+over the kernel's taps in eager's order (the last dim innermost): each tap is one strided slice of the padded
+input, and an elementwise int32 ``>`` keeps the first largest value of each window and its flat input index,
+exactly as eager's loop (``val > maxval``). Taps that fall into the padding or past the input never win (eager
+pads with -inf): a static mask per tap says where each one is inside the input.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """torch's pooling output length (``pooling_output_shape``)."""
+    o = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (o - 1) * s >= size + p:
+        o -= 1
+    return o
+
+
+def _per_dim(value: Any, n: int, default: list[int]) -> list[int]:
+    v = [int(x) for x in value] if isinstance(value, (list, tuple)) else [int(value)]
+    if not v:
+        return list(default)
+    return v * n if len(v) == 1 else v
+
+
+def _int_max_pool(n: int) -> Any:
+    def fn(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+           ceil_mode: bool = False) -> Any:
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            return NotImplemented
+        if x.dim() == n + 1:  # unbatched
+            v, i = fn(x.unsqueeze(0), kernel_size, stride, padding, dilation, ceil_mode)
+            return v.squeeze(0), i.squeeze(0)
+        ks = _per_dim(kernel_size, n, [])
+        st, pad, dil = _per_dim(stride, n, ks), _per_dim(padding, n, [0] * n), _per_dim(dilation, n, [1] * n)
+        sizes = [int(s) for s in x.shape[-n:]]
+        outs = [_out_size(*a, ceil_mode) for a in zip(sizes, ks, st, pad, dil, strict=True)]
+        # pad every spatial dim so that each tap's strided slice exists (the padding's values never win)
+        pads: list[int] = []
+        for size, k, s, p, d, o in reversed(list(zip(sizes, ks, st, pad, dil, outs, strict=True))):
+            pads += [p, max(0, (o - 1) * s + (k - 1) * d + 1 - size - p)]
+        xp = aten.constant_pad_nd.default(x, pads, 0)
+        mults = [1] * n
+        for i in range(n - 2, -1, -1):
+            mults[i] = mults[i + 1] * sizes[i + 1]
+        best = index = seen = None
+        for taps in itertools.product(*[range(k) for k in ks]):
+            v = xp
+            valid = None
+            flat = None
+            for dim, (t, s, p, d, o, size, mult) in enumerate(zip(taps, st, pad, dil, outs, sizes, mults, strict=True)):
+                axis = x.dim() - n + dim
+                v = aten.slice.Tensor(v, axis, t * d, t * d + (o - 1) * s + 1, s)
+                coord = torch.arange(o, device=x.device) * s + (t * d - p)
+                shape = [1] * x.dim()
+                shape[axis] = o
+                inside = ((coord >= 0) & (coord < size)).reshape(shape)
+                term = (coord * mult).reshape(shape)
+                valid = inside if valid is None else valid & inside
+                flat = term if flat is None else flat + term
+            assert valid is not None and flat is not None
+            if best is None:
+                best, index, seen = v, flat.expand(v.shape), valid
+                continue
+            take = valid & (~seen | (v > best))
+            best = torch.where(take, v, best)
+            index = torch.where(take, flat, index)
+            seen = seen | valid
+        assert best is not None and index is not None
+        return best.contiguous(), index.to(torch.int64).contiguous()
+
+    return fn
+
+
+INTPOOL: dict[Any, Any] = {
+    aten.max_pool2d_with_indices.default: _int_max_pool(2),
+    aten.max_pool3d_with_indices.default: _int_max_pool(3),
+}
