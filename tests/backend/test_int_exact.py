@@ -390,3 +390,16 @@ def test_integer_max_pool_values_and_indices_are_exact(dtype: torch.dtype) -> No
     _check(lambda t: F.max_pool3d(t, 2, 1, 1, return_indices=True), x.reshape(2, 3, 3, 3, 8))
     _check(lambda t: F.max_pool2d(t, 3, 3, ceil_mode=True), x[0])
     _check(lambda t: F.max_pool2d(t, 3, 1, 1, return_indices=True), torch.zeros(1, 1, 4, 4, dtype=dtype))  # ties
+
+
+def test_integer_avg_pool_truncates_like_eager() -> None:
+    """int64 average pooling (eager's CPU kernel takes int64 only): the window sum over the divisor eager uses
+    (padded window clipped to the padded input, the input itself without count_include_pad, divisor_override),
+    truncated toward zero."""
+    x = torch.randint(-500, 500, (2, 3, 9, 8), generator=torch.Generator().manual_seed(0))
+    _check(lambda t: F.avg_pool2d(t, 3, 2, 1), x)
+    _check(lambda t: F.avg_pool2d(t, (3, 2), (2, 3), (1, 1), ceil_mode=True, count_include_pad=False), x)
+    _check(lambda t: F.avg_pool2d(t, 3, 2, 1, divisor_override=2), x)
+    _check(lambda t: F.avg_pool1d(t, 3, 2, 1), x[:, :, 0])
+    _check(lambda t: F.avg_pool3d(t, 2, 1, 1), x.reshape(2, 3, 3, 3, 8))
+    _check(lambda t: F.avg_pool2d(t, 2), x[0])
