@@ -415,6 +415,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_intmm import INTMM
     from neuron_compile.lowering.decomp_intpool import INTPOOL
     from neuron_compile.lowering.decomp_intpow import INTPOW
+    from neuron_compile.lowering.decomp_intprod import INTPROD
     from neuron_compile.lowering.decomp_nn import NN
     from neuron_compile.lowering.decomp_special import SPECIAL
 
@@ -453,7 +454,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(LINALG)
     table.update(QR)
     table.update(MATRIX_EXP)
-    for op, fn in {**INTMM, **INTPOW, **INTPOOL}.items():  # integer operands only: anything else goes on to the one before
+    for op, fn in {**INTMM, **INTPOW, **INTPOOL, **INTPROD}.items():  # integer operands only: anything else goes on to the one before
         table[op] = _first(fn, table.get(op))
     return table
 

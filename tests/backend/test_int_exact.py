@@ -253,7 +253,8 @@ def _refused(fn: Callable[..., Any], *xs: torch.Tensor) -> str:
 
 
 @pytest.mark.parametrize(("fn", "parts"), [
-    (lambda x: x.prod(-1), ("aten.prod", "torch.int64", "no exact integer product", "in float")),
+    (lambda x: x.scatter_reduce(1, torch.zeros_like(x), x, "mean"),
+     ("scatter_reduce(reduce='mean')", "torch.int64", "scatter into a float tensor")),
 ])
 def test_refusals_name_op_dtype_and_fix(fn: Callable[..., Any], parts: tuple[str, ...]) -> None:
     msg = _refused(fn, _big(torch.int64))
@@ -403,3 +404,23 @@ def test_integer_avg_pool_truncates_like_eager() -> None:
     _check(lambda t: F.avg_pool1d(t, 3, 2, 1), x[:, :, 0])
     _check(lambda t: F.avg_pool3d(t, 2, 1, 1), x.reshape(2, 3, 3, 3, 8))
     _check(lambda t: F.avg_pool2d(t, 2), x[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_integer_prod_and_cumprod_are_exact(dtype: torch.dtype) -> None:
+    """prod as a tree and cumprod as a scan of integer multiplications (int64 results guarded, an explicit int8
+    dtype wrapping), zeros next to products past int32 included."""
+    x = torch.randint(-3, 4, (4, 7, 5), generator=torch.Generator().manual_seed(0))
+    x = (x > 0) if dtype == torch.bool else (x.abs() if dtype == torch.uint8 else x).to(dtype)
+    _check(lambda t: t.prod(), x[0, :3])
+    _check(lambda t: t.prod(1), x)
+    _check(lambda t: t.prod(-1, keepdim=True, dtype=torch.int8), x)
+    _check(lambda t: t.cumprod(1), x)
+    _check(lambda t: t.cumprod(2, dtype=torch.int8), x)
+
+
+def test_integer_products_past_int32_raise_unless_a_zero_decides() -> None:
+    _check(lambda t: t.prod(), torch.tensor([2**20, 2**20, 0]))
+    _check(lambda t: t.cumprod(0), torch.tensor([7, 0, 2**20, 2**20, 3]))
+    with pytest.raises(DeviceAssertionError, match="integer overflow in aten.mul.Tensor"):
+        _compile(lambda t: t.prod())(torch.tensor([2**20, 2**20]))
