@@ -109,6 +109,9 @@ class RemoteTier:
             except RedisError as exc:
                 self._fail(what, exc)
                 return None
+            except Exception as exc:  # noqa: BLE001 - a remote that misbehaves in any way never fails a compile
+                self._fail(what, RedisError(f"{type(exc).__name__}: {exc}"[:300]))
+                return None
 
     # -- read-through -----------------------------------------------------------------------------
     def fetch(self, key: CacheKey) -> CacheEntry | None:
@@ -154,6 +157,8 @@ class RemoteTier:
             report = import_archive(self.store, payload, verifier)
         except ArchiveError as exc:
             return str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bad value is refused, never a failed compile
+            return f"unreadable value ({type(exc).__name__}: {exc})"[:300]
         if key.digest in report.imported or key.digest in report.skipped:
             return None
         for r in report.rejected:
@@ -246,8 +251,8 @@ def make_remote(url: str, store: CacheStore) -> RemoteTier | None:
     try:
         parsed = parse_redis_url(url)
     except ValueError as exc:
-        store_mod.warn_once(f"remote-url:{url}", "neuron-compile remote cache disabled: NEURON_COMPILE_REMOTE_CACHE=%s",
-                            exc)
+        store_mod.warn_once(f"remote-url:{exc}", "neuron-compile remote cache disabled: NEURON_COMPILE_REMOTE_CACHE=%s",
+                            exc)  # the message holds the URL without its password
         return None
     return RemoteTier(parsed, store, timeout=float(config.remote_cache_timeout), secret=config.remote_cache_secret)
 

@@ -14,6 +14,7 @@ they are read, so a hostile server can't make a client allocate without bound.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import ssl
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 MAX_REPLY = 1 << 30
+_MAX_DEPTH = 8  # nesting of RESP arrays accepted in a reply
 
 
 class RedisError(OSError):
@@ -52,6 +54,8 @@ class RedisURL:
 def parse_redis_url(url: str) -> RedisURL:
     """``redis://[user:password@]host[:port][/db]`` (or ``rediss://``); raises ValueError with the fix."""
     parsed = urllib.parse.urlsplit(url.strip())
+    # messages show the URL without its password
+    url = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url.strip()) if "@" in url else url
     if parsed.scheme not in ("redis", "rediss"):
         raise ValueError(f"{url!r}: expected redis://host:port/db (or rediss:// for TLS)")
     if not parsed.hostname:
@@ -153,7 +157,7 @@ class RedisClient:
         data, self._buf = self._buf[:n], self._buf[n + 2:]
         return data
 
-    def _reply(self) -> object:
+    def _reply(self, depth: int = 0) -> object:
         line = self._line()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -171,7 +175,9 @@ class RedisClient:
             return self._exact(n)
         if kind == b"*":
             n = int(rest)
-            return None if n < 0 else [self._reply() for _ in range(min(n, 1 << 16))]
+            if depth >= _MAX_DEPTH:  # the cache's commands get flat replies: deep nesting is garbage
+                raise RedisError(f"protocol error (arrays nested more than {_MAX_DEPTH} deep)")
+            return None if n < 0 else [self._reply(depth + 1) for _ in range(min(n, 1 << 16))]
         raise RedisError(f"protocol error (unexpected reply {line[:40]!r})")
 
     def _call(self, *parts: bytes | str | int) -> object:

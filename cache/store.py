@@ -22,6 +22,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import pwd
 import shutil
@@ -309,7 +310,9 @@ class CacheStore:
                 raise CorruptEntry("entries/<key> is a symbolic link, not a folder")
             if not stat.S_ISDIR(st.st_mode):
                 raise CorruptEntry("entries/<key> is a file, not a folder")
-            manifest, data = verify_entry(path, key.digest)
+            # the key parts must hash to the entry's name too: an entry moved or copied under another key would
+            # otherwise serve another graph's kernels
+            manifest, data = verify_entry(path, key.digest, check_parts=True)
         except CorruptEntry as exc:
             self.quarantine(key.digest, exc.reason)
             stats.record(self.root, "corrupt", key=key.digest[:16])
@@ -458,7 +461,11 @@ class CacheStore:
         """Count a hit in ``stats.jsonl`` (``whole_graph=True`` for a whole Dynamo graph served at once)."""
         load = time.perf_counter() - start
         origin = entry.origin
-        stats.record(self.root, "hit", key=entry.key[:16], saved=float(entry.manifest.get("compile_seconds", 0.0)),
+        try:
+            saved = float(entry.manifest.get("compile_seconds", 0.0))
+        except (TypeError, ValueError):  # a hand-edited manifest: the hit is still a hit
+            saved = 0.0
+        stats.record(self.root, "hit", key=entry.key[:16], saved=saved if math.isfinite(saved) else 0.0,
                      load=round(load, 6), **({"origin": origin} if origin != "local" else {}), **fields)
         log.debug("neuron-compile cache hit %s (%.1f ms)", entry.key[:12], load * 1e3)
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import lzma
 import os
 import re
 import shutil
 import tarfile
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +145,10 @@ def export_entries(store: CacheStore, digests: list[str], dest: Path) -> tuple[l
     return exported, skipped
 
 
+# what reading a truncated or corrupt gzip/bz2/xz stream raises besides tarfile.TarError
+_STREAM_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, lzma.LZMAError)
+
+
 def _scan(tar: tarfile.TarFile) -> dict[str, list[tuple[str, tarfile.TarInfo]]]:
     groups: dict[str, list[tuple[str, tarfile.TarInfo]]] = {}
     for member in tar.getmembers():
@@ -237,14 +243,14 @@ def import_archive(store: CacheStore, archive: Path | bytes, verifier: Verifier 
     try:
         tar = tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") if isinstance(archive, bytes) \
             else tarfile.open(archive, "r:*")
-    except (OSError, tarfile.TarError) as exc:
+    except (OSError, tarfile.TarError, *_STREAM_ERRORS) as exc:
         raise ArchiveError(f"cannot read {what}: {exc}") from None
     report = ImportReport()
     with tar:
         try:
             groups = _scan(tar)
-        except tarfile.TarError as exc:
-            raise ArchiveError(f"cannot read {what}: {exc}") from None
+        except (tarfile.TarError, *_STREAM_ERRORS) as exc:  # a truncated or garbled compressed stream
+            raise ArchiveError(f"cannot read {what}: {type(exc).__name__}: {exc}") from None
         for digest, members in sorted(groups.items()):
             if os.path.lexists(store.entry_path(digest)):
                 report.skipped.append(digest)
@@ -279,7 +285,7 @@ def import_archive(store: CacheStore, archive: Path | bytes, verifier: Verifier 
                         else:
                             report.rejected.append({"key": digest, "reason": f"cannot write: {exc.strerror or exc}"})
                         continue
-                    if isinstance(exc, tarfile.TarError):
+                    if isinstance(exc, (tarfile.TarError, *_STREAM_ERRORS)):
                         report.rejected.append({"key": digest, "reason": f"archive data unreadable: {exc}"})
                         continue
                     reason = f"verification failed ({type(exc).__name__}: {exc})"

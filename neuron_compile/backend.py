@@ -230,7 +230,12 @@ def _register_cache_hooks() -> None:
     from neuron_compile.cache import remote
 
     remote.set_verifier(verify_entry_by_recompiling)  # unsigned remote entries are verified this way
-    if config.warm_frames:  # on by default: warm starts skip Dynamo's capture too (NEURON_COMPILE_WARM_FRAMES=0: off)
+    try:
+        enabled = config.warm_frames
+    except ConfigError as exc:  # a malformed cache setting: one warning, the feature off (docs/cache.md)
+        log.warning("neuron-compile cache: %s; warm frames are off in this process", exc)
+        enabled = False
+    if enabled:  # on by default: warm starts skip Dynamo's capture too (NEURON_COMPILE_WARM_FRAMES=0: off)
         from neuron_compile import warm_frames
 
         # hooks into torch.compile (knob off: torch untouched)

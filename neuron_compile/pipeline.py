@@ -162,13 +162,14 @@ def compile_lowerable(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: s
     with compile_record.phase("load"):
         try:
             plan, sources = load_artifacts(files)
+            compiled = CompiledGraph(plan, sources)  # loads the kernels: a cached source must compile too
         except Exception as exc:  # an entry that passed its hashes but can't be loaded: never fail the compile
             if not hit:
                 raise
             _quarantine_unloadable(key, exc)
             files, hit = build()[0], False
             plan, sources = load_artifacts(files)
-        compiled = CompiledGraph(plan, sources)
+            compiled = CompiledGraph(plan, sources)
     cache_ms = (time.perf_counter() - lookup_start) * 1000 if hit else 0.0
     ms = (time.perf_counter() - start) * 1000
     log.info("neuron: %s graph: %d nodes -> %d kernels, cache %s, %.1f ms", kind,

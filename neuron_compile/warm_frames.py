@@ -71,13 +71,20 @@ VERIFIED_TORCH = ("2.13.", "2.14.")
 def supported(version: str | None = None) -> bool:
     """Whether warm frames may be installed with torch ``version`` (default: the installed one)."""
     return (torch.__version__ if version is None else version).startswith(VERIFIED_TORCH)
+
+
 _loaded_graphs: list[str] = []  # backend ids installed from the cache in this process (tests, benchmark)
 
 
 def enabled() -> bool:
+    """The knob; a malformed value is off (the backend warned once at import)."""
     from neuron_compile.config import config
+    from neuron_compile.errors import ConfigError
 
-    return bool(config.warm_frames)
+    try:
+        return bool(config.warm_frames)
+    except ConfigError:
+        return False
 
 
 def loaded_graphs() -> list[str]:
