@@ -4,7 +4,9 @@ Owns the sub-command's argparse tree (``add_arguments``) and its verbs (``run``)
 ``list``, ``show``, ``stats``, ``verify``, ``prune``, ``clear``, ``diff``, ``export``, ``import``.
 Conventions follow ``pip cache``/``uv cache``/``ccache -s``: tables for people, ``--json`` for
 scripts (schemas in docs/cache.md), exit 0 ok / 1 error / 2 usage. Read-only verbs never create
-the cache folder; a missing or empty cache is reported, not an error. ``main(argv)`` runs it alone.
+the cache folder; a missing or empty cache is reported, not an error (a root that is a file is one).
+An entry whose manifest can't be read or has fields of the wrong type is listed as unreadable and
+reported by ``show``/``diff``/``verify`` as corrupt. ``main(argv)`` runs it alone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import difflib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -25,7 +28,8 @@ from typing import Any
 from neuron_compile.cache import stats as cache_stats
 from neuron_compile.cache.key import flatten_parts
 from neuron_compile.cache.lock import is_held
-from neuron_compile.cache.manifest import CorruptEntry, read_manifest, verify_entry
+from neuron_compile.cache.manifest import CorruptEntry, dir_size, last_used, read_manifest, verify_entry
+from neuron_compile.cache.resp import parse_redis_url
 from neuron_compile.cache.store import CacheStore, check_root, default_root
 from neuron_compile.cache.transfer import ArchiveError, entry_info, export_entries, import_archive
 
@@ -72,7 +76,7 @@ def human_size(n: float) -> str:
 
 
 def ago(ts: float | None, now: float | None = None) -> str:
-    if not ts:
+    if not ts or not _finite_number(ts):
         return "-"
     delta = max(0.0, (now or time.time()) - ts)
     for limit, unit, div in ((60, "s", 1), (3600, "m", 60), (86400, "h", 3600), (float("inf"), "d", 86400)):
@@ -82,7 +86,16 @@ def ago(ts: float | None, now: float | None = None) -> str:
 
 
 def iso(ts: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts)) if ts else None
+    if not ts:
+        return None
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(ts))
+    except (TypeError, ValueError, OverflowError, OSError):  # NaN, or beyond what the platform's time_t holds
+        return "?"
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -102,17 +115,40 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _json_safe(value: object) -> object:
+    """``value`` with NaN and infinities (which a hand-edited manifest may hold) as null: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _emit(data: object) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    print(json.dumps(_json_safe(data), indent=2, sort_keys=True, default=str, allow_nan=False))
 
 
 # ------------------------------------------------------------------------------------------------
 # Store helpers
 
 
-def _store(args: argparse.Namespace) -> CacheStore:
+def _root(args: argparse.Namespace) -> Path:
     cache_dir = getattr(args, "cache_dir", None)
-    return CacheStore(Path(os.path.abspath(os.path.expanduser(cache_dir))) if cache_dir else default_root())
+    return Path(os.path.abspath(os.path.expanduser(cache_dir))) if cache_dir else default_root()
+
+
+def _store(args: argparse.Namespace) -> CacheStore:
+    """The store at the chosen root; a root (or its ``entries/``) that exists but is not a folder is an error,
+    not an empty cache."""
+    root = _root(args)
+    for path in (root, root / "entries"):
+        if os.path.lexists(path) and not path.is_dir():
+            what = "the cache directory" if path == root else "its entries folder"
+            raise CliError(f"{path} ({what}) is not a directory; point --cache-dir or NEURON_COMPILE_CACHE_DIR at "
+                           "a cache folder (a missing one is fine: it is created on first use)")
+    return CacheStore(root)
 
 
 def _writable_store(args: argparse.Namespace) -> CacheStore:
@@ -138,8 +174,19 @@ def resolve_prefix(store: CacheStore, prefix: str) -> str:
     return matches[0]
 
 
+def _entry_info(store: CacheStore, digest: str) -> dict[str, Any]:
+    """:func:`entry_info`, with a manifest whose contents it can't summarise reported as unreadable."""
+    try:
+        return entry_info(store, digest)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, RecursionError) as exc:
+        path = store.entry_path(digest)
+        return {"key": digest, "valid": False, "problem": f"manifest.json has unexpected contents ({exc})",
+                "path": str(path), "size": dir_size(path), "last_used": last_used(path), "created": None,
+                "kind": None, "graph": {}, "inputs": [], "kernels": [], "files": 0, "compile_seconds": None}
+
+
 def _infos(store: CacheStore) -> list[dict[str, Any]]:
-    return [entry_info(store, d) for d in store.digests()]
+    return [_entry_info(store, d) for d in store.digests()]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,8 +194,7 @@ def _infos(store: CacheStore) -> list[dict[str, Any]]:
 
 
 def cmd_path(args: argparse.Namespace) -> int:
-    store = _store(args)
-    print(store.root)
+    print(_root(args))
     if not config.cache:
         print("note: the cache is disabled (NEURON_COMPILE_CACHE=0)", file=sys.stderr)
     return 0
@@ -200,7 +246,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         problem = None
     except CorruptEntry as exc:
         data, problem = {}, exc.reason
-    info = entry_info(store, digest)
+    info = _entry_info(store, digest)
     if args.json:
         out = {**manifest, "path": str(path), "last_used": info["last_used"], "valid": problem is None,
                "problem": problem}
@@ -221,7 +267,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"kernels:      {', '.join(info['kernels']) or '-'}")
     print(f"created:      {iso(manifest['created'])}")
     print(f"last used:    {iso(info['last_used'])} ({ago(info['last_used'])})")
-    print(f"compile time: {manifest.get('compile_seconds', 0.0):.3f} s")
+    seconds = manifest.get("compile_seconds", 0.0)
+    print(f"compile time: {f'{seconds:.3f} s' if _finite_number(seconds) else '? (not recorded)'}")
     print(f"size:         {human_size(info['size'])}")
     print("files:")
     for name, meta in sorted(manifest["files"].items()):
@@ -252,12 +299,13 @@ def _is_text(blob: bytes) -> bool:
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.zero:
-        if not store.root.is_dir():
-            print(f"No cache at {store.root}: nothing to zero")
-            return 0
-        if not cache_stats.zero_stats(store.root):
+        zeroed = store.root.is_dir()
+        if zeroed and not cache_stats.zero_stats(store.root):
             raise CliError(f"cannot write {store.root / cache_stats.STATS_FILE}")
-        print("Statistics zeroed")
+        if args.json:
+            _emit({"cache_dir": str(store.root), "zeroed": zeroed})
+        else:
+            print("Statistics zeroed" if zeroed else f"No cache at {store.root}: nothing to zero")
         return 0
     totals = cache_stats.read_stats(store.root)
     infos = _infos(store)
@@ -288,7 +336,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     remote = totals["remote"]
     if any(remote.values()) or config.remote_cache:
         rows += [
-            ("Remote cache", config.remote_cache or "(not configured now)"),
+            ("Remote cache", _redacted_url(config.remote_cache) if config.remote_cache else "(not configured now)"),
             ("Remote hits", str(remote["hits"])),
             ("Remote misses", str(remote["misses"])),
             ("Remote published", str(remote["published"])),
@@ -299,6 +347,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _redacted_url(url: str) -> str:
+    """The remote cache URL without its password (``stats`` output is pasted into tickets and chats)."""
+    try:
+        return parse_redis_url(url).redacted()
+    except ValueError:  # its message quotes the URL, password included: say less
+        text = url.strip()
+        if "@" in text:  # whatever precedes the last '@' may hold credentials
+            head, _, tail = text.rpartition("@")
+            text = (head.split("://", 1)[0] + "://" if "://" in head else "") + "***@" + tail
+        return text + "  (not a valid redis:// URL)"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -385,19 +445,31 @@ def cmd_prune(args: argparse.Namespace) -> int:
             victim = keep.pop(0)
             doomed.append(victim)
             total -= victim["size"]
-    removed = [i for i in doomed if args.dry_run or store.remove(i["key"])]
+    removed: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for i in doomed:
+        problem = None if args.dry_run else store.remove_reason(i["key"])
+        if problem is None:
+            removed.append(i)
+        else:  # still there (a read-only root...): it is kept, and the command fails below
+            failures.append(problem)
+            keep.append(i)
     freed = sum(i["size"] for i in removed)
     if not args.dry_run and store.root.is_dir():
         freed += _clean_aside(store, args.older_than if args.older_than is not None else _STALE_TMP)
     kept = sum(i["size"] for i in keep)
     if args.json:
         _emit({"removed": [i["key"] for i in removed], "freed_bytes": freed, "kept": len(keep),
-               "kept_bytes": kept, "dry_run": args.dry_run})
-        return 0
-    verb = "Would remove" if args.dry_run else "Removed"
-    for i in removed:
-        print(f"{verb} {i['key'][:12]}  {human_size(i['size'])}  last used {ago(i['last_used'], now)}")
-    print(f"{verb} {len(removed)} entries ({human_size(freed)}); {len(keep)} entries ({human_size(kept)}) kept")
+               "kept_bytes": kept, "dry_run": args.dry_run, "failed": len(failures),
+               "error": failures[0] if failures else None})
+    else:
+        verb = "Would remove" if args.dry_run else "Removed"
+        for i in removed:
+            print(f"{verb} {i['key'][:12]}  {human_size(i['size'])}  last used {ago(i['last_used'], now)}")
+        print(f"{verb} {len(removed)} entries ({human_size(freed)}); {len(keep)} entries ({human_size(kept)}) kept")
+    if failures:
+        raise CliError(f"could not remove {len(failures)} of {len(doomed)} entries from {store.root} ({failures[0]}); "
+                       "they are still there, counted as kept")
     return 0
 
 
@@ -405,7 +477,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
     store = _store(args)
     digests = store.digests()
     if not store.root.is_dir():
-        print(f"No cache at {store.root}: nothing to clear")
+        if args.json:
+            _emit({"removed": 0, "freed_bytes": 0, "failed": 0, "error": None})
+        else:
+            print(f"No cache at {store.root}: nothing to clear")
         return 0
     if not args.yes:
         if not sys.stdin.isatty():
@@ -419,7 +494,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     removed = 0
     failures: list[str] = []
     for d in digests:
-        entry_size = entry_info(store, d)["size"]
+        entry_size = dir_size(store.entry_path(d))
         problem = store.remove_reason(d)
         if problem is None:
             removed += 1
@@ -459,7 +534,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
              for name in sorted(set(flat_a) | set(flat_b), key=lambda n: (list(flat_a).index(n) if n in flat_a else 1e9, n))
              if flat_a.get(name, missing) != flat_b.get(name, missing)]
     graph_diff: list[str] = []
-    texts = [m.get("graph_text") or "" for m in manifests]
+    texts = [m.get("graph_text") if isinstance(m.get("graph_text"), str) else "" for m in manifests]
     if texts[0] != texts[1] and all(texts):
         graph_diff = [line.rstrip("\n") for line in difflib.unified_diff(
             texts[0].splitlines(), texts[1].splitlines(), f"a/{digests[0][:12]}", f"b/{digests[1][:12]}", lineterm="")]
@@ -481,13 +556,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if not args.file.strip():
+        raise CliError("export needs the name of the archive to write, e.g. "
+                       "`neuron-compile cache export warm-cache.tar.gz`; got an empty FILE")
+    dest = Path(args.file)
+    if dest.is_dir() or not dest.name:
+        raise CliError(f"{args.file} is a directory; give the archive's file name, e.g. "
+                       f"{dest / 'neuron-compile-cache.tar.gz'}")
     store = _store(args)
     digests = [resolve_prefix(store, p) for p in args.keys] if args.keys else store.digests()
-    dest = Path(args.file)
     try:
         exported, skipped = export_entries(store, digests, dest)
     except OSError as exc:
         raise CliError(f"cannot write {dest}: {exc.strerror or exc}") from None
+    except (ValueError, OverflowError) as exc:  # an entry tar can't represent; nothing was written
+        raise CliError(f"cannot write {dest}: {exc}; run `neuron-compile cache verify` to find the entry") from None
     if args.json:
         _emit({"file": str(dest), "exported": exported, "skipped": skipped})
     else:
@@ -499,8 +582,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     src = Path(args.file)
-    if not src.is_file():
+    if src.is_dir():
+        raise CliError(f"{src} is a directory, not an archive: give the .tar.gz file that "
+                       "`neuron-compile cache export` wrote")
+    if not src.exists():
         raise CliError(f"{src}: no such file")
+    if not src.is_file():
+        raise CliError(f"{src} is not a regular file: give the .tar.gz file that `neuron-compile cache export` wrote")
     store = _writable_store(args)
     verifier = None
     if args.trust:
@@ -587,12 +675,17 @@ def run(args: argparse.Namespace) -> int:
               "neuron-compile cache: error: a VERB is required", file=sys.stderr)
         return 2
     try:
+        bool(config.cache)  # a bad NEURON_COMPILE_CACHE fails every verb alike, before any output
         return int(fn(args))
     except (CliError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `neuron-compile cache list | head`
         return 0
+    except OSError as exc:  # a file system refusal no verb anticipated: still one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except SystemExit as exc:  # parser.error() for a usage mistake argparse can't express
         return int(exc.code or 0)
 

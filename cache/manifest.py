@@ -77,7 +77,12 @@ def build_manifest(key: CacheKey, files: Mapping[str, bytes], summary: Mapping[s
 
 
 def read_manifest(entry_dir: Path) -> dict[str, Any]:
-    """Parse and shape-check ``entry_dir/manifest.json`` (raises :class:`CorruptEntry`)."""
+    """Parse and shape-check ``entry_dir/manifest.json`` (raises :class:`CorruptEntry`).
+
+    Besides the required fields, the optional ones readers rely on (``summary``, ``graph_text``, the
+    ``inputs`` and ``graph`` key parts) must have the types the cache writes, ``created`` must be a
+    plausible time and the JSON must not nest absurdly deep: such a manifest is corrupt, not a crash later.
+    """
     path = entry_dir / MANIFEST
     try:
         raw = _read_nofollow(path)
@@ -89,11 +94,16 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
         manifest = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise CorruptEntry(f"manifest.json is not valid JSON ({len(raw)} bytes)") from None
+    except RecursionError:  # `[[[[...]]]]`: the C decoder gives up at the interpreter's recursion limit
+        raise CorruptEntry(f"manifest.json is nested too deeply to read ({len(raw)} bytes)") from None
     if not isinstance(manifest, dict):
         raise CorruptEntry("manifest.json is not a JSON object")
+    if _nesting_exceeds(manifest, MAX_NESTING):
+        raise CorruptEntry(f"manifest.json is nested more than {MAX_NESTING} levels deep")
     for field, kind in (("key", str), ("key_parts", dict), ("files", dict), ("created", (int, float))):
-        if not isinstance(manifest.get(field), kind):
+        if not isinstance(manifest.get(field), kind) or isinstance(manifest.get(field), bool):
             raise CorruptEntry(f"manifest.json lacks a valid '{field}' field")
+    _check_field_shapes(manifest)
     for name, meta in manifest["files"].items():
         try:
             check_file_name(name)
@@ -102,6 +112,70 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
         if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and isinstance(meta.get("sha256"), str)):
             raise CorruptEntry(f"manifest.json has no size/sha256 for {name!r}")
     return manifest
+
+
+# Far deeper than any manifest the cache writes (key parts and summaries nest a handful of levels); a
+# deeper one is garbage, and readers that walk it (``flatten_parts``, ``json.dumps``) would recurse.
+MAX_NESTING = 64
+# Unix seconds a manifest's ``created`` may hold: from the epoch to the end of year 9999, what
+# ``time.localtime`` and a tar header (``export``) can represent everywhere.
+_MAX_TIMESTAMP = 253402300799.0
+
+
+def _nesting_exceeds(value: object, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists/objects more than ``limit`` levels (iterative: no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _check_field_shapes(manifest: dict[str, Any]) -> None:
+    """The optional fields readers use must have the types the cache writes (raises :class:`CorruptEntry`).
+
+    ``compile_seconds`` is deliberately not checked: a bad value only loses a statistic (readers treat
+    it as unknown), so the entry stays usable.
+    """
+    created = manifest["created"]
+    if not 0 <= created <= _MAX_TIMESTAMP:  # also false for NaN; no float() of a huge int
+        raise CorruptEntry(f"manifest.json has an impossible 'created' time ({created!r}); expected Unix seconds")
+    for field, kind, expected in (("summary", dict, "an object"), ("graph_text", str, "a string")):
+        value = manifest.get(field)
+        if value is not None and not isinstance(value, kind):
+            raise CorruptEntry(f"manifest.json's '{field}' is a {_json_type(value)}, expected {expected}")
+    parts = manifest["key_parts"]
+    inputs = parts.get("inputs")
+    if inputs is not None:
+        if not isinstance(inputs, list):
+            raise CorruptEntry(f"manifest.json's key part 'inputs' is a {_json_type(inputs)}, expected a list")
+        for i, sig in enumerate(inputs):
+            shape = sig.get("shape") if isinstance(sig, dict) else None
+            if shape is not None and not isinstance(shape, list):
+                raise CorruptEntry(f"manifest.json's key part 'inputs[{i}].shape' is a {_json_type(shape)}, "
+                                   "expected a list")
+    graph = parts.get("graph")
+    if graph is not None and not isinstance(graph, dict):
+        raise CorruptEntry(f"manifest.json's key part 'graph' is a {_json_type(graph)}, expected an object")
+    ops = graph.get("ops") if isinstance(graph, dict) else None
+    if ops is not None:
+        if not isinstance(ops, dict):
+            raise CorruptEntry(f"manifest.json's key part 'graph.ops' is a {_json_type(ops)}, expected an object "
+                               "of op counts")
+        for name, count in ops.items():
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise CorruptEntry(f"manifest.json's key part 'graph.ops' counts {name!r} as {count!r}, "
+                                   "expected an integer")
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def verify_entry(entry_dir: Path, digest: str | None = None, *, check_parts: bool = False

@@ -51,4 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if getattr(args, "cache_dir", None):  # also for scripts run by check/explain/precompile (child processes too)
         os.environ["NEURON_COMPILE_CACHE_DIR"] = os.path.abspath(os.path.expanduser(args.cache_dir))
-    return int(args._run(args))
+    from neuron_compile.errors import ConfigError
+
+    try:
+        return int(args._run(args))
+    except ConfigError as exc:  # a bad NEURON_COMPILE_* setting or option value: say which, no traceback
+        print(f"neuron-compile {args.command}: error: {exc}", file=sys.stderr)
+        return 1

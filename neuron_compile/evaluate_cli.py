@@ -50,11 +50,23 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"neuron-compile check: {args.script}: no such file", file=sys.stderr)
         return 2
+    if args.output is not None:  # refused before the script runs, not after
+        from neuron_compile.precompile import output_file_problem
+
+        problem = output_file_problem("--output", args.output)
+        if problem:
+            print(f"neuron-compile check: error: {problem}", file=sys.stderr)
+            return 2
     report = run_script(path, script_args, check=not args.no_check)
     text = json.dumps(report, indent=1, sort_keys=True, default=str)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
     print(text if args.json else render_text(report, verbose=args.verbose))
+    if args.output is not None:
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as exc:
+            print(f"neuron-compile check: error: cannot write the report to {args.output}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
     return exit_status(report)
 
 

@@ -307,7 +307,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script", help="a Python script that calls torch.compile(..., backend='neuron')")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--target", default=None, help="trn1 | trn2 | trn3 (default: config.target)")
+    from neuron_compile.config import TARGETS
+
+    parser.add_argument("--target", default=None, choices=TARGETS,
+                        help=f"{' | '.join(TARGETS)} (default: config.target)")
     parser.add_argument("--trace", default=None, metavar="OUT.json",
                         help="write the scheduled engine timeline as Chrome trace-event JSON (Perfetto, chrome://tracing)")
 
@@ -316,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_compile import backend
     from neuron_compile.collective_runner import collective_graphs
     from neuron_compile.config import config
+    from neuron_compile.errors import ConfigError
     from neuron_compile.simulator import trace
 
     script_args = list(args.script_args)
@@ -331,7 +335,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         trace_path = script_args[at + 1]
         del script_args[at:at + 2]
-    tgt = args.target or config.target
+    try:
+        tgt = args.target or config.target
+    except ConfigError as exc:  # NEURON_COMPILE_TARGET=bogus
+        print(f"neuron-compile explain: error: {exc}", file=sys.stderr)
+        return 2
     first = len(backend.compiled_graphs())
     first_collective = len(collective_graphs())
     argv = sys.argv

@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-compile precompile: --steps {args.steps}: expected an integer >= 1", file=sys.stderr)
         return 2
     try:
-        _rank()
+        rank, _ = _rank()
     except ValueError as exc:
         print(f"neuron-compile precompile: {exc}", file=sys.stderr)
         return 2
@@ -279,17 +279,63 @@ def run(args: argparse.Namespace) -> int:
     if not script.is_file():
         print(f"neuron-compile precompile: {args.script}: no such file", file=sys.stderr)
         return 2
+    # Bad paths are refused before the capture runs the script (minutes), not when the report is written.
+    output = args.output.replace("{rank}", str(rank)) if args.output is not None else None
+    problem = (output_file_problem("--output", output) if output is not None else None) \
+        or (_capture_dir_problem(args.capture_dir) if args.capture_dir is not None else None)
+    if problem:
+        print(f"neuron-compile precompile: error: {problem}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="neuron-compile-capture-") as tmp:
         folder = Path(args.capture_dir) if args.capture_dir else Path(tmp)
         report = precompile(script, script_args, folder, workers=args.workers, steps=args.steps)
     text = json.dumps(report, indent=1, sort_keys=True)
-    if args.output:
-        Path(args.output.replace("{rank}", str(report["rank"]))).write_text(text + "\n")
     if args.json:
         print(text)
     else:
         print(render(report))
+    if output is not None:
+        try:
+            Path(output).write_text(text + "\n")
+        except OSError as exc:
+            print(f"neuron-compile precompile: error: cannot write the report to {output}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
     return 0 if report["script_ok"] and not report["failed"] else 1
+
+
+def output_file_problem(option: str, name: str) -> str | None:
+    """Why ``name`` (the value of ``option``) can't be written as a report file, or None.
+
+    Checked before a command runs the user's script (``precompile``, ``check``), so a typo costs
+    seconds, not the whole run.
+    """
+    if not name.strip():
+        return f"{option} needs a file name (e.g. {option} report.json)"
+    path = Path(name)
+    if path.is_dir():
+        return f"{option} {path}: is a directory; give a file name, e.g. {path / 'report.json'}"
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        return f"{option} {path}: the folder {parent} {what}; create it first or choose another path"
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        return f"{option} {path}: not writable (permission denied or a read-only file system)"
+    return None
+
+
+def _capture_dir_problem(name: str) -> str | None:
+    """Why ``--capture-dir name`` can't hold the captured graphs, or None (it is created here if missing)."""
+    if not name.strip():
+        return "--capture-dir needs a folder name (e.g. --capture-dir captured/)"
+    folder = Path(name)
+    if folder.exists() and not folder.is_dir():
+        return f"--capture-dir {folder}: is a file, not a folder; choose a folder (it is created if missing)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--capture-dir {folder}: cannot create it ({exc.strerror or exc})"
+    return None
 
 
 def precompile(script: Path, script_args: list[str], folder: Path, *, workers: int, steps: int) -> dict[str, Any]:

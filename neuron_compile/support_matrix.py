@@ -369,16 +369,29 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(to_json(rows), indent=1) + "\n")
         elif args.markdown:
             path = Path(args.markdown)
+            if not args.markdown.strip() or path.is_dir():
+                print(f"neuron-compile ops: error: --markdown {args.markdown!r} is a directory, not a file; give the "
+                      f"Markdown file to write, e.g. --markdown {path / 'ops.md'}", file=sys.stderr)
+                return 2
             text = render_markdown(rows)
             if args.check:
-                current = path.read_text(encoding="utf-8") if path.exists() else None
+                try:
+                    current = path.read_text(encoding="utf-8") if path.exists() else None
+                except (OSError, UnicodeDecodeError) as exc:
+                    print(f"neuron-compile ops: error: cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+                          file=sys.stderr)
+                    return 1
                 if current != text:
                     print(f"{path} is out of date: run `neuron-compile ops --markdown {path}`", file=sys.stderr)
                     return 1
                 print(f"{path} is up to date ({len(rows)} ops)")
                 return 0
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                print(f"neuron-compile ops: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+                return 1
             print(f"wrote {path} ({len(rows)} ops)")
         else:
             sys.stdout.write(render_text(rows))

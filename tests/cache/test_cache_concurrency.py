@@ -22,7 +22,7 @@ import hashlib, json, os, sys, time
 from neuron_compile.cache import get_or_compile
 from neuron_compile.cache.key import CacheKey, digest_of
 counter, start_at = sys.argv[1], float(sys.argv[2])
-parts = {"schema": 1, "graph": "shared-graph"}
+parts = {"schema": 1, "graph": {"sha256": "shared-graph"}}  # the manifest schema: graph is an object
 key = CacheKey(digest_of(parts), parts)
 def compile_fn():
     fd = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
