@@ -31,14 +31,25 @@ def _compute(x: torch.Tensor, out: torch.dtype) -> torch.Tensor:
     return x.to(torch.int64 if out == torch.int64 else torch.int32)
 
 
-def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: Any = None) -> Any:
+def _along_last(x: torch.Tensor, dim: int, dtype: Any) -> tuple[torch.Tensor, torch.dtype, int] | None:
+    """``x`` in its multiplication dtype with ``dim`` moved last, the result dtype and ``dim`` (None: float)."""
     out = _result_dtype(x, dtype)
     if out is None:
-        return NotImplemented
+        return None
+    y = _compute(x, out)
     if x.dim() == 0:
-        return _compute(x, out).to(out)
+        return y, out, 0
     dim = dim % x.dim()
-    y = _compute(x, out).movedim(dim, -1)
+    return y.movedim(dim, -1), out, dim
+
+
+def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: Any = None) -> Any:
+    prepared = _along_last(x, dim, dtype)
+    if prepared is None:
+        return NotImplemented
+    y, out, dim = prepared
+    if x.dim() == 0:
+        return y.to(out)
     zero = (y == 0).any(-1, keepdim=True)
     y = torch.where(zero, 1, y)
     n = y.shape[-1]
@@ -63,13 +74,12 @@ def _prod(x: torch.Tensor, dtype: Any = None) -> Any:
 
 
 def _cumprod(x: torch.Tensor, dim: int, dtype: Any = None) -> Any:
-    out = _result_dtype(x, dtype)
-    if out is None:
+    prepared = _along_last(x, dim, dtype)
+    if prepared is None:
         return NotImplemented
+    y, out, dim = prepared
     if x.dim() == 0:
-        return _compute(x, out).to(out)
-    dim = dim % x.dim()
-    y = _compute(x, out).movedim(dim, -1)
+        return y.to(out)
     after_zero = torch.cumsum((y == 0).to(torch.int32), -1) > 0
     y = torch.where(after_zero, 1, y)
     n = y.shape[-1]

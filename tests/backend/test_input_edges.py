@@ -10,15 +10,7 @@ import pytest
 import torch
 from torch._dynamo.exc import BackendCompilerFailed
 
-from neuron_compile import backend as B
 from neuron_compile.errors import RuntimeExecutionError, UnsupportedOpError
-
-
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    B.reset()
 
 
 def _compile(fn):

@@ -24,13 +24,6 @@ RANGES = {torch.int8: (-128, 128), torch.uint8: (0, 256), torch.int16: (-2**15, 
           torch.int32: (-2**31, 2**31 - 1), torch.int64: (-2**10, 2**10)}
 
 
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    B.reset()
-
-
 def _ints(dtype: torch.dtype, *shape: int, seed: int = 0) -> torch.Tensor:
     lo, hi = RANGES[dtype]
     return torch.randint(lo, hi, shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
