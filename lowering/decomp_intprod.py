@@ -12,6 +12,7 @@ positions at or after the first zero) multiply ones instead and are set to 0 at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,25 +32,21 @@ def _compute(x: torch.Tensor, out: torch.dtype) -> torch.Tensor:
     return x.to(torch.int64 if out == torch.int64 else torch.int32)
 
 
-def _along_last(x: torch.Tensor, dim: int, dtype: Any) -> tuple[torch.Tensor, torch.dtype, int] | None:
-    """``x`` in its multiplication dtype with ``dim`` moved last, the result dtype and ``dim`` (None: float)."""
+def _along(x: torch.Tensor, dim: int, dtype: Any, body: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``body`` applied to ``x`` (in its multiplication dtype) along ``dim`` moved last, in the result dtype;
+    NotImplemented for a float product. A 0-d tensor is its own product."""
     out = _result_dtype(x, dtype)
     if out is None:
-        return None
+        return NotImplemented
     y = _compute(x, out)
     if x.dim() == 0:
-        return y, out, 0
-    dim = dim % x.dim()
-    return y.movedim(dim, -1), out, dim
-
-
-def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: Any = None) -> Any:
-    prepared = _along_last(x, dim, dtype)
-    if prepared is None:
-        return NotImplemented
-    y, out, dim = prepared
-    if x.dim() == 0:
         return y.to(out)
+    dim = dim % x.dim()
+    return body(y.movedim(dim, -1)).movedim(-1, dim).to(out)
+
+
+def _tree_product(y: torch.Tensor) -> torch.Tensor:
+    """The product over the last dim (kept, size 1): halves multiplied pairwise, padded with ones."""
     zero = (y == 0).any(-1, keepdim=True)
     y = torch.where(zero, 1, y)
     n = y.shape[-1]
@@ -63,23 +60,11 @@ def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: Any = Non
         y = y[..., :half] * y[..., half:]
     if n == 0:
         y = torch.ones(*y.shape[:-1], 1, dtype=y.dtype, device=y.device)
-    y = torch.where(zero, 0, y).movedim(-1, dim)
-    return (y if keepdim else y.squeeze(dim)).to(out)
+    return torch.where(zero, 0, y)
 
 
-def _prod(x: torch.Tensor, dtype: Any = None) -> Any:
-    if _result_dtype(x, dtype) is None:
-        return NotImplemented
-    return _prod_dim(x.reshape(-1), 0, False, dtype)
-
-
-def _cumprod(x: torch.Tensor, dim: int, dtype: Any = None) -> Any:
-    prepared = _along_last(x, dim, dtype)
-    if prepared is None:
-        return NotImplemented
-    y, out, dim = prepared
-    if x.dim() == 0:
-        return y.to(out)
+def _prefix_products(y: torch.Tensor) -> torch.Tensor:
+    """The prefix products along the last dim (Hillis-Steele: y[i] *= y[i - 2^k])."""
     after_zero = torch.cumsum((y == 0).to(torch.int32), -1) > 0
     y = torch.where(after_zero, 1, y)
     n = y.shape[-1]
@@ -87,7 +72,20 @@ def _cumprod(x: torch.Tensor, dim: int, dtype: Any = None) -> Any:
     while step < n:
         y = torch.cat([y[..., :step], y[..., step:] * y[..., :n - step]], -1)
         step *= 2
-    return torch.where(after_zero, 0, y).movedim(-1, dim).to(out)
+    return torch.where(after_zero, 0, y)
+
+
+def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: Any = None) -> Any:
+    out = _along(x, dim, dtype, _tree_product)
+    return out if out is NotImplemented or keepdim or x.dim() == 0 else out.squeeze(dim % x.dim())
+
+
+def _prod(x: torch.Tensor, dtype: Any = None) -> Any:
+    return _prod_dim(x.reshape(-1), 0, False, dtype)
+
+
+def _cumprod(x: torch.Tensor, dim: int, dtype: Any = None) -> Any:
+    return _along(x, dim, dtype, _prefix_products)
 
 
 INTPROD: dict[Any, Any] = {
