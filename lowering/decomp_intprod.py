@@ -1,4 +1,5 @@
-"""Integer products (``prod`` and ``cumprod``), exactly: elementwise integer multiplications, never fp32.
+"""Integer products (``prod`` and ``cumprod``), exactly: elementwise integer multiplications, never fp32; and
+sums kept in a narrow integer dtype (``sum``/``cumsum`` with ``dtype=torch.int8``), as int64 sums cast back.
 
 The reductions and scans of the kernels accumulate in fp32, which holds every integer only below 2^24. An integer
 ``prod`` is instead a tree of elementwise multiplications (the reduced dim halved per step, padded with ones) and
@@ -88,7 +89,29 @@ def _cumprod(x: torch.Tensor, dim: int, dtype: Any = None) -> Any:
     return _along(x, dim, dtype, _prefix_products)
 
 
+_NARROW = (torch.int8, torch.uint8, torch.int16)
+
+
+def _narrow_sum(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """A sum kept in int8/uint8/int16 (``dtype=``): eager's wrap at that width is the int64 sum's, cast (addition
+    modulo 2^k does not care when it wraps)."""
+    if dtype not in _NARROW or x.dtype.is_floating_point or x.dtype.is_complex:  # integer sums widen by default
+        return NotImplemented
+    wide = x.to(torch.int64)
+    total = wide.sum() if dim is None else aten.sum.dim_IntList(wide, dim, keepdim)
+    return total.to(dtype)
+
+
+def _narrow_cumsum(x: torch.Tensor, dim: int, *, dtype: Any = None) -> Any:
+    if dtype not in _NARROW or x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    return torch.cumsum(x.to(torch.int64), dim).to(dtype)
+
+
 INTPROD: dict[Any, Any] = {
+    aten.sum.default: _narrow_sum,
+    aten.sum.dim_IntList: _narrow_sum,
+    aten.cumsum.default: _narrow_cumsum,
     aten.prod.default: _prod,
     aten.prod.dim_int: _prod_dim,
     aten.cumprod.default: _cumprod,

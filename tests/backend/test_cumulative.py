@@ -127,15 +127,16 @@ def test_int32_cumsum_with_int32_dtype_wraps_like_eager() -> None:
     _check(lambda x: torch.cumsum(x, 1, dtype=torch.int32), x)
 
 
-def test_narrow_integer_cumsum_is_refused_by_name() -> None:
-    """A cumsum kept in int8 would wrap at every step in eager; the scan accumulates wider: refused by name.
-    (Integer cumprod is exact: tests/backend/test_int_exact.py.)"""
+def test_integer_cumsum_into_a_float_dtype_is_refused_by_name() -> None:
+    """Integers summed into dtype=float32 would accumulate in fp32 (inexact past 2**24): refused by name.
+    (Integer cumprod and narrow cumsums are exact: tests/backend/test_int_exact.py.)"""
     with pytest.raises(Exception) as info:
-        _compile(lambda x: torch.cumsum(x, 1, dtype=torch.int8))(torch.ones(2, 3, dtype=torch.int8))
+        _compile(lambda x: torch.cumsum(x, 1, dtype=torch.float32))(torch.ones(2, 3, dtype=torch.int64))
     seen: BaseException | None = info.value
     while seen is not None and not isinstance(seen, UnsupportedOpError):
         seen = seen.__cause__ or seen.__context__
-    assert seen is not None and "aten.cumsum on torch.int8 is not supported" in str(seen), str(info.value)
+    assert seen is not None and "aten.cumsum with a float dtype= on torch.int64 is not supported" in str(seen), \
+        str(info.value)
 
 
 @pytest.mark.parametrize("op", ["cumsum", "cumprod", "cummax", "logcumsumexp"])

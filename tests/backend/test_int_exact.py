@@ -424,3 +424,14 @@ def test_integer_products_past_int32_raise_unless_a_zero_decides() -> None:
     _check(lambda t: t.cumprod(0), torch.tensor([7, 0, 2**20, 2**20, 3]))
     with pytest.raises(DeviceAssertionError, match="integer overflow in aten.mul.Tensor"):
         _compile(lambda t: t.prod())(torch.tensor([2**20, 2**20]))
+
+
+def test_sums_kept_in_a_narrow_integer_dtype_wrap_like_eager() -> None:
+    """sum/cumsum with dtype=int8 (uint8, int16): eager wraps at that width, which is the int64 sum cast."""
+    x = torch.tensor([[100, 100, 100, -7], [127, 127, -128, 3]], dtype=torch.int8)
+    _check(lambda t: t.sum(dtype=torch.int8), x)
+    _check(lambda t: t.sum(1, dtype=torch.int8), x)
+    _check(lambda t: t.sum(0, keepdim=True, dtype=torch.int16), x.to(torch.int16) * 300)
+    _check(lambda t: t.cumsum(1, dtype=torch.int8), x)
+    _check(lambda t: t.cumsum(1, dtype=torch.uint8), x.abs().to(torch.uint8))
+    _check(lambda a, b: torch.tensordot(a, b, dims=0), x, x)
