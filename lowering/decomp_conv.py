@@ -80,14 +80,25 @@ MAX_POOL_INDEX = torch.ops.neuron_compile.max_pool_index.default
 MAX_POOL_BACKWARD = torch.ops.neuron_compile.max_pool_backward.default
 
 
-def _pool_args(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[list[int], ...]:
-    def two(v: Any, default: list[int]) -> list[int]:
-        v = list(v) if isinstance(v, (list, tuple)) else [v]
-        v = v or default
-        return v * 2 if len(v) == 1 else v
+def _per_dim(value: Any, n: int, default: list[int]) -> list[int]:
+    """A conv/pool size argument as ``n`` ints: one value serves every dim, an empty one takes ``default``."""
+    v = list(value) if isinstance(value, (list, tuple)) else [value]
+    v = v or list(default)
+    return [int(x) for x in (v * n if len(v) == 1 else v)]
 
-    ks = two(kernel_size, [1])
-    return ks, two(stride, ks), two(padding, [0]), two(dilation, [1])
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """torch's pooling output size (a ceil_mode window must start inside the input or its left padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_args(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[list[int], ...]:
+    ks = _per_dim(kernel_size, 2, [1])
+    return ks, _per_dim(stride, 2, ks), _per_dim(padding, 2, [0]), _per_dim(dilation, 2, [1])
 
 
 def _max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
@@ -374,13 +385,6 @@ def _unbatched_only(op: Any, nsp: int) -> Callable[..., Any]:
     return fn
 
 
-def _triple(v: Any, default: list[int]) -> list[int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    if not v:
-        return default
-    return [int(x) for x in (v * 3 if len(v) == 1 else v)]
-
-
 def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, stride: Any, padding: Any,
                       ceil_mode: bool, count_pad: bool, divisor: int | None) -> torch.Tensor:
     """avg_pool3d (or its backward when ``go`` is given) whose window is trivial along one spatial dim (kernel 1,
@@ -390,9 +394,9 @@ def _avg_pool3d_as_2d(x: torch.Tensor, go: torch.Tensor | None, kernel: Any, str
         out = _avg_pool3d_as_2d(x.unsqueeze(0), None if go is None else go.unsqueeze(0), kernel, stride, padding,
                                 ceil_mode, count_pad, divisor)
         return out if out is NotImplemented else out.squeeze(0)
-    ks = _triple(kernel, [])
-    st = _triple(stride, ks)
-    pad = _triple(padding, [0, 0, 0])
+    ks = _per_dim(kernel, 3, [])
+    st = _per_dim(stride, 3, ks)
+    pad = _per_dim(padding, 3, [0, 0, 0])
     trivial = [d for d in (2, 1, 0) if ks[d] == 1 and st[d] == 1 and pad[d] == 0]
     if x.dim() != 5:
         return NotImplemented

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from neuron_compile.lowering.decomp_conv import (
     _adaptive_window_rows,
+    _per_dim,
+    _pool_out,
     _scatter_back,
-    _triple,
     crop_windows,
     pad_windows,
 )
@@ -113,9 +114,9 @@ def _convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, st
         from neuron_compile.lowering.decomp_bigconv import convolution
 
         return convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
-    st, pad, dil = _triple(stride, [1, 1, 1]), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
+    st, pad, dil = _per_dim(stride, 3, [1, 1, 1]), _per_dim(padding, 3, [0, 0, 0]), _per_dim(dilation, 3, [1, 1, 1])
     if transposed:
-        return _conv_transpose3d(x, w, bias, st, pad, dil, _triple(output_padding, [0, 0, 0]), groups)
+        return _conv_transpose3d(x, w, bias, st, pad, dil, _per_dim(output_padding, 3, [0, 0, 0]), groups)
     return _conv3d(x, w, bias, st, pad, dil, groups)
 
 
@@ -135,7 +136,7 @@ def _conv3d_weight_grad(x: torch.Tensor, go: torch.Tensor, weight_size: list[int
 def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: Any,
                           padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
                           output_mask: list[bool]) -> Any:
-    st, pad, dil = _triple(stride, [1, 1, 1]), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
+    st, pad, dil = _per_dim(stride, 3, [1, 1, 1]), _per_dim(padding, 3, [0, 0, 0]), _per_dim(dilation, 3, [1, 1, 1])
     gi = gw = gb = None
     if output_mask[0]:
         if transposed:
@@ -150,15 +151,6 @@ def _convolution_backward(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bi
     if output_mask[2]:
         gb = aten.sum.dim_IntList(go, [0, 2, 3, 4])
     return gi, gw, gb
-
-
-def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
-    """torch's pooling output size (a ceil_mode window must start inside the input or its left padding)."""
-    span = size + 2 * p - d * (k - 1) - 1
-    out = (span + (s - 1 if ceil else 0)) // s + 1
-    if ceil and (out - 1) * s >= size + p:
-        out -= 1
-    return out
 
 
 def _pick_depth(v: torch.Tensor, dim: int) -> torch.Tensor:
@@ -192,8 +184,8 @@ def _max_pool3d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = ()
         return v.squeeze(0), i.squeeze(0)
     if x.dim() != 5 or not x.dtype.is_floating_point:
         return NotImplemented
-    ks = _triple(kernel_size, [1, 1, 1])
-    st, pad, dil = _triple(stride, ks), _triple(padding, [0, 0, 0]), _triple(dilation, [1, 1, 1])
+    ks = _per_dim(kernel_size, 3, [1, 1, 1])
+    st, pad, dil = _per_dim(stride, 3, ks), _per_dim(padding, 3, [0, 0, 0]), _per_dim(dilation, 3, [1, 1, 1])
     n, c, depth, h, w = x.shape
     v2, i2 = aten.max_pool2d_with_indices.default(x.reshape(n, c * depth, h, w), ks[1:], st[1:], pad[1:], dil[1:],
                                                   ceil_mode)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from neuron_compile.lowering.intguard import assert_shadow
 
 aten = torch.ops.aten
 
@@ -117,14 +118,9 @@ def _check_int32(a: torch.Tensor, b: torch.Tensor, result: torch.Tensor, product
     """A device-side check that the int64 product's true result is the int32 ``result`` (module docstring): ``k``
     products are summed into each result."""
     af, bf = a.to(torch.float32), b.to(torch.float32)
-    shadow = product(af, bf)
-    bound = product(af.abs(), bf.abs())
     # fp32 rounding of the operands (2^-24 each), of every product and of every partial sum: 2^-24 (k + 3) relative
-    err = bound * (4.0 * (k + 3) * 2.0**-24)
-    ok = ((result.to(torch.float32) - shadow).abs() <= 2.0**30) & (err <= 2.0**29)
-    aten._assert_async.msg(ok.all(), f"integer overflow in an int64 {what}: a result (or the sum of its products' "
-                                     "magnitudes) left the int32 range NeuronCores compute integers in; compute "
-                                     "it in float64 on the CPU or keep the values smaller")
+    err = product(af.abs(), bf.abs()) * (4.0 * (k + 3) * 2.0**-24)
+    assert_shadow(result, product(af, bf), what, valid=err <= 2.0**29)
 
 
 def _int_mv(a: torch.Tensor, v: torch.Tensor) -> Any:

@@ -15,23 +15,9 @@ import itertools
 from typing import Any
 
 import torch
+from neuron_compile.lowering.decomp_conv import _per_dim, _pool_out
 
 aten = torch.ops.aten
-
-
-def _out_size(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
-    """torch's pooling output length (``pooling_output_shape``)."""
-    o = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)) // s + 1
-    if ceil and (o - 1) * s >= size + p:
-        o -= 1
-    return o
-
-
-def _per_dim(value: Any, n: int, default: list[int]) -> list[int]:
-    v = [int(x) for x in value] if isinstance(value, (list, tuple)) else [int(value)]
-    if not v:
-        return list(default)
-    return v * n if len(v) == 1 else v
 
 
 def _taps(x: torch.Tensor, ks: list[int], st: list[int], pad: list[int], dil: list[int], outs: list[int]) -> Any:
@@ -66,7 +52,7 @@ def _geometry(x: torch.Tensor, n: int, kernel_size: Any, stride: Any, padding: A
     ks = _per_dim(kernel_size, n, [])
     st, pad, dil = _per_dim(stride, n, ks), _per_dim(padding, n, [0] * n), _per_dim(dilation, n, [1] * n)
     sizes = [int(s) for s in x.shape[-n:]]
-    outs = [_out_size(*a, ceil_mode) for a in zip(sizes, ks, st, pad, dil, strict=True)]
+    outs = [_pool_out(*a, ceil_mode) for a in zip(sizes, ks, st, pad, dil, strict=True)]
     return ks, st, pad, dil, outs
 
 

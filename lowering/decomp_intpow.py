@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from neuron_compile.lowering.intguard import assert_shadow
 
 aten = torch.ops.aten
 
@@ -49,10 +50,7 @@ def _int_pow(base: Any, exponent: Any) -> Any:
         magnitude = torch.exp(rest.to(torch.float32) * torch.log(b.abs().to(torch.float32)))
         magnitude = torch.where(rest == 0, 1.0, magnitude)  # 0 ** 0 (and b ** 0) is 1; 0 * log 0 is NaN
         shadow = torch.where(odd & (b < 0), -magnitude, magnitude)
-        wrapped = ~negative & ~((result.to(torch.float32) - shadow).abs() <= 2.0**30)
-        aten._assert_async.msg(~wrapped.any(), "integer overflow in an int64 pow: a result left the int32 range "
-                                               "NeuronCores compute integers in; compute in float or keep the "
-                                               "values smaller")
+        assert_shadow(torch.where(negative, 0, result), torch.where(negative, 0.0, shadow), "pow")
     return result.to(dtype)
 
 

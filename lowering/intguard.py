@@ -6,6 +6,8 @@ the rule in fp32 on the same operands (a shadow value within 2^9 of the true res
 the int32 result differs from it by more than 2^30: a wrapped result is off by a multiple of 2^32, so
 the test never misses an overflow and never fires without one. The lowering stores the marks as a flag
 buffer; the runner raises :class:`~neuron_compile.errors.DeviceAssertionError` if any is set.
+Decompositions that build an int64 result from int32 pieces (integer matmuls, powers) make the same test in torch
+ops with :func:`assert_shadow`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ def overflow_message(op: str, where: str) -> str:
     """The DeviceAssertionError text when :func:`overflow`'s mark is set for ``op`` (at ``where``)."""
     return (f"integer overflow in {op}: an int64 result left the int32 range NeuronCores compute integers in "
             f"(at {where}); compute in float or keep values below 2**31")
+
+
+def assert_shadow(result: torch.Tensor, shadow: torch.Tensor, what: str, valid: torch.Tensor | None = None) -> None:
+    """In a decomposition: a device-side assertion that the int32 ``result`` of an int64 ``what`` is its true value,
+    given an fp32 ``shadow`` within 2^29 of the true value (the caller's bound; ``valid`` marks where the bound
+    holds, when it does not everywhere). Within 2^30 of the shadow, a result is within 2^32 of the true value and
+    congruent to it modulo 2^32, so equal."""
+    ok = (result.to(torch.float32) - shadow).abs() <= _SHADOW_SLACK
+    if valid is not None:
+        ok = ok & valid
+    aten._assert_async.msg(ok.all(), f"integer overflow in an int64 {what}: a result left the int32 range "
+                                     "NeuronCores compute integers in; compute in float or keep the values smaller")
 
 
 def overflow(b: ProgramBuilder, rule: Callable[..., Any], ctx: Any, node: fx.Node, args: list[Any],

@@ -210,6 +210,11 @@ class CompiledGraph:
         self.target = config.target  # the generation the kernels were generated for (and must run under)
         self.kernels = load_kernels(self.sources, self.executor)
         self.transfers: Any = None  # the last call's host<->device copies (neuron_compile.device.Transfers)
+        views: dict[int, set[tuple[Any, ...]]] = {}
+        for spec in plan.outputs:
+            if spec.buffer is not None:
+                views.setdefault(spec.buffer, set()).add(_view_key(spec))
+        self._shared = {buffer for buffer, keys in views.items() if len(keys) > 1}  # buffers of several output views
 
     def __call__(self, *args: Any) -> list[Any]:
         from neuron_compile.device import device_for
@@ -320,10 +325,6 @@ class CompiledGraph:
         view, dtype) are one tensor object, and different views of one buffer are views of one tensor over it,
         which gives them one version counter, as views of one eager result have."""
         plan = self.plan
-        views: dict[int, set[tuple[Any, ...]]] = {}
-        for spec in plan.outputs:
-            if spec.buffer is not None:
-                views.setdefault(spec.buffer, set()).add(_view_key(spec))
         results: list[Any] = []
         storages: dict[int, torch.Tensor] = {}
         made: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -343,7 +344,7 @@ class CompiledGraph:
             want = _TORCH_DTYPES[spec.torch_dtype]
             if flat.numel() == 0 or math.prod(spec.shape) == 0:
                 out = torch.empty(spec.shape, dtype=want)
-            elif flat.dtype == want and len(views[spec.buffer]) > 1:
+            elif flat.dtype == want and spec.buffer in self._shared:
                 out = flat.as_strided(spec.shape, spec.strides, spec.offset)
             else:
                 placed = torch.bool if want == torch.bool and flat.dtype == torch.uint8 else flat.dtype
@@ -352,7 +353,7 @@ class CompiledGraph:
                     out = out != 0
                 elif out.dtype != want:
                     out = out.to(want)
-                if spec.layout is not None and len(views[spec.buffer]) == 1:  # eager's layout (channels_last, ...)
+                if spec.layout is not None and spec.buffer not in self._shared:  # eager's layout (channels_last, ...)
                     out = torch.empty_strided(spec.shape, spec.layout, dtype=out.dtype).copy_(out)
             made[key] = out
             results.append(out)
