@@ -71,8 +71,9 @@ def _distinct_free(t: NkiTensor) -> int:
     return n
 
 
-def onchip(api: str, name: str, t: Any, gpsimd: bool = False) -> tuple[int, int]:
-    """Validate an on-chip compute operand; returns (partitions, elements per partition)."""
+def onchip(api: str, name: str, t: Any, gpsimd: bool = False, starts: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """Validate an on-chip compute operand; returns (partitions, elements per partition). ``starts``: the partition
+    starts the operand may have instead of the usual quadrant alignment (MX scale tiles: 0, 4, 8 or 12)."""
     if not isinstance(t, NkiTensor):
         raise SimulatorError(f"{api}: operand '{name}' must be an NkiTensor, got {type(t).__name__}")
     buf = t.storage.buffer
@@ -90,7 +91,10 @@ def onchip(api: str, name: str, t: Any, gpsimd: bool = False) -> tuple[int, int]
         raise SimulatorConstraintError(api, name, t.strides[0],
                                        f"partition stride == {t.part_elems()} (no partition striding)",
                                        f"tensor '{t.name}'")
-    if start and ((p > 64) or (p > 32 and start != 64) or (start % 32)):
+    if starts is not None:
+        if start not in starts:
+            raise SimulatorConstraintError(api, name, start, f"a partition start in {starts}", f"tensor '{t.name}'")
+    elif start and ((p > 64) or (p > 32 and start != 64) or (start % 32)):
         raise SimulatorConstraintError(api, name, (start, p),
                                        "partition start/count alignment: count in (64,128] -> start 0; (32,64] -> "
                                        "start 0 or 64; (0,32] -> start 0/32/64/96", f"tensor '{t.name}'")

@@ -178,7 +178,7 @@ def _lnc_checks(api: str) -> None:
 
 
 def core_barrier(data: NkiTensor, cores: Any, engine: Any = None, name: str | None = None, **removed: Any) -> None:
-    """Barrier between the two cores of an LNC2 launch (``cores=(0, 1)``) on a ``shared_hbm`` tensor."""
+    """Barrier between the two cores of an LNC2 launch (``cores=(0, 1)``) on a ``shared_hbm`` tensor or an argument."""
     from neuron_compile.simulator.enums import engine as _engine
     from neuron_compile.simulator.tensor import SHARED_HBM
 
@@ -190,8 +190,9 @@ def core_barrier(data: NkiTensor, cores: Any, engine: Any = None, name: str | No
                                                                                 "tensor"), "gpsimd")
     if tuple(int(c) for c in cores) != (0, 1):
         raise SimulatorConstraintError(api, "cores", tuple(cores), "(0, 1), the only supported core set")
-    if data.buffer is not SHARED_HBM:
-        raise SimulatorConstraintError(api, "data", f"nl.{data.buffer.value}", "a tensor in nl.shared_hbm")
+    if data.buffer is not SHARED_HBM and not data.storage.argument:
+        raise SimulatorConstraintError(api, "data", f"nl.{data.buffer.value}",
+                                       "a tensor in nl.shared_hbm or a kernel argument (both cores see those)")
     _lnc_checks(api)
     peer = _lnc.current_peer()
     if peer is None:

@@ -12,7 +12,9 @@ Scales: one per group of 8 partitions x 4 unpacked values (one packed column). T
 ``32 * (b // 4) + b % 4``, column ``j``: the first four partitions of each 32-partition quadrant
 (the page says the scale tile's partitions depend on the quadrants the data spans; this is the
 layout this simulator uses for both instructions, so they agree with each other). A
-``float8_e8m0fnu`` scale is ``2**e``; a ``uint8`` scale ``u`` is ``2**(u - 127)``.
+``float8_e8m0fnu`` scale is ``2**e``; a ``uint8`` scale ``u`` is ``2**(u - 127)``. A scale operand may be
+a view starting at partition 0, 4, 8 or 12 (the MX deep dive's scale packing: up to four tensors' scales share
+one tile, each at its own offset inside every quadrant); its rows are counted from that start.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _FP8 = {_dt.float8_e5m2_x4: _dt.float8_e5m2, _dt.float8_e4m3fn_x4: _dt.float8_e4
 _EMAX = {_dt.float8_e5m2_x4: 15, _dt.float8_e4m3fn_x4: 8}
 _PACKED = (_dt.float8_e5m2_x4, _dt.float8_e4m3fn_x4, _dt.float4_e2m1fn_x4)
 _SCALE_DTYPES = (_dt.float8_e8m0fnu, _dt.uint8)
+SCALE_STARTS = (0, 4, 8, 12)  # scale offsets inside each 32-partition quadrant
 
 
 def scale_rows(p: int) -> np.ndarray:
@@ -58,7 +61,7 @@ def unpack(t: NkiTensor) -> np.ndarray:
 
 def _scales(api: str, name: str, t: NkiTensor, p: int, f: int) -> np.ndarray:
     """Per group (P/8, F) scale factors from a scale tile."""
-    pf = C.onchip(api, name, t)
+    pf = C.onchip(api, name, t, starts=SCALE_STARTS)
     C.sbuf_only(api, name, t)
     if t.dtype not in _SCALE_DTYPES:
         raise SimulatorConstraintError(api, name, t.dtype, "float8_e8m0fnu (or uint8)")
@@ -103,7 +106,7 @@ def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str 
         raise SimulatorConstraintError(api, "dst", dst.dtype, "float8_e5m2_x4 or float8_e4m3fn_x4")
     if (pd, fd) != (p, f // 4):
         raise SimulatorConstraintError(api, "dst", dst.shape, f"{p} partitions x {f // 4} packed elements (src free / 4)")
-    ps, fs = C.onchip(api, "dst_scale", dst_scale)
+    ps, fs = C.onchip(api, "dst_scale", dst_scale, starts=SCALE_STARTS)
     C.sbuf_only(api, "dst_scale", dst_scale)
     if dst_scale.dtype not in _SCALE_DTYPES:
         raise SimulatorConstraintError(api, "dst_scale", dst_scale.dtype, "float8_e8m0fnu (or uint8)")

@@ -1,6 +1,6 @@
 """Running kernels: ``jit`` / ``simulate`` wrappers, argument conversion and result hand-back.
 
-NumPy arrays and CPU torch tensors become HBM tensors (copies); other arguments pass through. The
+NumPy arrays and CPU torch tensors become ``nl.hbm`` tensors (copies, one per launch); other arguments pass through. The
 kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
 run one after the other, or as two threads when an LNC2 kernel synchronises its cores: simulator/lnc.py). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
 kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
@@ -29,7 +29,7 @@ from neuron_compile.simulator import lnc as _lnc
 from neuron_compile.simulator import state as _state
 from neuron_compile.simulator import trace as _trace
 from neuron_compile.simulator.allocation import check_capacity
-from neuron_compile.simulator.tensor import SHARED_HBM, NkiTensor, from_array, to_numpy
+from neuron_compile.simulator.tensor import SHARED_HBM, NkiTensor, kernel_argument, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _convert(x: Any, i: int, args: list[_Arg]) -> Any:
                                  "(NEURON_COMPILE_FLOAT64=error); pass float32")
         warnings.warn(f"argument {i} is {arr.dtype.name}: simulated as {narrow} (Trainium has no 64-bit dtypes)",
                       UserWarning, stacklevel=4)
-    t = from_array(arr, SHARED_HBM, f"arg{i}")  # every program of an SPMD launch sees the caller's tensors
+    t = kernel_argument(arr, f"arg{i}")
     args.append(_Arg(x, t, is_t))
     return t
 

@@ -60,7 +60,7 @@ class Storage:
     """The flat backing array of one allocation (on-chip storages are ``(P, free...)`` row-major)."""
 
     __slots__ = ("data", "shape", "buffer", "dtype", "info", "name", "part_elems", "mm", "written", "_charge",
-                 "life", "__weakref__")
+                 "life", "argument", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape: tuple[int, ...], buffer: MemoryRegion, info: _dt.DTypeInfo,
                  name: str) -> None:
@@ -77,6 +77,8 @@ class Storage:
         self._charge: tuple[_state.Pool, int] | None = None
         # On-chip allocator-managed storages: [allocation tick, last-use tick] (see state.Lifetime).
         self.life: list[int] | None = None
+        # A kernel argument: in nl.hbm, yet one tensor that every program of the launch sees (kernel_argument).
+        self.argument = False
 
     def __del__(self) -> None:
         charge = self._charge
@@ -670,6 +672,15 @@ def from_array(arr: np.ndarray, buffer: MemoryRegion = PRIVATE_HBM, name: str = 
     shp = tuple(int(x) for x in arr.shape)
     st = Storage(data, shp, buffer, dt, name or "hbm_tensor")
     return NkiTensor(st, 0, shp, _contig(shp), dt, st.name)
+
+
+def kernel_argument(arr: np.ndarray, name: str) -> NkiTensor:
+    """A kernel argument: its ``buffer`` is ``nl.hbm`` (real NKI reports that for arguments: the docs' MX matmul
+    example asserts ``arg.buffer == nl.hbm``), and every program of an SPMD/LNC launch sees the same tensor, so a
+    ``core_barrier`` may synchronise on it like on a ``shared_hbm`` allocation."""
+    t = from_array(arr, PRIVATE_HBM, name)
+    t.storage.argument = True
+    return t
 
 
 def to_numpy(t: NkiTensor) -> np.ndarray:

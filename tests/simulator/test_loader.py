@@ -150,7 +150,7 @@ def test_trace_records() -> None:
     r = t.records[1]
     assert (r.engine, r.partitions, r.free_size, r.dtypes, r.bytes, r.buffers) == (
         "vector", 128, 64, ("float32", "float32"), 2 * 128 * 64 * 4, ("sbuf", "sbuf"))
-    assert t.records[0].buffers == ("sbuf", "shared_hbm")  # arguments: every program of a launch sees them
+    assert t.records[0].buffers == ("sbuf", "private_hbm")  # arguments are nl.hbm, the alias of private_hbm
 
 
 def test_targets(monkeypatch: pytest.MonkeyPatch) -> None:
