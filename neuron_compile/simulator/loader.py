@@ -4,7 +4,9 @@ The exec globals get their own ``__builtins__`` whose ``__import__`` resolves ``
 ``nki.language``, ``nki.isa`` (and ``from nki import ...`` forms) to the simulator namespaces;
 everything else goes to the real import machinery. ``sys.modules`` is never touched, so a real
 ``nki`` installation stays importable and untouched. ``neuronxcc`` imports raise RemovedAPIError.
-The source is registered with ``linecache`` so tracebacks show kernel lines.
+The source is registered with ``linecache`` so tracebacks show kernel lines. It is compiled with its own
+``__future__`` imports only (not this module's ``annotations``), so its annotations are evaluated at ``def`` time as
+when Python imports the kernel's module.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _resolver() -> Any:
 def load_kernel_source(source: str, filename: str = "<nki-kernel>") -> dict[str, object]:
     """Execute kernel source text against the simulator; returns the resulting globals."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    code = compile(source, filename, "exec")
+    code = compile(source, filename, "exec", dont_inherit=True)
     bdict = dict(builtins.__dict__)
     bdict["__import__"] = _resolver()
     # __name__ names an existing module so dataclasses / NKIObject subclasses can resolve it

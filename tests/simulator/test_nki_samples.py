@@ -3,6 +3,9 @@ aws-neuron/nki-samples) rely on, each test written from the documented semantics
 * kernel arguments are HBM tensors whose ``buffer`` is ``nl.hbm`` (the MX matmul deep dive asserts
   ``arg.buffer == nl.hbm``); both cores of an LNC2 launch still see one argument, so ``core_barrier`` accepts it,
   while a kernel's own ``nl.private_hbm`` allocation stays refused (the barrier wants shared data);
+* kernel source is compiled with its own future flags, not the loader's: annotations are evaluated when the ``def``
+  runs, as Python does for the real kernel module, so a removed name in one (``x: nki.tensor``, moved in NKI 0.2.0)
+  is refused at load time and a current one (``nki.typing.tensor[...]``) is an object, not a string;
 * MX scale packing: ``quantize_mx`` writes, and ``nc_matmul_mx`` reads, scales through a view that starts at
   partition 0, 4, 8 or 12, so up to four tensors' scales share one tile (the MX deep dive's "Packing Scale Values").
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuron_compile.errors import SimulatorConstraintError
+from neuron_compile.errors import RemovedAPIError, SimulatorConstraintError
 from neuron_compile.simulator import load_kernel_source, simulate, use_target
 from neuron_compile.simulator.kernel import Kernel
 
@@ -36,6 +39,13 @@ def k(a):
 ''', "args_hbm")
     a = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
     np.testing.assert_array_equal(simulate(env["k"])(a), a)
+
+
+def test_annotations_are_evaluated_when_the_kernel_is_defined() -> None:
+    env = _env("import nki.typing as nt\n\ndef k(a: nt.tensor[128, 64], n: int = 2):\n    return a\n", "annot_ok")
+    assert repr(env["k"].__annotations__["a"]) == "nki.typing.tensor[128, 64]"
+    with pytest.raises(RemovedAPIError, match="nki.tensor is gone: moved to nki.meta.tensor"):
+        _env("def k(a: nki.tensor) -> nki.tensor:\n    return a\n", "annot_removed")
 
 
 BARRIER = '''
