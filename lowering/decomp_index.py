@@ -9,7 +9,8 @@
 - ``x[i0, ...] = v`` without accumulation: the last write to a position wins, as eager's sequential
   loop; the winner of each position is the largest writer index aiming at it (a max reduction over a
   one-hot comparison), then a gather of the winners' values and a select.
-- ``index_put(accumulate=True)`` with several index tensors accumulates through the linear index.
+- ``index_put(accumulate=True)`` with several index tensors accumulates through the linear index; into an
+  integer tensor, with one index tensor too, it is a scatter-add (exact integer adds, not the fp32 row kernel).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering.decomp_scatter import index_add_rows
 
 aten = torch.ops.aten
 
@@ -107,8 +109,9 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
         return torch.where(m, x + v, x) if accumulate else torch.where(m, v, x)
     if any(_bool(t) for t in real):
         return NotImplemented
-    if len(real) == 1 and accumulate:
-        return NotImplemented  # the row scatter-add rule (lowering.ops.index)
+    exact = accumulate and not (x.dtype.is_floating_point or x.is_complex())
+    if len(real) == 1 and accumulate and not exact:
+        return NotImplemented  # the row scatter-add rule (lowering.ops.index), which adds in fp32
     full = list(indices) + [None] * (x.dim() - len(indices))
     flat, dims, rest, lin = _linear(x, full, "index_put")
     nb = lin.dim()
@@ -125,7 +128,9 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
     if tokens.shape[0] == 0 or x.numel() == 0:
         return x.clone()  # no index entry (or no element): nothing is written
     vals = vals.reshape(tokens.shape[0], *[x.shape[d] for d in rest])
-    if accumulate:
+    if exact:  # integer sums: the scatter kernel's exact integer adds (int64 guarded, narrower ones wrapping)
+        out = index_add_rows(flat, tokens, vals)
+    elif accumulate:
         out = aten.index_put.default(flat, [tokens], vals, True)
     else:
         rows = flat.shape[0]

@@ -146,12 +146,67 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
             and not index_shared_by_lines(x.shape, dim, index.shape, index.stride())
             and _element_wise_is_cheaper(x, dim, index)):
         return _element_scatter_add(x, dim, index, src, lo, op)
+    if reduce in ("mean", "prod") and not (x.dtype.is_floating_point or x.is_complex()) and src is not None:
+        out = (_int_scatter_mean if reduce == "mean" else _int_scatter_prod)(x, dim, index, src, include_self, lo,
+                                                                              error)
+        if out is not NotImplemented:
+            return out
     if reduce == "sum" and x.dtype in NARROW_INTS:
         # torch wraps the sums at 8/16 bits: accumulate in int32, then cast back (the cast wraps like torch's)
         wide = SCATTER_LINES(x.to(torch.int32), dim, index, src.to(torch.int32) if src is not None else None, fill,
                              reduce, include_self, lo, error)
         return wide.to(x.dtype)
     return SCATTER_LINES(x, dim, index, src, fill, reduce, include_self, lo, error)
+
+
+def _int_scatter_mean(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, include_self: bool,
+                      lo: int, error: str) -> torch.Tensor:
+    """Eager's integer mean: the sum (wrapping at x's width; int64 guarded) floor-divided by the number of values
+    summed, itself counted in x's dtype (so it wraps too; a count that wraps to 0 divides by 1)."""
+    total = _scatter(x, dim, index, src, 0.0, "sum", include_self, lo, error)
+    ones = torch.ones(index.shape, dtype=torch.int32)
+    count = SCATTER_LINES(torch.ones(x.shape, dtype=torch.int32), dim, index, ones, 0.0, "sum", include_self, lo,
+                          error).to(x.dtype)
+    return torch.div(total, torch.where(count == 0, 1, count).to(x.dtype), rounding_mode="floor")
+
+
+_DENSE_PRODUCT_LIMIT = 1 << 22  # elements of the one-hot factor tensor an integer scatter product may build
+
+
+def _int_scatter_prod(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, include_self: bool,
+                      lo: int, error: str) -> Any:
+    """An integer scatter product, exactly: per line, a ``[targets, indices]`` one-hot table of factors (the
+    value where the index aims at the target, else 1) multiplied out along the indices by the integer ``prod``
+    (exact elementwise multiplications; int64 guarded, narrower dtypes wrapping like eager). NotImplemented
+    (refused by name) when that table would exceed ``_DENSE_PRODUCT_LIMIT`` elements."""
+    shape = x.shape
+    if x.dim() <= 1:  # one line: index and src of any shape, as the scatter kernel takes them
+        x, dim, index = x.reshape(-1), 0, index.reshape(-1)
+        src = src.reshape(-1)[: index.numel()] if src.numel() > 1 else src.reshape(-1).expand(index.shape)
+    else:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    size = x.shape[dim]
+    if index.numel() * size > _DENSE_PRODUCT_LIMIT:
+        return NotImplemented
+    # how many values aim at each target (the scatter kernel also raises for indices outside [lo, size))
+    hits = SCATTER_LINES(torch.zeros(x.shape, dtype=torch.int32), dim, index, torch.ones(index.shape,
+                         dtype=torch.int32), 0.0, "sum", True, lo, error)
+    region = tuple(slice(0, n) if d != dim else slice(None) for d, n in enumerate(index.shape))
+    xr, hit_any = x[region].movedim(dim, -1), (hits[region] > 0).movedim(dim, -1)
+    idx, vals = _wrapped(index, size, lo).movedim(dim, -1), src.to(x.dtype).movedim(dim, -1)
+    aims = idx.unsqueeze(-2) == torch.arange(size).unsqueeze(-1)  # [..., targets, indices]
+    product = torch.prod(torch.where(aims, vals.unsqueeze(-2), torch.ones((), dtype=x.dtype)), -1, dtype=x.dtype)
+    res = torch.where(hit_any, xr * product if include_self else product, xr).movedim(-1, dim)
+    if res.shape != x.shape:  # the index covers part of the other dims: the rest of x is kept
+        pads = [p for d in reversed(range(x.dim())) for p in (0, x.shape[d] - res.shape[d])]
+        inside = torch.ones((), dtype=torch.bool)
+        for d, n in enumerate(index.shape):
+            if d != dim:
+                at = [1] * x.dim()
+                at[d] = x.shape[d]
+                inside = inside & (torch.arange(x.shape[d]) < n).view(at)
+        res = torch.where(inside, aten.constant_pad_nd.default(res, pads, 0), x)
+    return res.reshape(shape)
 
 
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
@@ -213,7 +268,35 @@ def _index_op(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tens
     return _scatter(x, dim, full, source, fill, reduce, include_self, lo, error)
 
 
+def index_add_rows(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``x[index[k]] += source[k]`` along dim 0, negative indices wrapping (index_put's accumulate), in x's dtype
+    with the scatter kernel's exact adds."""
+    return _index_op(x, 0, index, source, 0.0, "sum", lo=-max(x.shape[0], 1), error="index")
+
+
+_TYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte"}
+
+
+def _check_index_args(op: str, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> None:
+    """Eager's argument checks of index_add/index_reduce (their meta functions skip them, so a mismatched source
+    would otherwise compile): the same exception type and message, at compile time."""
+    if index.dim() > 1:
+        raise IndexError(f"{op}_(): Index is supposed to be a vector, but got dim: {index.dim()} with type: "
+                         f"{_TYPE_NAMES.get(index.dtype, index.dtype)} and size: {list(index.shape)}")
+    d = dim % max(x.dim(), 1)
+    if source.dim() == 0 and index.numel() != 1:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    n = 1 if source.dim() == 0 else source.shape[d] if d < source.dim() else None
+    if n is not None and index.numel() != n:
+        raise RuntimeError(f"{op}_(): Number of indices ({index.numel()}) should be equal to source.size(dim): "
+                           f"({n}), for dim: {dim}")
+    if x.dim() != source.dim() or any(x.shape[k] != source.shape[k] for k in range(x.dim()) if k != d):
+        raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
+
+
 def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1) -> Any:
+    _check_index_args("index_add", x, dim, index, source)
     return _index_op(x, dim, index, source if alpha == 1 else source * alpha, 0.0, "sum")
 
 
@@ -235,6 +318,7 @@ def _index_fill_tensor(x: torch.Tensor, dim: int, index: torch.Tensor, value: to
 
 def _index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str, *,
                   include_self: bool = True) -> Any:
+    _check_index_args("index_reduce", x, dim, index, source)
     return _index_op(x, dim, index, source, 0.0, reduce, include_self, error="index")
 
 

@@ -161,45 +161,10 @@ def _index_put_check(node: fx.Node) -> str | None:
     if isinstance(val, torch.Tensor) and val.dtype in (torch.bool, torch.uint8):
         return "index_put with a boolean mask index is not supported (use integer indices)"
     out = node.meta.get("val")
-    if isinstance(out, torch.Tensor) and not out.dtype.is_floating_point and not _small_int_counts(node):
-        return (f"index_put(accumulate=True) on {out.dtype} is not supported: it accumulates in fp32 (TensorE "
-                f"and the DMA engines' adds), exact only up to 2**24; accumulate into a float tensor")
+    if isinstance(out, torch.Tensor) and not out.dtype.is_floating_point:  # decomp_index makes these scatter-adds
+        return (f"index_put(accumulate=True) on {out.dtype} is not supported by the row kernel: it accumulates in "
+                f"fp32 (TensorE and the DMA engines' adds), exact only up to 2**24; accumulate into a float tensor")
     return None
-
-
-_FILLS = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
-_ONES = (aten.ones_like.default, aten.new_ones.default, aten.ones.default)
-_ZEROS = (aten.zeros_like.default, aten.new_zeros.default, aten.zeros.default)
-_VIEWS = (aten.expand.default, aten.view.default, aten.reshape.default, aten.unsqueeze.default,
-          aten._unsafe_view.default)
-
-
-def _const_fill(a: Any) -> float | None:
-    """A bound on |value| of a constant-filled tensor (through view ops and where), else None."""
-    while isinstance(a, fx.Node) and a.target in _VIEWS:
-        a = a.args[0]
-    if isinstance(a, (int, float)):
-        return abs(float(a))
-    if not isinstance(a, fx.Node):
-        return None
-    if a.target == aten.where.self:
-        t, f = _const_fill(a.args[1]), _const_fill(a.args[2])
-        return None if t is None or f is None else max(t, f)
-    if a.target in _ONES:
-        return 1.0
-    if a.target in _ZEROS:
-        return 0.0
-    pos = _FILLS.get(a.target)
-    v = a.args[pos] if pos is not None and len(a.args) > pos else None
-    return abs(float(v)) if isinstance(v, (int, float)) else None
-
-
-def _small_int_counts(node: fx.Node) -> bool:
-    """Integer index_put of constant values into a constant base (embedding's scale_grad_by_freq counts):
-    every partial sum is an integer below 2**24, so the fp32 scatter-add is exact."""
-    base, values = _const_fill(node.args[0]), _const_fill(node.args[2])
-    tokens = math.prod(node_shape(node.args[2]))
-    return base is not None and values is not None and base + values * tokens < 2**24
 
 
 @register_lowering(aten.index_put.default, family="index", kind="gather", check=_index_put_check)

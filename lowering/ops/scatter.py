@@ -162,8 +162,10 @@ def _scatter_check(node: fx.Node) -> str | None:
         return (f"scatter-add into {x.dtype} is not supported: torch wraps the sums at {x.dtype.itemsize * 8} bits "
                 f"and the scatter kernel accumulates in wider types; accumulate in int32 (x.int()) and cast back")
     if x is not None and not x.dtype.is_floating_point and reduce in ("prod", "mean"):
-        return (f"scatter_reduce(reduce={reduce!r}) on {x.dtype} is not supported: it would need int64 "
-                f"products/division that NeuronCores cannot compute exactly; scatter into a float tensor")
+        # decomp_scatter computes these exactly; only integer products whose one-hot table is too large get here
+        return (f"scatter_reduce(reduce={reduce!r}) on {x.dtype} is not supported at this size: integer products "
+                f"are computed exactly as a [targets x indices] table per line, limited to 2**22 elements; "
+                f"scatter into a float tensor or scatter fewer indices per call")
     return None
 
 

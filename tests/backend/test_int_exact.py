@@ -253,11 +253,11 @@ def _refused(fn: Callable[..., Any], *xs: torch.Tensor) -> str:
 
 
 @pytest.mark.parametrize(("fn", "parts"), [
-    (lambda x: x.scatter_reduce(1, torch.zeros_like(x), x, "mean"),
-     ("scatter_reduce(reduce='mean')", "torch.int64", "scatter into a float tensor")),
+    (lambda x: x.scatter_reduce(0, torch.zeros_like(x), x, "prod"),  # a 3000 x 3000 one-hot table of factors
+     ("scatter_reduce(reduce='prod')", "torch.int64", "2**22 elements", "scatter into a float tensor")),
 ])
 def test_refusals_name_op_dtype_and_fix(fn: Callable[..., Any], parts: tuple[str, ...]) -> None:
-    msg = _refused(fn, _big(torch.int64))
+    msg = _refused(fn, torch.ones(3000, dtype=torch.int64))
     for p in parts:
         assert p in msg, f"{p!r} not in {msg}"
 
@@ -277,13 +277,30 @@ def test_bitwise_ops_are_exact(dtype: torch.dtype) -> None:
     _check(ops, x, y, y[1])
 
 
-def test_int8_arithmetic_wraps_and_int_index_put_accumulate_is_refused() -> None:
+def test_int8_arithmetic_wraps() -> None:
     _check(lambda x: x + 100, torch.tensor([[100, 27, -128]], dtype=torch.int8))  # wraps at 8 bits like torch
-    torch._dynamo.reset()
-    neuron_compile.backend.reset()
-    msg = _refused(lambda b, i, v: b.index_put((i,), v, accumulate=True),
-                   torch.zeros(5, dtype=torch.int64), torch.tensor([1, 1]), torch.tensor([B24 + 1, 3]))
-    assert "index_put(accumulate=True) on torch.int64" in msg and "exact only up to 2**24" in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool])
+def test_int_index_put_accumulate_is_exact(dtype: torch.dtype) -> None:
+    """Integer accumulation adds exactly (values past 2**24, duplicates, negative indices, several index tensors,
+    an index after a slice) and narrow dtypes wrap at their width, as eager."""
+    info = torch.iinfo(dtype) if dtype != torch.bool else None
+    big = min(B24 + 3, info.max // 4) if info else 1
+    x = torch.arange(30).reshape(5, 6).to(dtype)
+    v = torch.tensor([big, big, 7, big]).to(dtype)
+    _check(lambda x, i, v: x.reshape(-1).index_put((i,), v, accumulate=True), x, torch.tensor([4, 4, -1, 4]), v)
+    _check(lambda x, i, v: x.index_put((i,), v, accumulate=True), x, torch.tensor([1, -4, 1]), (x[:3] * 3).to(dtype))
+    _check(lambda x, i, j, v: x.index_put((i, j), v, accumulate=True), x, torch.tensor([[0], [2]]),
+           torch.tensor([5, 5, 0]), v[:3])
+    _check(lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, True), x, torch.tensor([5, 5, 0]), v[:1])
+
+
+def test_int64_index_put_accumulate_past_int32_raises() -> None:
+    x = torch.full((4,), 2**30, dtype=torch.int64)
+    f = torch.compile(lambda b, i, v: b.index_put((i,), v, accumulate=True), backend="neuron", dynamic=False)
+    with pytest.raises(DeviceAssertionError, match="an int64 sum left the int32 range"):
+        f(x, torch.tensor([0, 0, 0]), x[:3].clone())
 
 
 def test_int_kernels_use_only_current_nki_api() -> None:
