@@ -245,23 +245,37 @@ def _register_cache_hooks() -> None:
 _register_cache_hooks()
 
 
-def _check_devices(example_inputs: Sequence[Any]) -> None:
+def _input_names(gm: fx.GraphModule) -> list[str]:
+    """Per graph input, where Dynamo took it from (``L['x']``, ``G['c']``, a module's parameter), '' if unknown."""
+    names = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        try:
+            name = name() if callable(name) else name  # a property, or a method in some torch versions
+        except Exception:  # a source kind without a name
+            name = None
+        names.append(f"{name} " if isinstance(name, str) else "")
+    return names
+
+
+def _check_devices(example_inputs: Sequence[Any], names: Sequence[str] = ()) -> None:
     """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute), or
     a nested or sparse one."""
     from neuron_compile.errors import InputDeviceError, UnsupportedOpError
 
     for i, x in enumerate(example_inputs):
+        name = names[i] if i < len(names) else ""
         if isinstance(x, torch.Tensor) and (x.is_nested or x.is_sparse):
             kind = "nested (jagged)" if x.is_nested else "sparse"
             fix = ("pad it into a dense tensor (torch.nested.to_padded_tensor(x, 0.0)) with a mask, and compile the "
                    "code that takes the padded tensor" if x.is_nested else "make it dense with .to_dense()")
-            raise UnsupportedOpError(f"input {i} of the compiled graph is a {kind} tensor, which the neuron backend "
+            raise UnsupportedOpError(f"input {name}({i}) of the compiled graph is a {kind} tensor, which the neuron backend "
                                      f"does not compile (NeuronCore kernels take dense tensors of static shape): {fix}")
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             what = f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
             hint = (" (a meta tensor has no values: infer shapes by running the model eagerly on meta tensors, "
                     "outside torch.compile)" if x.device.type == "meta" else "")
-            raise InputDeviceError(f"the {what} input of the compiled graph (its input {i}) is on device "
+            raise InputDeviceError(f"the {what} input {name}of the compiled graph (its input {i}) is on device "
                                    f"'{x.device}'; compiled graphs take CPU tensors, which the runner moves to the "
                                    f"NeuronCore: move it with .cpu(){hint}")
 
@@ -299,14 +313,17 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
 
     compile_record.dynamo_graph(gm)
     from neuron_compile.lowering.decomp_conv import rewrite_interpolate
+    from neuron_compile.lowering.decomp_flex import rewrite_flex_attention
 
     backend_id = getattr(gm, "_backend_id", None)  # names the graph in a Dynamo package (neuron_compile.warm_frames)
+    names = _input_names(gm)  # Dynamo's sources of the inputs, for messages (the rewrites below drop them)
     gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
+    gm = rewrite_flex_attention(gm)  # a higher-order op with no ATen decomposition: its dense math, before AOT
     if backend_id is not None:
         gm._backend_id = backend_id
     if mode not in (None, "default"):
         raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
-    _check_devices(example_inputs)
+    _check_devices(example_inputs, names)
     _warn_float64(example_inputs)
 
     def with_config(fn: Callable[..., Any], boxed: bool = True) -> Callable[..., Any]:

@@ -300,7 +300,7 @@ def test_a_meta_tensor_input_is_refused_naming_its_device():
     with pytest.raises(BackendCompilerFailed) as info:
         f(torch.ones(3), torch.empty(2, 3, device="meta"))
     assert isinstance(info.value.inner_exception, InputDeviceError)
-    assert "the float32[2, 3] input of the compiled graph (its input 1) is on device 'meta'; compiled graphs take " \
+    assert "the float32[2, 3] input L['y'] of the compiled graph (its input 1) is on device 'meta'; compiled graphs take " \
            "CPU tensors" in str(info.value)
     assert torch.equal(f(torch.ones(3), torch.ones(2, 3))[1], torch.full((2, 3), 2.0))
 
