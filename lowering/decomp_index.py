@@ -65,7 +65,7 @@ def index_tensor(x: torch.Tensor, indices: list[Any]) -> Any:
         return NotImplemented  # one index tensor: the gather rule itself; masks: data-dependent shape
     flat, dims, rest, lin = _linear(x, list(indices) + [None] * (x.dim() - len(indices)), "index.Tensor")
     out = aten.index.Tensor(flat, [lin.reshape(-1)])
-    out = out.reshape(*lin.shape, *[x.shape[d] for d in rest])
+    out = out.reshape([*lin.shape, *[x.shape[d] for d in rest]])  # a list: 0-d indices and no other dim is shape []
     perm = _result_dims(dims, lin.dim(), out.dim())
     return out if perm is None else out.permute(perm)
 
@@ -74,7 +74,7 @@ def _masked_put(x: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, accum
     """``x[mask] = values`` with one value row per True position, in order: the k-th True position takes
     ``values[k]`` (its index is the running count of Trues), checked on device to hold exactly that many."""
     rest = list(x.shape[mask.dim():])
-    m = mask.reshape(*mask.shape, *([1] * len(rest)))
+    m = mask.reshape([*mask.shape, *([1] * len(rest))])
     if values.dim() <= len(rest) or values.shape[0] == 1:  # one row broadcast to every True position
         v = values.to(x.dtype)
         v = v.reshape(v.shape[1:]) if v.dim() > len(rest) else v
@@ -87,7 +87,7 @@ def _masked_put(x: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, accum
     flat = mask.reshape(-1)
     pos = (torch.cumsum(flat.to(torch.int64), 0) - 1).clamp(min=0)
     rows = torch.index_select(values.to(x.dtype).expand(n, *rest), 0, pos)
-    rows = rows.reshape(*mask.shape, *rest)
+    rows = rows.reshape([*mask.shape, *rest])
     return torch.where(m, x + rows, x) if accumulate else torch.where(m, rows, x)
 
 
@@ -104,7 +104,7 @@ def index_put(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumul
             return _masked_put(x, mask, values, accumulate)
         if values.numel() != 1:
             return NotImplemented
-        m = mask.reshape(*([1] * d), *mask.shape, *([1] * (x.dim() - d - mask.dim())))
+        m = mask.reshape([*([1] * d), *mask.shape, *([1] * (x.dim() - d - mask.dim()))])
         v = values.reshape(()).to(x.dtype)
         return torch.where(m, x + v, x) if accumulate else torch.where(m, v, x)
     if any(_bool(t) for t in real):

@@ -314,3 +314,17 @@ def test_nonzero_static_matches_eager(size: int, fill: int) -> None:
         fn = lambda t: torch.nonzero_static(t, size=size, fill_value=fill)  # noqa: E731
         got, want = torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x)
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_multi_index_with_0d_indices_gives_a_0d_result() -> None:
+    """``aten.index.Tensor(x, [i, j])`` with 0-d index tensors (what a vmapped flex_attention mask function
+    traces for ``padding[b, kv]``) is one element, shape ``[]``; index_put writes that one element."""
+    x, i, j, v = torch.randn(4, 5), torch.tensor(2), torch.tensor(-1), torch.tensor(7.0)
+
+    def fn(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.ops.aten.index.Tensor(x, [i, j]) * 2, torch.ops.aten.index_put.default(x, [i, j], v, True)
+
+    got, want = _compile(fn)(x, i, j, v), fn(x, i, j, v)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
