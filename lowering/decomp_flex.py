@@ -26,11 +26,19 @@ def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                          block_mask: tuple[Any, ...], scale: float, kernel_options: dict[str, Any],
                          score_mod_other_buffers: tuple[Any, ...] = (),
                          mask_mod_other_buffers: tuple[Any, ...] = ()) -> tuple[torch.Tensor, ...]:
-    """The ``flex_attention`` HOP's (out, logsumexp, max) as PyTorch's dense math (``sdpa_dense``)."""
+    """The ``flex_attention`` HOP's (out, logsumexp, max) as PyTorch's dense math (``sdpa_dense``). Under autocast,
+    as eager's autocast rule for the op: q, k and v cast to the autocast dtype, then the math with autocast off
+    (the scores, score function and softmax stay fp32; only the final product is in the autocast dtype)."""
     from torch._higher_order_ops.flex_attention import sdpa_dense
+    from torch.amp.autocast_mode import _cast
 
-    return sdpa_dense(query, key, value, score_mod, block_mask, scale, kernel_options,
-                      tuple(score_mod_other_buffers), tuple(mask_mod_other_buffers))
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        query, key, value = (_cast(t, device, dtype) for t in (query, key, value))  # float64 stays
+    with torch.autocast(device, enabled=False):
+        return sdpa_dense(query, key, value, score_mod, block_mask, scale, kernel_options,
+                          tuple(score_mod_other_buffers), tuple(mask_mod_other_buffers))
 
 
 def rewrite_flex_attention(gm: fx.GraphModule) -> fx.GraphModule:

@@ -57,3 +57,20 @@ def test_flex_attention_head_bias_buffer_and_logsumexp_match_eager(gqa: bool) ->
     out, lse = torch.compile(f, backend="neuron", dynamic=False)(q, k, v)
     want_out, want_lse = f(q, k, v)
     assert _rel(out, want_out) < 1e-5 and _rel(lse, want_lse) < 1e-5
+
+
+def test_flex_attention_under_bf16_autocast_is_eagers_rule() -> None:
+    """Eager's autocast rule for flex_attention: q, k, v in bf16, the scores and softmax in fp32, a bf16 result
+    (scores in bf16 would be twice as far from float64)."""
+
+    def score_mod(score, b, h, q, kv):
+        return score + (q - kv) * 0.1
+
+    def f(q, k, v):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return flex_attention(q, k, v, score_mod=score_mod)
+
+    q, k, v = (t * 3 for t in _qkv())
+    got, want = torch.compile(f, backend="neuron", dynamic=False)(q, k, v), f(q, k, v)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert _rel(got.float(), want.float()) < 1e-3
