@@ -26,6 +26,7 @@ import torch
 from neuron_compile.lowering.decomp_bag import BAG
 from neuron_compile.lowering.decomp_sort import SORT
 from neuron_compile.lowering.mathlib import NARROW_INTS
+from neuron_compile.lowering.registry import register_declined
 
 from neuron_compile.simulator_limits import PMAX
 
@@ -374,6 +375,24 @@ def _nonzero_static(x: torch.Tensor, *, size: int, fill_value: int = -1) -> Any:
         rest = torch.div(rest, n, rounding_mode="floor")
     found = (k < count[-1]).unsqueeze(1)
     return torch.where(found, torch.stack(coords[::-1], 1), fill_value)
+
+
+# Ops whose output size depends on the values: Dynamo runs them eagerly at a graph break unless fullgraph=True, which
+# brings them here; the refusal names a static-shape way to write them.
+_DATA_DEPENDENT = {
+    aten.nonzero.default: "torch.nonzero_static(x, size=n) (the first n, padded with fill_value)",
+    aten.masked_select.default: "torch.where(mask, x, 0) (the same shape, unselected elements zero)",
+    aten._unique2.default: "a sort and a first-occurrence mask of the same shape, or run it outside the compiled "
+                           "region",
+    aten.unique_dim.default: "run it outside the compiled region",
+    aten.unique_consecutive.default: "a mask comparing neighbours (x[1:] != x[:-1]), or run it outside the compiled "
+                                     "region",
+    aten.repeat_interleave.Tensor: "repeats given as a Python int, or run it outside the compiled region",
+    aten.bincount.default: "torch.zeros(n).scatter_add_(0, x, torch.ones_like(x, dtype=torch.float)) for a fixed n",
+}
+register_declined(lambda node: (f"its output size depends on the input values (a data-dependent shape; NeuronCore "
+                                f"kernels have static shapes): use {_DATA_DEPENDENT[node.target]}"),
+                  *_DATA_DEPENDENT)
 
 
 SCATTER: dict[Any, Callable[..., Any]] = {

@@ -57,9 +57,23 @@ def describe_inputs(node: fx.Node) -> str:
     return ", ".join(parts)
 
 
+_SIZE_CHECKS = {torch.ops.aten.sym_size.int, torch.ops.aten._assert_scalar.default,
+                torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten.sym_constrain_range.default}
+
+
+def _size_bookkeeping(node: fx.Node) -> bool:
+    """A node Dynamo adds around a data-dependent size (its size, arithmetic and range asserts on it)."""
+    if node.target in _SIZE_CHECKS:
+        return True
+    symbolic = isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat))
+    return symbolic and getattr(node.target, "__module__", None) in ("_operator", "operator", "torch")
+
+
 def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
-    """One line per node the backend cannot lower (op, inputs, reason, user source line)."""
+    """One line per node the backend cannot lower (op, inputs, reason, user source line). The size bookkeeping
+    that comes with a data-dependent shape is summed up in one line after the op that made the shape."""
     problems = []
+    bookkeeping: list[str] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -77,6 +91,9 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 and unsupported_reason(node.args[0]) is not None:
             continue  # the tuple-producing op is reported itself
         reason = unsupported_reason(node)
+        if reason is not None and _size_bookkeeping(node):
+            bookkeeping.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}")
+            continue
         if reason is None:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
@@ -84,7 +101,13 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
         if reason is not None:
             problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} "
                             f"at {source_line(node)}")
-    return problems
+    if bookkeeping and problems:
+        problems.append(f"{_AND} {len(bookkeeping)} size computation(s) and check(s) on the data-dependent size, which "
+                        f"go away with the op that makes it")
+    return problems or bookkeeping
+
+
+_AND = "and"  # the first word of unsupported_nodes' summary line (not an op)
 
 
 _PASS_THROUGH = {torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.clone.default, torch.ops.aten.alias.default,
@@ -120,8 +143,9 @@ def check_lowerable(gm: fx.GraphModule, what: str) -> None:
     problems = unsupported_nodes(gm)
     if problems:
         unique = list(dict.fromkeys(problems))
+        ops = sum(1 for u in unique if not u.startswith(f"{_AND} "))
         raise UnsupportedOpError(
-            f"neuron backend cannot compile this {what}: {len(unique)} unsupported op(s):\n  - "
+            f"neuron backend cannot compile this {what}: {ops} unsupported op(s):\n  - "
             + "\n  - ".join(unique)
             + "\nTo run anyway, let these ops run eagerly: torch.compile(..., backend='neuron', "
               "options={'fallback': 'eager'}); `neuron-compile check your_script.py` reports every such op "

@@ -323,11 +323,11 @@ def render_markdown(rows: list[OpSupport]) -> str:
         "refused at compile time with an `UnsupportedOpError` naming the op and your source line. float64 runs "
         "as float32 (with a warning). Integer ops compute in exact int32 (GpSimd integer `tensor_tensor`, wrapping "
         "like int32; int64 values live as int32) or are refused; int8/int16/uint8 values compute in int32 and wrap "
-        "at their own width as torch's (ops whose intermediate wraps would differ, such as "
-        "`index_put(accumulate=True)`, are refused; sums kept in a narrow dtype are int64 sums cast); integer matmuls and convolutions are "
-        "fp32 products of 8-bit limbs, integer powers square-and-multiply and integer max and average pooling "
-        "a scan of their taps in int32, integer prod/cumprod trees of multiplications, all exact, an int64 result past int32 "
-        "raising; an integer division by zero raises as eager's.",
+        "at their own width as torch's (sums kept in a narrow dtype are int64 sums cast); integer matmuls and "
+        "convolutions are fp32 products of 8-bit limbs, integer powers square-and-multiply and integer max and "
+        "average pooling a scan of their taps in int32, integer prod/cumprod trees of multiplications, integer "
+        "scatter/index sums scatter-adds, their means a sum and a count and their products a one-hot table multiplied "
+        "out, all exact, an int64 result past int32 raising; an integer division by zero raises as eager's.",
         "",
     ]
     header = "| ATen op | kind | " + " | ".join(SHORT[d] for d in DTYPES) + " | notes |"

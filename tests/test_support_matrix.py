@@ -67,14 +67,15 @@ def test_probe_agrees_with_the_compiler():
     assert sm.probe(torch.ops.aten.mm.default, torch.float32) is True
     assert sm.probe(torch.ops.aten.frac.default, torch.int64) is None  # eager's CPU kernel is float-only
     assert sm.probe(torch.ops.aten.prod.default, torch.int64) is True  # a tree of int multiplications (decomp_intprod)
-    assert sm.probe(torch.ops.aten.index_put.default, torch.int64) is False
-    f = torch.compile(lambda a, i, v: a.index_put((i,), v, accumulate=True), backend="neuron", dynamic=False)
+    assert sm.probe(torch.ops.aten.index_put.default, torch.int64) is True  # a scatter-add (decomp_index)
+    assert sm.probe(torch.ops.aten.view.dtype, torch.int64) is False
+    f = torch.compile(lambda a: a.view(torch.int32) + 1, backend="neuron", dynamic=False)
     with pytest.raises(Exception) as info:
-        f(torch.ones(4, 8, dtype=torch.int64), torch.tensor([0, 0]), torch.ones(2, 8, dtype=torch.int64))
+        f(torch.ones(4, 8, dtype=torch.int64))
     exc: BaseException | None = info.value
     while exc is not None and not isinstance(exc, UnsupportedOpError):
         exc = exc.__cause__ or exc.__context__
-    assert exc is not None and "aten.index_put.default" in str(exc) and "torch.int64" in str(exc)
+    assert exc is not None and "aten.view.dtype(int64[4, 8]" in str(exc) and "torch.int64" in str(exc)
     g = torch.compile(lambda a, b: a @ b, backend="neuron", dynamic=False)
     a, b = torch.arange(32).reshape(4, 8), torch.arange(40).reshape(8, 5)
     assert torch.equal(g(a, b), a @ b)

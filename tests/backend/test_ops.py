@@ -285,6 +285,25 @@ def test_reject_lists_every_unsupported_op_in_one_message() -> None:
     assert len(err.unsupported) == 2
 
 
+@pytest.mark.parametrize(("fn", "op", "hint"), [
+    (lambda x: (x[x > 0] * 2).sum(), "aten.index.Tensor(float32[6, 4], [bool[6, 4]])", "use integer indices"),
+    (lambda x: torch.nonzero(x > 0).sum(), "aten.nonzero.default(bool[6, 4])", "use torch.nonzero_static(x, size=n)"),
+    (lambda x: torch.masked_select(x, x > 0).sum(), "aten.masked_select.default", "use torch.where(mask, x, 0)"),
+    (lambda x: torch.unique(x.round()).sum(), "aten._unique2.default", "a data-dependent shape"),
+])
+def test_reject_data_dependent_shape_names_the_op_not_its_size_checks(fn: Callable[..., Any], op: str,
+                                                                      hint: str) -> None:
+    """fullgraph=True hands Dynamo's data-dependent ops to the backend with the size bookkeeping around them
+    (sym_size, comparisons, _assert_scalar): the refusal lists the op and sums the bookkeeping up in one line."""
+    with pytest.raises(Exception) as info:
+        torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(torch.randn(6, 4))
+    err = _unsupported_error(info.value)
+    msg = str(err)
+    assert "1 unsupported op(s)" in msg and op in msg and hint in msg, msg
+    assert "_assert_scalar" not in msg and "sym_size" not in msg, msg
+    assert err.unsupported[-1].startswith("and ") and "size computation(s) and check(s)" in err.unsupported[-1]
+
+
 def test_reject_training_graph_names_backward_ops_at_first_call() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return opaque(x).sum()
