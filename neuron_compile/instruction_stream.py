@@ -699,7 +699,7 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
         exec(code, env)
         from neuron_compile.costmodel import itemsize
 
-        # kernel arguments are shared HBM, as in the simulator (every program of a launch sees them)
+        # kernel arguments are device tensors in shared HBM, as the runner passes them (neuron_compile.device)
         env[name](*[ShapeTensor((n,), (1,), dt, "shared_hbm", Alloc("shared_hbm", 0, itemsize(dt), None, 0), 0)
                     for n, dt in args])
         out.update(rec.record_counts(rec.counts))

@@ -1,6 +1,6 @@
 """Running kernels: ``jit`` / ``simulate`` wrappers, argument conversion and result hand-back.
 
-NumPy arrays and CPU torch tensors become ``nl.hbm`` tensors (copies, one per launch); other arguments pass through. The
+NumPy arrays and CPU torch tensors become ``nl.hbm`` tensors (``nl.shared_hbm`` for a launch grid; copies, one per launch); other arguments pass through. The
 kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
 run one after the other, or as two threads when an LNC2 kernel synchronises its cores: simulator/lnc.py). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
 kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
@@ -74,11 +74,11 @@ class _Arg:
         self.torch = is_torch
 
 
-def _convert(x: Any, i: int, args: list[_Arg]) -> Any:
+def _convert(x: Any, i: int, args: list[_Arg], shared: bool = False) -> Any:
     is_t = _is_torch(x)
     if not (is_t or isinstance(x, np.ndarray)):
         if isinstance(x, (tuple, list)) and any(_is_torch(v) or isinstance(v, np.ndarray) for v in x):
-            return type(x)(_convert(v, i, args) for v in x)
+            return type(x)(_convert(v, i, args, shared) for v in x)
         return x
     arr = _torch_to_numpy(x) if is_t else x
     if arr.dtype in (np.float64, np.int64, np.uint64):
@@ -90,7 +90,7 @@ def _convert(x: Any, i: int, args: list[_Arg]) -> Any:
                                  "(NEURON_COMPILE_FLOAT64=error); pass float32")
         warnings.warn(f"argument {i} is {arr.dtype.name}: simulated as {narrow} (Trainium has no 64-bit dtypes)",
                       UserWarning, stacklevel=4)
-    t = kernel_argument(arr, f"arg{i}")
+    t = kernel_argument(arr, f"arg{i}", shared)
     args.append(_Arg(x, t, is_t))
     return t
 
@@ -182,12 +182,12 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], g
     memory, which persists across kernel calls. With ``resident=True`` returned HBM tensors stay
     tensors too (no copy back to the host), so a runner can chain kernels on device memory."""
     conv: list[_Arg] = []
-    cargs = [_convert(a, i, conv) for i, a in enumerate(args)]
-    ckw = {k: _convert(v, -1, conv) for k, v in kwargs.items()}
+    programs = math.prod(grid) if grid else 1
+    cargs = [_convert(a, i, conv, programs > 1) for i, a in enumerate(args)]
+    ckw = {k: _convert(v, -1, conv, programs > 1) for k, v in kwargs.items()}
     as_torch = any(a.torch for a in conv)
     if _trace.ACTIVE is not None:
         _trace.mark_kernel(getattr(fn, "__name__", "kernel"))
-    programs = math.prod(grid) if grid else 1
     # The engines compute IEEE results (inf, NaN) without complaint: numpy's floating-point warnings about them
     # would reach the user's console from every kernel whose inputs hold an inf or NaN.
     if programs == 2 and _lnc.synchronises(fn):

@@ -674,11 +674,12 @@ def from_array(arr: np.ndarray, buffer: MemoryRegion = PRIVATE_HBM, name: str = 
     return NkiTensor(st, 0, shp, _contig(shp), dt, st.name)
 
 
-def kernel_argument(arr: np.ndarray, name: str) -> NkiTensor:
-    """A kernel argument: its ``buffer`` is ``nl.hbm`` (real NKI reports that for arguments: the docs' MX matmul
-    example asserts ``arg.buffer == nl.hbm``), and every program of an SPMD/LNC launch sees the same tensor, so a
-    ``core_barrier`` may synchronise on it like on a ``shared_hbm`` allocation."""
-    t = from_array(arr, PRIVATE_HBM, name)
+def kernel_argument(arr: np.ndarray, name: str, shared: bool = False) -> NkiTensor:
+    """A kernel argument: in ``nl.hbm`` (an alias of ``private_hbm``; the docs' MX matmul example asserts
+    ``arg.buffer == nl.hbm``) for a single program, in ``nl.shared_hbm`` when ``shared`` (an SPMD/LNC launch: every
+    program sees the caller's tensor, as AWS's simulator gives it). Either way a ``core_barrier`` may synchronise
+    on it."""
+    t = from_array(arr, SHARED_HBM if shared else PRIVATE_HBM, name)
     t.storage.argument = True
     return t
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from neuron_compile import costmodel as cm
+from neuron_compile.device import SimulatorDevice
 from neuron_compile.instruction_stream import count_instructions, source_stream
 from neuron_compile.simulator import load_kernel_source, trace
 from neuron_compile.simulator.trace import InstructionRecord
@@ -23,10 +24,16 @@ log = logging.getLogger(__name__)
 
 
 
+def on_device(x: np.ndarray) -> object:
+    """``x`` as the runner passes kernel arguments (a device tensor in shared HBM), which the stream models; a
+    NumPy argument would be an ``nl.hbm`` tensor of its own."""
+    return SimulatorDevice().upload(x)
+
+
 def simulated(x: np.ndarray) -> tuple[np.ndarray, Counter[InstructionRecord]]:
     kernel = load_kernel_source(BRANCH_SRC, "<branch>")["k"]
     with trace() as t:
-        out = kernel(x)
+        out = kernel(on_device(x))
     return out, Counter(t.records)
 
 
@@ -128,7 +135,7 @@ def test_ordered_stream_splits_at_the_branch() -> None:
     x = np.arange(8, dtype=np.float32) - 3  # flag 1: the body runs
     kernel = load_kernel_source(BRANCH_SRC, "<branch>")["k"]
     with trace() as t:
-        kernel(x)
+        kernel(on_device(x))
     cut = next(i for i, r in enumerate(t.records) if r.instruction == "register_load") + 1
     before, after = t.records[:cut], t.records[cut:]
     assert [r.instruction for r in after] == ["tensor_scalar", "register_alloc", "dma_copy"]

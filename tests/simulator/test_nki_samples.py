@@ -41,6 +41,22 @@ def k(a):
     np.testing.assert_array_equal(simulate(env["k"])(a), a)
 
 
+def test_kernel_arguments_of_a_launch_grid_are_shared_hbm() -> None:
+    """An SPMD/LNC launch's arguments are shared HBM (every program sees the caller's tensor)."""
+    env = _env('''
+@nki.jit
+def k(a):
+    assert a.buffer == nl.shared_hbm, a.buffer
+    pid = nl.program_id(0)
+    t = nl.ndarray((32, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a[pid * 32:pid * 32 + 32, :])
+    nisa.dma_copy(dst=a[pid * 32:pid * 32 + 32, :], src=t)
+    return a
+''', "args_grid")
+    a = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    np.testing.assert_array_equal(simulate(env["k"][2])(a.copy()), a)
+
+
 def test_annotations_are_evaluated_when_the_kernel_is_defined() -> None:
     env = _env("import nki.typing as nt\n\ndef k(a: nt.tensor[128, 64], n: int = 2):\n    return a\n", "annot_ok")
     assert repr(env["k"].__annotations__["a"]) == "nki.typing.tensor[128, 64]"
