@@ -147,7 +147,9 @@ def _scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor |
             and not index_shared_by_lines(x.shape, dim, index.shape, index.stride())
             and _element_wise_is_cheaper(x, dim, index)):
         return _element_scatter_add(x, dim, index, src, lo, op)
-    if reduce in ("mean", "prod") and not (x.dtype.is_floating_point or x.is_complex()) and src is not None:
+    if reduce in ("mean", "prod") and not (x.dtype.is_floating_point or x.is_complex()):
+        if src is None:  # scatter(..., value, reduce="multiply"): the value at every index
+            src = torch.full(index.shape, int(fill), dtype=x.dtype)
         out = (_int_scatter_mean if reduce == "mean" else _int_scatter_prod)(x, dim, index, src, include_self, lo,
                                                                               error)
         if out is not NotImplemented:

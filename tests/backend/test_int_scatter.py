@@ -76,6 +76,13 @@ def test_integer_mean_floors_and_products_are_exact_past_2_24() -> None:
            torch.tensor([2**20 + 3, 2**12 + 5, 7], dtype=torch.int32))
 
 
+def test_scatter_of_a_value_with_reduce_multiply_on_integers() -> None:
+    x, i = torch.arange(6).reshape(2, 3), torch.tensor([[0, 1], [1, 1]])
+    _check(lambda x, i: x.scatter(1, i, 3, reduce="multiply"), x, i)
+    torch._dynamo.reset()
+    _check(lambda x, i: x.scatter(1, i, -2, reduce="multiply"), x.to(torch.int8), i)
+
+
 def test_int64_product_past_int32_raises() -> None:
     f = _compile(lambda x, i, s: x.scatter_reduce(0, i, s, "prod"))
     x = torch.tensor([3, 1])
