@@ -410,6 +410,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         table.setdefault(op, fn)
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_bits import BITS
+    from neuron_compile.lowering.decomp_fakequant import FAKEQUANT
     from neuron_compile.lowering.decomp_igamma import IGAMMA
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_intmm import INTMM
@@ -421,6 +422,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
     table.update(ATTENTION)
     table.update(BITS)
+    table.update(FAKEQUANT)
     table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)
