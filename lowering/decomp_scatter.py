@@ -49,12 +49,22 @@ def _gather_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, lo: int)
     return torch.gather(x, dim, _wrapped(index, x.shape[dim], lo))
 
 
+def _one_line(x: torch.Tensor, index: torch.Tensor, src: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A 0-d / 1-D self as one line: index and src of any shape flattened, src's first elements (one per index) or
+    its single value for every index."""
+    index = index.reshape(-1)
+    if src is not None:
+        src = src.reshape(-1)
+        src = src[: index.numel()] if src.numel() > 1 else src.expand(index.shape)
+    return x.reshape(-1), index, src
+
+
 def _scatter_lines_eager(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | None, fill: float,
                          reduce: str, include_self: bool, lo: int, error: str) -> torch.Tensor:
     shape = x.shape
-    if x.dim() <= 1:  # 0-d / 1-D self: one line; index and src of any shape with the line's elements
-        x, dim, index = x.reshape(-1), 0, index.reshape(-1)
-        src = None if src is None else src.reshape(-1).expand(index.shape)
+    if x.dim() <= 1:  # 0-d / 1-D self: one line
+        (x, index, src), dim = _one_line(x, index, src), 0
     index = _wrapped(index, x.shape[dim], lo)
     if src is None:
         src = torch.full(index.shape, fill, dtype=x.dtype)
@@ -183,9 +193,8 @@ def _int_scatter_prod(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch
     (exact elementwise multiplications; int64 guarded, narrower dtypes wrapping like eager). NotImplemented
     (refused by name) when that table would exceed ``_DENSE_PRODUCT_LIMIT`` elements."""
     shape = x.shape
-    if x.dim() <= 1:  # one line: index and src of any shape, as the scatter kernel takes them
-        x, dim, index = x.reshape(-1), 0, index.reshape(-1)
-        src = src.reshape(-1)[: index.numel()] if src.numel() > 1 else src.reshape(-1).expand(index.shape)
+    if x.dim() <= 1:  # one line, as the scatter kernel takes it
+        (x, index, src), dim = _one_line(x, index, src), 0
     else:
         src = src[tuple(slice(0, n) for n in index.shape)]
     size = x.shape[dim]

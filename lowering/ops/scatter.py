@@ -191,8 +191,9 @@ def lower_scatter_lines(gl: Any, node: fx.Node) -> None:
         base = _line(base) if not base.shape else base
         index = _flat(gl, index, f"{node.name}_index")
         src = _flat(gl, src, f"{node.name}_src") if src is not None else None
-        if src is not None and src.shape[0] != index.shape[0]:
-            src = View(src.buffer, index.shape, (0,), src.offset, src.torch_dtype)  # one value for every index
+        if src is not None and src.shape[0] != index.shape[0]:  # one value for every index, or a longer src's head
+            step = 0 if src.shape[0] == 1 else src.strides[0]
+            src = View(src.buffer, index.shape, (step,), src.offset, src.torch_dtype)
     op = {"assign": "scatter", "sum": "scatter_add"}.get(reduce, f"scatter_reduce({reduce})")
     if _row_scatter_add(base, dim, index, src, reduce, include_self):
         # every row along ``dim`` shares the index: a DMA scatter-add of whole rows, O(indices x row)

@@ -236,3 +236,14 @@ def test_masked_scatter_gradients(broadcast: bool) -> None:
     if broadcast:
         mask = mask[:1]
     check_grads(lambda x, src: x.masked_scatter(mask, src * 3), torch.randn(4, 6), torch.randn(5, 7))
+
+
+def test_one_dim_self_takes_the_head_of_a_longer_src() -> None:
+    """A 1-D self scatters src's first index.numel() elements (eager allows a src longer than the index); this
+    crashed at compile time ('expand: attempting to expand a dimension of length 10 -> 3')."""
+    x, idx, src = torch.zeros(8), torch.tensor([1, 5, 1]), torch.arange(10.0)
+    _check(lambda x, i, s: x.scatter_add(0, i, s), x, idx, src)
+    torch._dynamo.reset()
+    _check(lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), x, idx, src)
+    torch._dynamo.reset()
+    _check(lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), x.long() + 1, idx, src.long())
