@@ -180,7 +180,7 @@ def _int_scatter_mean(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch
     ones = torch.ones(index.shape, dtype=torch.int32)
     count = SCATTER_LINES(torch.ones(x.shape, dtype=torch.int32), dim, index, ones, 0.0, "sum", include_self, lo,
                           error).to(x.dtype)
-    return torch.div(total, torch.where(count == 0, 1, count).to(x.dtype), rounding_mode="floor")
+    return torch.div(total, torch.where(count == 0, 1, count), rounding_mode="floor")
 
 
 _DENSE_PRODUCT_LIMIT = 1 << 22  # elements of the one-hot factor tensor an integer scatter product may build
