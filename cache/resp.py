@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MAX_REPLY = 1 << 30
 _MAX_DEPTH = 8  # nesting of RESP arrays accepted in a reply
+_MAX_ITEMS = 1 << 16  # items of one RESP array accepted in a reply
 
 
 class RedisError(OSError):
@@ -154,6 +155,8 @@ class RedisClient:
     def _exact(self, n: int) -> bytes:
         while len(self._buf) < n + 2:
             self._recv()
+        if self._buf[n:n + 2] != b"\r\n":  # the declared length is wrong: everything after it would be misread
+            raise RedisError(f"protocol error (a {n} byte bulk reply is not followed by CRLF)")
         data, self._buf = self._buf[:n], self._buf[n + 2:]
         return data
 
@@ -177,7 +180,9 @@ class RedisClient:
             n = int(rest)
             if depth >= _MAX_DEPTH:  # the cache's commands get flat replies: deep nesting is garbage
                 raise RedisError(f"protocol error (arrays nested more than {_MAX_DEPTH} deep)")
-            return None if n < 0 else [self._reply(depth + 1) for _ in range(min(n, 1 << 16))]
+            if n > _MAX_ITEMS:  # reading only some of them would leave the rest to be taken for the next reply
+                raise RedisError(f"protocol error (an array of {n} items; at most {_MAX_ITEMS} are accepted)")
+            return None if n < 0 else [self._reply(depth + 1) for _ in range(n)]
         raise RedisError(f"protocol error (unexpected reply {line[:40]!r})")
 
     def _call(self, *parts: bytes | str | int) -> object:

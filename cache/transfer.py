@@ -155,10 +155,12 @@ def _scan(tar: tarfile.TarFile) -> dict[str, list[tuple[str, tarfile.TarInfo]]]:
         name = member.name[2:] if member.name.startswith("./") else member.name
         match = _MEMBER.match(name)
         rel = match.group(2) if match else None
-        unsafe = (not match or name.startswith("/") or (rel is not None and any(
-            p in ("", ".", "..") for p in rel.split("/"))) or "\\" in name)
-        if unsafe:
+        if name.startswith("/") or "\\" in name or any(p in (".", "..") for p in name.split("/")) \
+                or (rel is not None and "" in rel.split("/")):
             raise ArchiveError(f"member {member.name!r} is outside entries/<key>/ or escapes it (path traversal)")
+        if not match:
+            raise ArchiveError(f"member {member.name!r} is not entries/<key>/<file> (a key is 64 lower-case hex "
+                               f"digits); is this a neuron-compile cache export?")
         if not (member.isfile() or member.isdir()):
             raise ArchiveError(f"member {member.name!r} is a link or special file; only files and folders are accepted")
         if match.group(1) and member.isfile():
@@ -202,7 +204,11 @@ def _manifest_member(tar: tarfile.TarFile, members: list[tuple[str, tarfile.TarI
 def _check_members(manifest: dict[str, Any], members: list[tuple[str, tarfile.TarInfo]]) -> None:
     """Every member is listed with its size (a file the manifest doesn't list is never extracted)."""
     listed = manifest["files"]
+    seen: set[str] = set()
     for rel, member in members:
+        if rel in seen:  # tar keeps both; which one a reader gets is up to the reader
+            raise _Rejected(f"file {rel!r} appears more than once in the archive")
+        seen.add(rel)
         if rel == MANIFEST:
             continue
         meta = listed.get(rel)

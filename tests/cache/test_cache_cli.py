@@ -292,7 +292,7 @@ def test_import_rejects_tampered_and_forged(two: tuple[CacheKey, CacheKey], tmp_
     assert code == 1 and "key parts hash to" in err
 
 
-@pytest.mark.parametrize("evil", ["traversal", "absolute", "symlink", "outside"])
+@pytest.mark.parametrize("evil", ["traversal", "absolute", "symlink", "outside", "upper_case_key"])
 def test_import_refuses_unsafe_archives(evil: str, tmp_path: Path, cache_root: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     digest = synthetic_key().digest
@@ -303,6 +303,8 @@ def test_import_refuses_unsafe_archives(evil: str, tmp_path: Path, cache_root: P
         bad = (tarfile.TarInfo("/tmp/escape.txt"), b"pwned")
     elif evil == "outside":
         bad = (tarfile.TarInfo("escape.txt"), b"pwned")
+    elif evil == "upper_case_key":
+        bad = (tarfile.TarInfo(f"entries/{digest.upper()}/plan.json"), b"{}")
     else:
         info = tarfile.TarInfo(f"entries/{digest}/link")
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
@@ -311,9 +313,29 @@ def test_import_refuses_unsafe_archives(evil: str, tmp_path: Path, cache_root: P
     _archive_with(archive, [good, bad])  # type: ignore[list-item]
     code, out, err = _run(capsys, "import", str(archive))
     assert code == 1 and f"refusing {archive}: member" in err and "nothing imported" in err
-    expected = "link or special file" if evil == "symlink" else "outside entries/<key>/ or escapes it"
+    expected = {"symlink": "link or special file",
+                "outside": "'escape.txt' is not entries/<key>/<file> (a key is 64 lower-case hex digits)",
+                "upper_case_key": "is not entries/<key>/<file> (a key is 64 lower-case hex digits); is this a "
+                                  "neuron-compile cache export?"}.get(evil, "outside entries/<key>/ or escapes it")
     assert expected in err
     assert not (tmp_path / "escape.txt").exists() and _run(capsys, "list", "--json")[1].strip() == "[]"
+
+
+def test_import_refuses_an_entry_with_a_file_twice(two: tuple[CacheKey, CacheKey], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """tar keeps both copies of a repeated member (and readers differ on which wins): the entry is refused by name,
+    the rest of the archive still imports."""
+    archive = tmp_path / "warm.tar.gz"
+    _json(capsys, "export", str(archive))
+    members = _entry_members(archive)
+    twice = next(m for m, _ in members if m.name.startswith(f"entries/{two[0].digest}/") and m.name.endswith(".py"))
+    doubled = tmp_path / "doubled.tgz"
+    _archive_with(doubled, members + [(twice, b"print('the other copy')\n")])
+    code, out, err = _run(capsys, "--cache-dir", str(tmp_path / "c1"), "import", "--trust", str(doubled))
+    rel = twice.name.split("/", 2)[2]
+    assert code == 1 and f"file {rel!r} appears more than once in the archive" in err
+    assert "Imported 1 entries" in out and "rejected 1" in out
+    assert os.listdir(tmp_path / "c1" / "entries") == [two[1].digest]
 
 
 def test_import_errors(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]) -> None:

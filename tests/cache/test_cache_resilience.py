@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -180,6 +181,24 @@ def test_reply_nested_without_end_is_a_protocol_error(deep_server: _Server) -> N
     with pytest.raises(RedisError, match="arrays nested more than 8 deep"):
         client.get("k")
     client.close()
+
+
+@pytest.mark.parametrize(("reply", "message"), [
+    (b"$3\r\nabcdef\r\n", "a 3 byte bulk reply is not followed by CRLF"),  # a length too short
+    (b"$3\r\nab\r\nxx", "a 3 byte bulk reply is not followed by CRLF"),  # a length too long
+    (b"*70000\r\n" + b":1\r\n" * 70000, "an array of 70000 items; at most 65536 are accepted"),
+])
+def test_misframed_reply_is_a_protocol_error(reply: bytes, message: str) -> None:
+    """A reply whose declared length disagrees with its framing is refused whole (and the connection dropped):
+    reading on would take the rest of it for the next command's answer."""
+    server = _Server(reply)
+    try:
+        client = RedisClient(parse_redis_url(f"redis://127.0.0.1:{server.port}/0"), timeout=5.0)
+        with pytest.raises(RedisError, match=re.escape(f"protocol error ({message})")):
+            client.get("k")
+        assert client._sock is None
+    finally:
+        server.close()
 
 
 def test_remote_that_raises_anything_turns_the_tier_off(cache_root: Path, deep_server: _Server,
