@@ -39,10 +39,23 @@ def _resolver() -> Any:
                     attr = name.split(".", 1)[1]
                     getattr(sim_nki, attr)  # raises NotImplementedError / AttributeError naming it
                     raise ImportError(f"No module named {name!r} in the neuron_compile simulator")
-                return subs[name] if fromlist else sim_nki
+                if fromlist:
+                    _check_fromlist(subs[name], fromlist)
+                    return subs[name]
+                return sim_nki
         return real_import(name, globals, locals, fromlist, level)
 
     return sim_import
+
+
+def _check_fromlist(module: Any, fromlist: Any) -> None:
+    """``from nki.language import par_dim``: an ImportError as under real NKI, whose message names the replacement
+    (Python's own would only say 'cannot import name')."""
+    for attr in fromlist:
+        hint = getattr(module, "_removed", {}).get(attr)
+        if hint is not None:
+            raise ImportError(f"cannot import name {attr!r} from {module.__name__!r}: {module.__name__}.{attr} is "
+                              f"gone: {hint}", name=module.__name__)
 
 
 def load_kernel_source(source: str, filename: str = "<nki-kernel>") -> dict[str, object]:

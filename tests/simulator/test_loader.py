@@ -77,6 +77,16 @@ def test_loader_errors_point_at_kernel_lines() -> None:
         load_kernel_source("import neuronxcc.nki.language as nl\n")
     with pytest.raises(NotImplementedError, match="nki.collectives.all_reduce"):
         load_kernel_source("import nki.collectives as cc\ncc.all_reduce\n")
+    # a removed name: as an attribute, a RemovedAPIError; imported by name, an ImportError (as under real NKI, so
+    # version checks in try/except ImportError still work), and both name the replacement
+    with pytest.raises(RemovedAPIError, match=r"nki.language.par_dim is gone: removed \(block dimensions\)"):
+        load_kernel_source("import nki.language as nl\nnl.par_dim\n")
+    with pytest.raises(ImportError) as imp:
+        load_kernel_source("from nki.language import ndarray, par_dim\n")
+    assert type(imp.value) is ImportError and imp.value.name == "nki.language"
+    assert str(imp.value) == ("cannot import name 'par_dim' from 'nki.language': nki.language.par_dim is gone: removed "
+                              "(block dimensions); put the partition dim first and use Python lists of tiles")
+    assert load_kernel_source("import nki.language as nl\nok = hasattr(nl, 'par_dim')\n")["ok"] is False
 
 
 def test_torch_arguments_and_results() -> None:
