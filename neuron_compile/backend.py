@@ -258,6 +258,31 @@ def _input_names(gm: fx.GraphModule) -> list[str]:
     return names
 
 
+def _naming_inputs(runner: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
+    """``runner`` of a forward or inference graph (its inputs are Dynamo's, in order), whose InputRangeError names
+    the offending input as the user's code does (``L['x']``) besides its position."""
+    from neuron_compile.errors import InputRangeError
+
+    if not any(names):
+        return runner
+
+    def run(*args: Any) -> Any:
+        try:
+            return runner(*args)
+        except InputRangeError as exc:
+            # the very argument (not a same-shaped intermediate of an eager fallback's subgraph)
+            at = next((j for j, a in enumerate(args[:len(names)]) if a is exc.tensor and names[j]), None)
+            if at is None:
+                raise
+            named = InputRangeError(str(exc).replace(" input of the compiled graph (", f" input {names[at]}of the "
+                                                     "compiled graph (", 1))
+            named.tensor = exc.tensor
+            raise named from None
+
+    run.__dict__.update(runner.__dict__)  # neuron_constants, neuron_complex_io (the warm start reads them)
+    return run
+
+
 def _check_devices(example_inputs: Sequence[Any], names: Sequence[str] = ()) -> None:
     """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute), or
     a nested or sparse one."""
@@ -337,14 +362,14 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         return inner
 
     def fw_compiler(fgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_aten_graph(fgm, inputs, "forward")
+        return _naming_inputs(compile_aten_graph(fgm, inputs, "forward"), names)
 
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         with rank_agreement.maybe_agree(distributed, "a backward graph"):  # compiled at the first .backward()
             return compile_aten_graph(bgm, inputs, "backward")
 
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return compile_aten_graph(igm, inputs, "inference")
+        return _naming_inputs(compile_aten_graph(igm, inputs, "inference"), names)
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().

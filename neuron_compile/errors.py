@@ -84,7 +84,10 @@ class InputDeviceError(NeuronCompileError, ValueError):
 
 class InputRangeError(RuntimeExecutionError, ValueError):
     """A graph input holds values the NeuronCore dtype it runs in cannot represent (int64 beyond int32, float64
-    beyond float32's range): raised before any kernel runs, instead of a wrapped or infinite value."""
+    beyond float32's range): raised before any kernel runs, instead of a wrapped or infinite value. ``tensor``: the
+    argument that holds them (the backend names it after its source in the user's code)."""
+
+    tensor: object = None
 
 
 class DistributedCompileError(NeuronCompileError):

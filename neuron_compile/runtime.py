@@ -286,8 +286,13 @@ class CompiledGraph:
                 # expects column-major): lay the data out exactly that way, not merely contiguously.
                 t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype).copy_(t)
             flat = torch.as_strided(t, (ref.numel,), (1,), t.storage_offset()) if t.numel() else t.reshape(-1)
-            bufs[b] = device.upload(to_numpy(flat, ref.dtype, lambda t=t, i=ref.index: (
-                f"the {str(t.dtype).removeprefix('torch.')}{list(t.shape)} input of the compiled graph (its input {i})")))
+            try:
+                bufs[b] = device.upload(to_numpy(flat, ref.dtype, lambda t=t, i=ref.index: (
+                    f"the {str(t.dtype).removeprefix('torch.')}{list(t.shape)} input of the compiled graph "
+                    f"(its input {i})")))
+            except InputRangeError as exc:
+                exc.tensor = args[ref.index]
+                raise
         return bufs
 
     def _check(self, bufs: list[np.ndarray | None]) -> None:

@@ -265,7 +265,7 @@ def test_float64_input_beyond_float32_range_raises_instead_of_becoming_inf():
     from neuron_compile.errors import InputRangeError
 
     f = torch.compile(lambda x: x * 0.5, backend="neuron", dynamic=False)
-    with pytest.raises(InputRangeError, match=r"^the float64\[2\] input of the compiled graph \(its input 0\) "
+    with pytest.raises(InputRangeError, match=r"^the float64\[2\] input L\['x'\] of the compiled graph \(its input 0\) "
                        r"holds finite values beyond float32's range \(\|x\| > 3\.4e38\)"):
         f(torch.tensor([1.0, 1e300], dtype=torch.float64))
     edge = torch.tensor([3.0e38, float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
@@ -280,7 +280,7 @@ def test_int64_input_beyond_int32_raises_naming_the_input_and_its_range():
     f = torch.compile(lambda i, x: (x.abs(), i.abs() + x.shape[0]), backend="neuron", dynamic=False)
     small = torch.tensor([-3, 7], dtype=torch.int64)
     extremes = torch.tensor([[-16777217, -8589934599, -(2**63) + 1]], dtype=torch.int64)
-    with pytest.raises(InputRangeError, match=r"^the int64\[1, 3\] input of the compiled graph \(its input \d\) "
+    with pytest.raises(InputRangeError, match=r"^the int64\[1, 3\] input L\['x'\] of the compiled graph \(its input \d\) "
                        r"holds values outside int32 \(from -9223372036854775807 to -16777217\)"):
         f(small, extremes)
     edge = torch.tensor([[-(2**31) + 1, 2**31 - 1, 0]], dtype=torch.int64)

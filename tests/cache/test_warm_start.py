@@ -407,3 +407,32 @@ def test_complex_graphs_warm_start_with_their_complex_inputs_and_outputs(tmp_pat
     assert warm["aot_calls"] == 0
     assert warm["graphs"] == [["forward", True, True], ["backward", True, True], ["inference", True, True]]
     assert warm["sums"] == cold["sums"]
+
+
+_RANGE = r"""
+import json, torch
+from torch._dynamo.utils import counters
+from neuron_compile.errors import InputRangeError
+def f(a, big):
+    return a.sin() * 2, big * 0.5
+compiled = torch.compile(f, backend="neuron", dynamic=False)
+a = torch.randn(3, requires_grad=True)
+ok = compiled(a, torch.tensor([1.0, 2.0], dtype=torch.float64))
+try:
+    compiled(a, torch.tensor([1e300, 1.0], dtype=torch.float64))
+    message = None
+except InputRangeError as exc:
+    message = str(exc)
+print(json.dumps({"message": message, "aot_calls": counters["aot_autograd"]["total"]}))
+"""
+
+
+def test_input_range_errors_name_the_input_cold_and_warm(tmp_path: Path) -> None:
+    """A float64 input past float32's range is refused naming it as the user's code does (L['big']), whether the
+    graph was traced or rebuilt from the warm-start entry."""
+    root = tmp_path / "cache"
+    cold, warm = _run(root, _RANGE), _run(root, _RANGE)
+    assert cold["aot_calls"] == 1 and warm["aot_calls"] == 0
+    for run in (cold, warm):
+        assert str(run["message"]).startswith("the float64[2] input L['big'] of the compiled graph (its input 1) holds "
+                                              "finite values beyond float32's range")
