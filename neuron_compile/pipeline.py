@@ -36,7 +36,7 @@ def _dtype_advice(dtype: torch.dtype) -> str:
     if dtype in (torch.uint16, torch.uint32, torch.uint64):
         return "NeuronCores have no unsigned integers wider than 8 bits; cast it to int32, or int64 for values of 2**31 and up"
     if dtype.is_complex:
-        return "complex inputs are computed as float32 pairs: cast it to complex64"
+        return "complex values compile as pairs of reals only when every op on them has a real form, and an op here has none"
     if dtype.is_floating_point:
         return "cast it to bfloat16 or float32"
     return "cast it to int32, float32 or bfloat16"
@@ -74,6 +74,7 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
     that comes with a data-dependent shape is summed up in one line after the op that made the shape."""
     problems = []
     bookkeeping: list[str] = []
+    on_complex: list[str] = []  # refused only for taking complex values (left complex: the graph had no real-pair form)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -81,7 +82,8 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 if val.is_sparse or getattr(val, "is_nested", False):
                     problems.append(f"input {node.name}: sparse/nested tensors are not supported")
                 elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                    problems.append(f"input {node.name}: dtype {val.dtype} is not supported ({_dtype_advice(val.dtype)})")
+                    line = f"input {node.name}: dtype {val.dtype} is not supported ({_dtype_advice(val.dtype)})"
+                    (on_complex if val.is_complex() else problems).append(line)
                 elif node.meta.get("neuron_constant") and (why := _constant_beyond_int32(node, val)):
                     problems.append(why)
             continue
@@ -94,17 +96,28 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
         if reason is not None and _size_bookkeeping(node):
             bookkeeping.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}")
             continue
+        # refused for the complex values it takes or makes, not for a reason of its own
+        complex_only = any(_is_complex(a) for a in node.all_input_nodes) or (
+            _is_complex(node) and reason in (None, "no lowering rule"))
         if reason is None:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
                 reason = f"produces dtype {val.dtype}, which NeuronCores do not support"
         if reason is not None:
-            problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} "
-                            f"at {source_line(node)}")
+            line = f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}"
+            (on_complex if complex_only else problems).append(line)
     if bookkeeping and problems:
         problems.append(f"{_AND} {len(bookkeeping)} size computation(s) and check(s) on the data-dependent size, which "
                         f"go away with the op that makes it")
-    return problems or bookkeeping
+    if on_complex and problems:  # the ops above make the complex values: everything on them follows
+        problems.append(f"{_AND} {len(set(on_complex))} op(s) and input(s) on the complex values they make (complex "
+                        f"values compile as pairs of reals only when every op on them has a real form)")
+    return problems or on_complex or bookkeeping
+
+
+def _is_complex(node: fx.Node) -> bool:
+    vals = node.meta.get("val")
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in (vals if isinstance(vals, (list, tuple)) else [vals]))
 
 
 _AND = "and"  # the first word of unsupported_nodes' summary line (not an op)

@@ -3,6 +3,8 @@ complex ops without a real form are still refused by name."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -115,3 +117,22 @@ def test_index_fill_with_a_complex_value_is_refused_by_name():
     while exc is not None and not isinstance(exc, UnsupportedOpError):
         exc = exc.__cause__ or exc.__context__
     assert exc is not None and "aten.index_fill.int_Scalar(complex64[4, 3]" in str(exc)
+
+
+def test_the_complex_values_of_a_refused_op_are_one_line_after_it():
+    """linalg.eig (refused: iterative) makes complex values, and its backward works on them: the refusal names eig
+    and sums up everything on its complex values in one line, instead of listing each view, product and complex
+    tangent (a complex input's advice was "cast it to complex64", which it already was)."""
+    x = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(Exception) as info:
+        _compile(lambda x: torch.linalg.eig(x))(x)
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None
+    lines = [ln for ln in str(exc).splitlines() if ln.startswith("  - ")]
+    assert str(exc).startswith("neuron backend cannot compile this training graph (forward + backward): 1 unsupported")
+    assert len(lines) == 2 and lines[0].startswith("  - aten.linalg_eig.default(float32[4, 4]): SVD, eigendecomp")
+    assert re.fullmatch(r"  - and \d+ op\(s\) and input\(s\) on the complex values they make \(complex values compile "
+                        r"as pairs of reals only when every op on them has a real form\)", lines[1])
+    assert "cast it to complex64" not in str(exc)
