@@ -7,9 +7,10 @@ real tensor of shape ``S + [2]`` (``view_as_real``'s layout: real part, imaginar
 real arithmetic on the pairs (a complex product is four real products), and complex graph inputs and outputs are
 converted at the boundary (``torch.view_as_real`` in, ``torch.view_as_complex`` out, no copy either way).
 
-All or nothing: a graph with one complex op outside the supported set (complex products, sums, conjugates, views,
-``polar``, ``abs``, casts, and the FFTs of :mod:`lowering.complex_fft`) is left as it was, so the usual refusal
-names that op.
+All or nothing: a graph with one complex op outside the supported set (complex products, quotients, sums,
+conjugates, views, ``polar``, ``abs``, casts, and the FFTs of :mod:`lowering.complex_fft`) is left as it was, so the
+usual refusal names that op. The arithmetic follows eager's to the special values: division is Smith's algorithm as
+c10::complex divides, and a product with a real (or add's alpha) is a complex product by r + 0i.
 """
 
 from __future__ import annotations
@@ -189,11 +190,14 @@ class _Rewriter:
         if t in (aten._conj.default, aten.conj_physical.default, aten._conj_physical.default, aten.conj.default):
             return self.pair(self.part(x(), 0), self.emit(aten.neg.default, self.part(x(), 1)))
         if t in (aten.mul.Scalar, aten.div.Scalar) and is_complex(a[0]) and not isinstance(a[1], complex):
-            return self.emit(t, x(), a[1])  # a real scalar scales both parts
+            return self.binary(aten.mul.Tensor if t == aten.mul.Scalar else aten.div.Tensor, ("complex", x()),
+                               ("scalar", a[1]))
         if t == aten.mul.Scalar and isinstance(a[1], complex):
             return self.times_complex_scalar(x(), is_complex(a[0]), a[1])
         if t == aten.neg.default:
             return self.emit(aten.neg.default, x())
+        if t == aten.reciprocal.default:  # eager's 1 / z: (1 + 0i) / z
+            return self.divide(("scalar", 1.0), ("complex", x()))
         if t == aten.abs.default:
             return self.hypot(x())
         if t in (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor) and len(a) == 2 \
@@ -259,6 +263,16 @@ class _Rewriter:
         inf = emit(aten.logical_or.default, emit(aten.isinf.default, ar), emit(aten.isinf.default, ai))
         return emit(aten.where.self, inf, emit(aten.full_like.default, h, float("inf")), h)
 
+    def times_real(self, z: fx.Node, r: tuple[str, Any]) -> fx.Node:
+        """A complex pair ``z`` = a + bi times a real r, as eager multiplies by r + 0i: (a r - b 0) + (a 0 + b r) i.
+        The 0 terms are -0/+0 (leaving each product as it is) but NaN where a part is inf or NaN."""
+        emit = self.emit
+        kind, v = r
+        scaled = emit(aten.mul.Tensor, z, emit(aten.unsqueeze.default, v, -1)) if kind == "real" \
+            else emit(aten.mul.Scalar, z, v)
+        a0, b0 = (emit(aten.mul.Scalar, self.part(z, i), 0.0) for i in (0, 1))
+        return emit(aten.add.Tensor, scaled, self.pair(emit(aten.neg.default, b0), a0))
+
     def times_complex_scalar(self, z: fx.Node, z_complex: bool, c: complex) -> fx.Node:
         """``z * c`` for a complex Python scalar ``c``: (zr + i zi)(cr + i ci), or a real ``z`` times ``c``."""
         mul = aten.mul.Scalar
@@ -267,6 +281,56 @@ class _Rewriter:
         zr, zi = self.part(z, 0), self.part(z, 1)
         return self.pair(self.emit(aten.sub.Tensor, self.emit(mul, zr, c.real), self.emit(mul, zi, c.imag)),
                          self.emit(aten.add.Tensor, self.emit(mul, zr, c.imag), self.emit(mul, zi, c.real)))
+
+    def parts(self, operand: tuple[str, Any]) -> tuple[Any, Any]:
+        """The real and imaginary parts of a binary operand: nodes, or Python numbers (a scalar, a real's 0)."""
+        kind, v = operand
+        if kind == "complex":
+            return self.part(v, 0), self.part(v, 1)
+        if kind == "real":
+            return v, 0.0
+        c = complex(v)
+        return c.real, c.imag
+
+    def arith(self, op: str, x: Any, y: Any) -> Any:
+        """x op y (op: '+', '-', '*', '/') for nodes and Python numbers, as the Tensor or Scalar overload."""
+        if not isinstance(x, fx.Node) and not isinstance(y, fx.Node):
+            return {"+": x + y, "-": x - y, "*": x * y}[op] if op != "/" else x / y
+        if not isinstance(x, fx.Node):  # number op node
+            if op == "-":
+                return self.emit(aten.add.Scalar, self.emit(aten.neg.default, y), x)
+            if op == "/":
+                return self.emit(aten.mul.Scalar, self.emit(aten.reciprocal.default, y), x)
+            x, y = y, x
+        if not isinstance(y, fx.Node):
+            return self.emit({"+": aten.add.Scalar, "-": aten.sub.Scalar, "*": aten.mul.Scalar,
+                              "/": aten.div.Scalar}[op], x, y)
+        return self.emit({"+": aten.add.Tensor, "-": aten.sub.Tensor, "*": aten.mul.Tensor, "/": aten.div.Tensor}[op],
+                         x, y)
+
+    def divide(self, lhs: tuple[str, Any], rhs: tuple[str, Any]) -> fx.Node:
+        """``lhs / rhs`` with a complex divisor, by Smith's algorithm as c10::complex divides: the divisor is scaled
+        by its larger part (no overflow or underflow in |rhs|^2), and a divisor of 0 gives each part over |0|
+        (inf or NaN, as eager)."""
+        emit, f = self.emit, self.arith
+        a, b = self.parts(lhs)
+        c, d = self.parts(rhs)
+        like = next((v for v in (c, d, a, b) if isinstance(v, fx.Node)), None)
+        if like is None:
+            raise _Unsupported("a scalar divided by a complex scalar")
+        c, d = (v if isinstance(v, fx.Node) else emit(aten.full_like.default, like, v) for v in (c, d))
+        abs_c, abs_d = emit(aten.abs.default, c), emit(aten.abs.default, d)
+        rat = f("/", d, c)  # |c| >= |d|
+        scl = emit(aten.reciprocal.default, f("+", c, f("*", d, rat)))
+        re1, im1 = f("*", f("+", a, f("*", b, rat)), scl), f("*", f("-", b, f("*", a, rat)), scl)
+        rat = f("/", c, d)  # |c| < |d|
+        scl = emit(aten.reciprocal.default, f("+", d, f("*", c, rat)))
+        re2, im2 = f("*", f("+", f("*", a, rat), b), scl), f("*", f("-", f("*", b, rat), a), scl)
+        zero = emit(aten.logical_and.default, emit(aten.eq.Scalar, abs_c, 0.0), emit(aten.eq.Scalar, abs_d, 0.0))
+        first = emit(aten.ge.Tensor, abs_c, abs_d)
+        re = emit(aten.where.self, zero, f("/", a, abs_c), emit(aten.where.self, first, re1, re2))
+        im = emit(aten.where.self, zero, f("/", b, abs_d), emit(aten.where.self, first, im1, im2))
+        return self.pair(re, im)
 
     def binary(self, t: Any, lhs: tuple[str, Any], rhs: tuple[str, Any]) -> fx.Node:
         """+, -, *, / with at least one complex side: on the pairs."""
@@ -280,18 +344,23 @@ class _Rewriter:
             re = emit(aten.sub.Tensor, emit(mul, ar, br), emit(mul, ai, bi))
             im = emit(aten.add.Tensor, emit(mul, ar, bi), emit(mul, ai, br))
             return self.pair(re, im)
-        if t in (aten.mul.Tensor, aten.div.Tensor) and {lk, rk} <= {"complex", "real", "scalar"}:
-            if t == aten.div.Tensor and rk == "complex":
-                raise _Unsupported("division by a complex value")
-            if lk == "real":
-                lv = self.emit(aten.unsqueeze.default, lv, -1)
-            if rk == "real":
-                rv = self.emit(aten.unsqueeze.default, rv, -1)
-            return self.emit(t, lv, rv)
-        if t in (aten.add.Tensor, aten.sub.Tensor) and lk in ("complex", "real") and rk in ("complex", "real"):
-            lv = lv if lk == "complex" else self.real_only(lv)
-            rv = rv if rk == "complex" else self.real_only(rv)
-            return self.emit(t, lv, rv)
+        if t == aten.div.Tensor and rk in ("complex", "scalar_c") and lk in ("complex", "real", "scalar", "scalar_c"):
+            return self.divide(lhs, rhs)
+        if t == aten.div.Tensor and lk == "complex" and rk in ("real", "scalar"):
+            return self.divide(lhs, rhs)  # eager divides by r + 0i, not part by part (inf / 2 is inf + NaN i)
+        if t == aten.mul.Tensor and {lk, rk} <= {"complex", "real", "scalar"}:
+            return self.times_real(*((lv, (rk, rv)) if lk == "complex" else (rv, (lk, lv))))
+        if t in (aten.add.Tensor, aten.sub.Tensor) and {lk, rk} <= {"complex", "real", "scalar", "scalar_c"} \
+                and "complex" in (lk, rk):
+            # eager adds alpha * y, alpha = 1 + 0i, by a complex product: y's parts gain y's other part times 0 (NaN
+            # where that part is inf or NaN); x only promotes (x + 0i)
+            xr, xi = self.parts(lhs)
+            yr, yi = self.parts(rhs)
+            yr, yi = self.arith("-", yr, self.arith("*", yi, 0.0)), self.arith("+", self.arith("*", yr, 0.0), yi)
+            op = "+" if t == aten.add.Tensor else "-"
+            re, im = self.arith(op, xr, yr), self.arith(op, xi, yi)
+            return self.pair(*(v if isinstance(v, fx.Node) else self.emit(aten.full_like.default, self.part(
+                lv if lk == "complex" else rv, 0), v) for v in (re, im)))
         raise _Unsupported(f"{t} of {lk} and {rk}")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma, which Dynamo emits for addcmul_ & co.)
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 aten = torch.ops.aten
 
@@ -355,7 +356,26 @@ def _foreach_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+def _addc(op: Any, combine: Any) -> Callable[..., Any]:
+    """addcmul / addcdiv (``combine``: mul / div) as eager's kernel computes them, self + value * t1 (op) t2. For a
+    complex result, the outer sum adds the parts: eager's fused kernel has no ``alpha`` product that add.Tensor
+    does (which turns an inf part's partner into NaN)."""
+    torch_rule = get_decompositions([op])[op.default]
+
+    def rule(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> Any:
+        if not any(t.is_complex() for t in (self, tensor1, tensor2)):
+            return torch_rule(self, tensor1, tensor2, value=value)
+        dtype = elementwise_dtypes(self, tensor1, tensor2, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+        term = combine(aten.mul.Tensor(tensor1.to(dtype), value), tensor2.to(dtype))
+        total = aten.add.Tensor(aten.view_as_real(self.to(dtype)), aten.view_as_real(term))
+        return aten.view_as_complex(total)
+
+    return rule
+
+
 OWN: dict[Any, Callable[..., Any]] = {
+    aten.addcmul.default: _addc(aten.addcmul, aten.mul.Tensor),
+    aten.addcdiv.default: _addc(aten.addcdiv, aten.div.Tensor),
     aten.pow.Scalar: _pow_scalar_base,
     torch.ops.prims.gcd.default: _gcd,
     torch.ops.prims.fma.default: _fma,
