@@ -303,20 +303,35 @@ def _bitcast_check(node: fx.Node) -> str | None:
         return (f"a bitcast from {src} to {dst} is not supported: int64/float64 are stored as 32-bit values and bool "
                 "as bytes, so their bits differ from torch's; bitcast between float32/int32, bfloat16/float16/int16 "
                 "or int8/uint8")
-    if BITCAST_SIZES[src] != BITCAST_SIZES[dst]:
-        return (f"a bitcast from {src} to {dst} changes the element size (and the last dim); only same-size bitcasts "
-                "are supported (float32/int32, bfloat16/float16/int16, int8/uint8)")
     return None
 
 
 @register_lowering(aten.view.dtype, family="movement", kind="copy", check=_bitcast_check)
 def lower_view_dtype(gl, node: fx.Node) -> None:
-    """aten.view.dtype (``x.view(torch.int32)``, same element size): a DMA of the source's bytes, read as the new
-    dtype, into a buffer of its own (every downstream kernel sees an ordinary input of that dtype)."""
+    """aten.view.dtype (``x.view(torch.int32)``): a DMA of the source's bytes, read as the new dtype (the access
+    pattern's ``dtype=``), into a buffer of its own (every downstream kernel sees an ordinary input of that dtype).
+
+    Another element size (``x.view(torch.uint8)`` of float32, two bfloat16 as one float32) scales the last dim as torch
+    does: the source is read with its strides and offset counted in elements of the new dtype, which needs its last
+    dim contiguous (copied so first when it is not) and its other strides a whole number of new elements."""
     src = gl.view_of(node.args[0])  # may emit copy kernels: the index is taken after
+    old, new = BITCAST_SIZES[src.torch_dtype], BITCAST_SIZES[node.meta["val"].dtype]
+    if old != new and src.numel and not _reinterpretable(src, old, new):
+        src = gl.copy_contiguous(src, node.name)
     kernel_index = len(gl.kernels)
     buf, out = gl.new_output(node, kernel_index, 0)
     if not out.numel:
         return
+    if old != new:  # the source's layout in elements of the new dtype, over the output's shape
+        src = View(src.buffer, out.shape, tuple(st * old // new for st in src.strides[:-1]) + (1,) if out.shape else (),
+                   src.offset * old // new, out.torch_dtype)
     gl.emit_copy(f"k{kernel_index}_bitcast", [(src, out)], [buf], ("aten.view.dtype",),
                  src_dtype=gl.buffers[buf].dtype)
+
+
+def _reinterpretable(src: View, old: int, new: int) -> bool:
+    """Whether ``src`` (element size ``old``) reads as elements of size ``new`` in place: a contiguous last dim,
+    and every other stride and the offset whole elements of the new size."""
+    if not src.shape or (src.strides[-1] != 1 and src.shape[-1] != 1):
+        return False
+    return all(st * old % new == 0 for st in src.strides[:-1]) and src.offset * old % new == 0

@@ -540,7 +540,8 @@ class NkiTensor:
             if st.info.np_dtype.itemsize != old or info.np_dtype.itemsize != new:
                 raise SimulatorError("NkiTensor.ap: reinterpreting bytes (dtype= of another size) is unavailable with "
                                      "NKI_PRECISE_FP=0")
-            if (st.part_elems * old) % new or (st.data.size * old) % new:
+            # on chip a partition's bytes must hold whole new elements; in HBM (no partitions) only the whole tensor's
+            if (st.buffer in ON_CHIP and (st.part_elems * old) % new) or (st.data.size * old) % new:
                 raise SimulatorError(f"NkiTensor.ap: {st.info.name} storage '{st.name}' {st.shape} cannot be viewed "
                                      f"as {info.name} (its size in bytes is not a multiple of {new})")
         part_elems = st.part_elems * old // new

@@ -1,5 +1,6 @@
-"""``Tensor.view(dtype)`` between dtypes of one size compiles to a DMA that reads the source's bytes as the new
-dtype (``lowering/ops/movement.py::lower_view_dtype``); other bitcasts are refused by name. ``frexp`` and
+"""``Tensor.view(dtype)`` compiles to a DMA that reads the source's bytes as the new dtype
+(``lowering/ops/movement.py::lower_view_dtype``), of the same element size or another (the last dim scales, as
+torch's); bitcasts to or from int64/float64/bool (stored otherwise than torch's bits) are refused by name. ``frexp`` and
 ``nextafter`` are integer arithmetic on such bitcasts (``lowering/decomp_bits.py``).
 
 The bits must be eager's exactly: float exponent extraction, the "fast inverse square root" integer trick,
@@ -40,6 +41,19 @@ CASES: dict[str, tuple[Callable[..., Any], torch.Tensor]] = {
                      torch.tensor([0x7FC00001, 0x7F800001, -1, 1, 0x00000001], dtype=torch.int32)),
     "zero_d": (lambda x: x.view(torch.int32) + 0, torch.tensor(1.5)),
     "empty": (lambda x: x.view(torch.int32), torch.randn(0, 3)),
+    # another element size: the last dim scales (bytes of a float, packed bf16 pairs, int8 quads)
+    "float_bytes": (lambda x: x.view(torch.uint8), X),
+    "float_bytes_math": (lambda x: (x * 2).view(torch.int8).to(torch.int32) + 1, X),
+    "float_as_bf16_halves": (lambda x: x.view(torch.bfloat16), X),
+    "bf16_pairs_as_float": (lambda x: x.view(torch.float32), X.bfloat16()),
+    "bytes_as_float": (lambda x: x.view(torch.float32), torch.arange(0, 96, dtype=torch.int32).to(torch.uint8).view(3, 32)),
+    "int8_as_bf16": (lambda x: x.view(torch.bfloat16), torch.arange(-48, 48, dtype=torch.int32).to(torch.int8).view(4, 24)),
+    "permuted_source_to_bytes": (lambda x: x.transpose(0, 1).view(torch.uint8), X.view(2, 2, 8)),
+    "sliced_bytes_as_float": (lambda x: x[1:, 4:].view(torch.float32),
+                              torch.arange(0, 36, dtype=torch.int32).to(torch.uint8).view(3, 12)),
+    "materialised_then_int16": (lambda x: (x.t() * 2).contiguous().view(torch.int16), X),
+    "bytes_roundtrip": (lambda x: x.view(torch.uint8).view(torch.float32) + 0, X),
+    "empty_to_bytes": (lambda x: x.view(torch.uint8), torch.randn(0, 3)),
 }
 
 
@@ -64,7 +78,6 @@ def test_bitcast_kernel_reads_the_source_through_a_typed_access_pattern() -> Non
 
 
 @pytest.mark.parametrize(("fn", "x", "why"), [
-    (lambda x: x.view(torch.int16), X, "changes the element size"),
     (lambda x: x.view(torch.float64), torch.arange(3), "int64/float64 are stored as 32-bit values"),
     (lambda x: x.view(torch.uint8), torch.tensor([True, False]), "bool"),
 ])

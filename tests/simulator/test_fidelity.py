@@ -427,3 +427,23 @@ def test_ap_with_a_dtype_of_another_size_reinterprets_bytes() -> None:
             t = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
             t.ap(pattern=[[1, 4], [1, 4]], dtype=nl.uint8)
         simulate(bad)(a)
+
+
+def test_hbm_ap_reinterprets_across_rows() -> None:
+    """In HBM (no partitions) only the whole tensor's bytes must hold whole new elements: a flat (6,) bf16 tensor reads
+    as three fp32 (AWS's MX loaders read bf16 pairs as fp32 this way); on chip each partition's bytes must."""
+    def k(a):
+        out = nl.ndarray((3,), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a.ap(pattern=[[1, 3]], dtype=nl.float32))
+        return out
+    import ml_dtypes
+
+    a = np.array([1.5, -2.0, 3.25, 0.5, 7.0, -1e-3], ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(simulate(k)(a), a.view(np.float32))
+    with pytest.raises(SimulatorError, match=r"cannot be viewed as float32 \(its size in bytes is not a multiple of 4\)"):
+        simulate(k)(a[:5].copy())
+    with pytest.raises(SimulatorError, match=r"cannot be viewed as float32"):
+        def on_chip(a):
+            t = nl.ndarray((2, 3), dtype=nl.bfloat16, buffer=nl.sbuf)
+            t.ap(pattern=[[1, 2], [1, 1]], dtype=nl.float32)
+        simulate(on_chip)(a)
