@@ -21,6 +21,7 @@ from torch import fx
 from neuron_compile import torch_fixes
 from neuron_compile.config import config
 from neuron_compile.errors import ConfigError, DynamicShapeError, source_line
+from neuron_compile.input_names import input_names, naming_inputs
 from neuron_compile.pipeline import (  # noqa: F401  (the pipeline's names, also reachable from here)
     build_artifacts,
     check_lowerable,
@@ -245,44 +246,6 @@ def _register_cache_hooks() -> None:
 _register_cache_hooks()
 
 
-def _input_names(gm: fx.GraphModule) -> list[str]:
-    """Per graph input, where Dynamo took it from (``L['x']``, ``G['c']``, a module's parameter), '' if unknown."""
-    names = []
-    for node in gm.graph.find_nodes(op="placeholder"):
-        name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-        try:
-            name = name() if callable(name) else name  # a property, or a method in some torch versions
-        except Exception:  # a source kind without a name
-            name = None
-        names.append(f"{name} " if isinstance(name, str) else "")
-    return names
-
-
-def _naming_inputs(runner: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
-    """``runner`` of a forward or inference graph (its inputs are Dynamo's, in order), whose InputRangeError names
-    the offending input as the user's code does (``L['x']``) besides its position."""
-    from neuron_compile.errors import InputRangeError
-
-    if not any(names):
-        return runner
-
-    def run(*args: Any) -> Any:
-        try:
-            return runner(*args)
-        except InputRangeError as exc:
-            # the very argument (not a same-shaped intermediate of an eager fallback's subgraph)
-            at = next((j for j, a in enumerate(args[:len(names)]) if a is exc.tensor and names[j]), None)
-            if at is None:
-                raise
-            named = InputRangeError(str(exc).replace(" input of the compiled graph (", f" input {names[at]}of the "
-                                                     "compiled graph (", 1))
-            named.tensor = exc.tensor
-            raise named from None
-
-    run.__dict__.update(runner.__dict__)  # neuron_constants, neuron_complex_io (the warm start reads them)
-    return run
-
-
 def _check_devices(example_inputs: Sequence[Any], names: Sequence[str] = ()) -> None:
     """Refuse, naming it, an input on a device other than the CPU (a ``meta`` tensor has no values to compute), or
     a nested or sparse one."""
@@ -341,7 +304,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     from neuron_compile.lowering.decomp_flex import rewrite_flex_attention
 
     backend_id = getattr(gm, "_backend_id", None)  # names the graph in a Dynamo package (neuron_compile.warm_frames)
-    names = _input_names(gm)  # Dynamo's sources of the inputs, for messages (the rewrites below drop them)
+    names = input_names(gm)  # Dynamo's sources of the inputs, for messages (the rewrites below drop them)
     gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
     gm = rewrite_flex_attention(gm)  # a higher-order op with no ATen decomposition: its dense math, before AOT
     if backend_id is not None:
@@ -362,14 +325,14 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         return inner
 
     def fw_compiler(fgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return _naming_inputs(compile_aten_graph(fgm, inputs, "forward"), names)
+        return naming_inputs(compile_aten_graph(fgm, inputs, "forward"), names)
 
     def bw_compiler(bgm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         with rank_agreement.maybe_agree(distributed, "a backward graph"):  # compiled at the first .backward()
             return compile_aten_graph(bgm, inputs, "backward")
 
     def inference_compiler(igm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-        return _naming_inputs(compile_aten_graph(igm, inputs, "inference"), names)
+        return naming_inputs(compile_aten_graph(igm, inputs, "inference"), names)
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         # The joint graph holds forward and backward ops: refuse now, not at the first .backward().

@@ -303,9 +303,9 @@ def _load(key: Any, gm: fx.GraphModule | None, example_inputs: Sequence[Any] | N
                 graph = with_complex_io(graph, *code.complex_io)
             code.runner = _with_constants(graph, code.constants)
             if gm is not None and code.kind != "backward":  # its inputs are Dynamo's: errors name them as traced
-                from neuron_compile.backend import _input_names, _naming_inputs
+                from neuron_compile.input_names import input_names, naming_inputs
 
-                code.runner = _naming_inputs(code.runner, _input_names(gm))
+                code.runner = naming_inputs(code.runner, input_names(gm))
         fn = _rebuild(result)
     except Exception as exc:  # never fail a compile because of the cache
         store.quarantine(key.digest, f"its warm-start state can't be loaded ({type(exc).__name__}: {exc})")
