@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
+from neuron_compile.lowering.complex_more import RULES as MORE
+from neuron_compile.lowering.complex_more import ComplexUnsupported
 from torch import fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -73,13 +75,27 @@ def is_complex(n: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.is_complex()
 
 
+def _pair_input(v: torch.Tensor) -> torch.Tensor:
+    """The meta value of a complex input's pairs: ``view_as_real`` of it, its strides and storage offset kept (the
+    runner passes ``view_as_real`` of the argument, and an ``as_strided`` of it counts from its storage)."""
+    with unset_fake_temporarily():
+        return torch.view_as_real(_meta(v))
+
+
 def has_complex(gm: fx.GraphModule) -> bool:
     return any(is_complex(n) for n in gm.graph.nodes)
 
 
 def _meta(v: Any) -> Any:
+    """A meta tensor like ``v``, its strides and storage offset kept (an as_strided of a view reads them)."""
     if isinstance(v, torch.Tensor):
-        return torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+        if v.device.type == "meta" and not isinstance(v, FakeTensor):
+            return v
+        extent = 0 if 0 in v.shape else 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True))
+        base = torch.empty(v.storage_offset() + extent, dtype=v.dtype, device="meta")
+        return base.as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())
+    if isinstance(v, (list, tuple)):  # the items of split / unbind
+        return type(v)(_meta(x) for x in v)
     return v
 
 
@@ -117,8 +133,7 @@ class _Rewriter:
                 new.meta = dict(node.meta)
                 if is_complex(node):
                     ins.append(placeholders)
-                    new.meta["val"] = _meta(torch.view_as_real(torch.empty(tuple(_val(node).shape),
-                                                                           dtype=_val(node).dtype)))
+                    new.meta["val"] = _pair_input(_val(node))
                 self.env[node] = new
                 placeholders += 1
             elif node.op == "output":
@@ -248,6 +263,14 @@ class _Rewriter:
             try:
                 return fft_op(self, node, REAL_OF.get(dtype, dtype))
             except FFTUnsupported as exc:
+                raise _Unsupported(str(exc)) from exc
+        rule = MORE.get(t)
+        if rule is not None:
+            if kw:
+                raise _Unsupported(f"{t} with {sorted(kw)}")
+            try:
+                return rule(self, node)
+            except ComplexUnsupported as exc:
                 raise _Unsupported(str(exc)) from exc
         raise _Unsupported(f"{t}")
 

@@ -172,7 +172,9 @@ class GraphLowering:
             return view
         reason = found[2]
         name = f"k{len(self.kernels)}_copy"
-        view = rule.fn(node, self.copy_contiguous(self.view_of(node.args[0]), f"{node.name}_contig"))
+        layout = getattr(rule.fn, "copy_layout", None)  # a rule that reads its input in a layout of its own
+        view = rule.fn(node, self.copy_contiguous(self.view_of(node.args[0]), f"{node.name}_contig",
+                                                  layout(node) if layout is not None else None))
         assert isinstance(view, View), view
         self.copy_reasons[name] = f"{node.name} ({qualified_name(node.target)}) needs a copy: {reason}"
         log.debug("%s", self.copy_reasons[name])
@@ -211,12 +213,13 @@ class GraphLowering:
             return view
         return root, step, reason if step is None else step.reason
 
-    def copy_contiguous(self, src: View, name: str) -> View:
+    def copy_contiguous(self, src: View, name: str, strides: tuple[int, ...] | None = None) -> View:
+        """``src`` copied into a buffer of its own, contiguously or in the dense layout ``strides``."""
         kernel_index = len(self.kernels)
         out_numel = src.numel
         nd = storage_dtype(src.torch_dtype) or "float32"
         out_buf = self._buffer(BufferRef("kernel", kernel_index, 0, out_numel, nd))
-        dst = View(out_buf, src.shape, contiguous_strides(src.shape), 0, src.torch_dtype)
+        dst = View(out_buf, src.shape, strides or contiguous_strides(src.shape), 0, src.torch_dtype)
         self.emit_copy(f"k{kernel_index}_copy", [(src, dst)], [out_buf], ("aten.clone.default",))
         return dst
 

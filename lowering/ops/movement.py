@@ -117,12 +117,97 @@ def lower_select(node: fx.Node, v: View) -> View:
                     v.offset + index * v.strides[dim])
 
 
-@register_lowering(aten.as_strided.default, family="movement", kind="view")
-def lower_as_strided(node: fx.Node, v: View) -> View:
-    """aten.as_strided: a new view of the same buffer (offset relative to the storage)."""
-    shape, strides = node.args[1], node.args[2]
-    offset = node.args[3] if len(node.args) > 3 and node.args[3] is not None else v.offset
-    return _replace(v, shape, strides, offset)
+def _as_strided_args(node: fx.Node) -> tuple[torch.Tensor | None, list[int], list[int], int]:
+    """(the input's value, size, stride, storage offset) of an as_strided (offset None: the input's own)."""
+    val = node.args[0].meta.get("val")
+    base = val.storage_offset() if isinstance(val, torch.Tensor) else 0
+    offset = node.args[3] if len(node.args) > 3 and node.args[3] is not None else base
+    return (val if isinstance(val, torch.Tensor) else None, [int(n) for n in node.args[1]],
+            [int(st) for st in node.args[2]], int(offset))
+
+
+def _in_storage(node: fx.Node) -> bool:
+    """The window lies within the storage a dense input (a permutation of a contiguous layout) spans: read in the
+    input's own layout, it is the same strided access shifted by the input's storage offset."""
+    val, size, stride, offset = _as_strided_args(node)
+    assert val is not None
+    pairs = sorted((st, n) for n, st in zip(val.shape, val.stride(), strict=True) if n != 1)
+    span = 1
+    for st, n in pairs:
+        if st != span:
+            return False
+        span *= n
+    if math.prod(size) == 0:
+        return True
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+    return val.storage_offset() <= offset and last < val.storage_offset() + max(span, 1) and min(stride, default=0) >= 0
+
+
+def _as_strided_window(node: fx.Node) -> tuple[list[int], list[list[int]]] | None:
+    """The window in the input's index space: (its first element's index, each dim's index step), when each of its
+    dims steps through the input's elements without carrying into another dim; else None."""
+    val, size, stride, offset = _as_strided_args(node)
+    assert val is not None
+    shape, strides = list(val.shape), list(val.stride())
+    order = sorted((d for d in range(len(shape)) if shape[d] > 1 and strides[d] > 0), key=lambda d: -strides[d])
+
+    def coords(distance: int) -> list[int] | None:  # the index at a storage distance, by the input's strides
+        out = [0] * len(shape)
+        for d in order:
+            out[d], distance = divmod(distance, strides[d])
+        return out if distance == 0 else None
+
+    if math.prod(size) == 0:
+        return [0] * len(shape), [[0] * len(shape) for _ in size]
+    first = coords(offset - val.storage_offset()) if offset >= val.storage_offset() else None
+    steps = [coords(st) if n > 1 else [0] * len(shape) for n, st in zip(size, stride, strict=True)]
+    if first is None or any(st is None for st in steps):
+        return None
+    last = [f + sum((n - 1) * st[d] for n, st in zip(size, steps, strict=True)) for d, f in enumerate(first)]  # type: ignore[index]
+    if any(x >= max(n, 1) for x, n in zip(last, shape, strict=True)):
+        return None
+    return first, steps  # type: ignore[return-value]
+
+
+def _as_strided_check(node: fx.Node) -> str | None:
+    val, size, stride, offset = _as_strided_args(node)
+    if val is None:
+        return "as_strided of a non-tensor"
+    if _in_storage(node) or _as_strided_window(node) is not None:
+        return None
+    return (f"as_strided(size={size}, stride={stride}, storage_offset={offset}) reads storage outside its input's "
+            f"elements (shape {tuple(val.shape)}, strides {tuple(val.stride())}, storage offset "
+            f"{val.storage_offset()}), which a compiled graph does not have; .clone() the base tensor first")
+
+
+@register_lowering(aten.as_strided.default, family="movement", kind="view", check=_as_strided_check)
+def lower_as_strided(node: fx.Node, v: View) -> View | ia.NotAffine:
+    """aten.as_strided: the window it reads of its input's storage (eager's layout of the input: its value's strides
+    and storage offset), as a view of our buffer of the input. In the input's own layout (a dense input is passed
+    as it is) that is the same access, shifted; in another (a non-dense input is passed contiguously, a kernel may
+    write a permuted value densely) it is the window's steps through the input's elements."""
+    val, size, stride, offset = _as_strided_args(node)
+    assert val is not None
+    if tuple(v.strides) == tuple(val.stride()) and _in_storage(node):
+        return _replace(v, size, stride, v.offset + offset - val.storage_offset())
+    window = _as_strided_window(node)
+    if window is None:  # our layout differs and the window carries across dims: read a copy in eager's layout
+        return ia.NotAffine(f"as_strided's window is not one strided access of the input in our layout "
+                            f"(strides {tuple(v.strides)} for eager's {tuple(val.stride())})")
+    first, steps = window
+    return _replace(v, size, [sum(k * st for k, st in zip(step, v.strides, strict=True)) for step in steps],
+                    v.offset + sum(i * st for i, st in zip(first, v.strides, strict=True)))
+
+
+def _eager_layout(node: fx.Node) -> tuple[int, ...] | None:
+    """The layout to copy an as_strided's input into when no view of ours reaches the window: eager's own, when
+    dense (then the window is the same access, _in_storage); else contiguous (the window then steps through
+    the input's elements, which the check made sure of)."""
+    val = node.args[0].meta["val"]
+    return tuple(val.stride()) if _in_storage(node) and val.numel() else None
+
+
+lower_as_strided.copy_layout = _eager_layout  # type: ignore[attr-defined]  (read by GraphLowering's copy fallback)
 
 
 @register_lowering(aten.unfold.default, family="movement", kind="view")

@@ -1,0 +1,235 @@
+"""More complex ops as real pairs (see :mod:`lowering.complex_pairs`): data movement, comparisons, cumulative sums,
+matrix products and exp/log.
+
+Each rule takes the rewriter and the complex node and returns the pair node. A complex value of shape ``S`` is a
+real ``S + [2]`` tensor, so data movement is the same op on the leading dims (the pair dim rides along, last);
+comparisons and tests combine the two parts; a matrix product is four real ones; exp and log are their textbook
+forms, as eager's vectorised CPU kernels compute them (``exp(a) * (cos b, sin b)``, ``(log|z|, atan2(b, a))``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+
+class ComplexUnsupported(Exception):
+    """A case of a listed op the pairs can't express (the graph is then left complex and refused by name)."""
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _is_complex(n: Any) -> bool:
+    v = _val(n)
+    return isinstance(v, torch.Tensor) and v.is_complex()
+
+
+def _pair_last(rw: Any, t: fx.Node, pair_at: int) -> fx.Node:
+    """``t`` with its dim ``pair_at`` (the pair, moved by an op that appends a dim) moved back to the end."""
+    n = _val(t).dim()
+    order = [d for d in range(n) if d != pair_at % n] + [pair_at % n]
+    return rw.emit(aten.permute.default, t, order)
+
+
+def _same_op(rw: Any, node: fx.Node, dim_args: tuple[int, ...] = (), dim_lists: tuple[int, ...] = ()) -> fx.Node:
+    """The op itself on the pair, its dim arguments (positions ``dim_args``, lists at ``dim_lists``) made
+    non-negative for the complex value so that they never name the pair dim."""
+    args = list(node.args)
+    args[0] = rw.env[args[0]]
+    for i in dim_args:
+        if i < len(args):
+            args[i] = rw.dim(node.args[0], args[i])
+    for i in dim_lists:
+        if i < len(args):
+            args[i] = [rw.dim(node.args[0], d) for d in args[i]]
+    return rw.emit(node.target, *args)
+
+
+def _flip(rw: Any, node: fx.Node) -> fx.Node:
+    return _same_op(rw, node, dim_lists=(1,))
+
+
+def _roll(rw: Any, node: fx.Node) -> fx.Node:
+    shifts, dims = node.args[1], node.args[2] if len(node.args) > 2 else []
+    if not dims:  # a roll of the flattened value: the pairs as rows
+        shape = list(_val(node).shape)
+        rows = rw.emit(aten.view.default, rw.emit(aten.clone.default, rw.env[node.args[0]],
+                                                  memory_format=torch.contiguous_format), [-1, 2])
+        rolled = rw.emit(aten.roll.default, rows, list(shifts), [0])
+        return rw.emit(aten.view.default, rw.emit(aten.clone.default, rolled), [*shape, 2])
+    return _same_op(rw, node, dim_lists=(2,))
+
+
+def _split(rw: Any, node: fx.Node) -> fx.Node:
+    return _same_op(rw, node, dim_args=(2,)) if len(node.args) > 2 else rw.emit(node.target, rw.env[node.args[0]],
+                                                                                  node.args[1], 0)
+
+
+def _unbind(rw: Any, node: fx.Node) -> fx.Node:
+    return rw.emit(node.target, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1] if len(node.args) > 1 else 0))
+
+
+def _item(rw: Any, node: fx.Node) -> fx.Node:
+    """An item of a rewritten multi-output op (split, unbind): its pair."""
+    item = rw.emit(operator.getitem, rw.env[node.args[0]], node.args[1])
+    if _val(item).is_complex():  # the producer has no real form (it was copied as it is): nothing to pair
+        raise ComplexUnsupported(f"an item of {node.args[0].target}, which makes complex values")
+    return item
+
+
+def _as_strided(rw: Any, node: fx.Node) -> fx.Node:
+    """A strided view of the complex storage: sizes, strides and offset counted in reals (a value is two)."""
+    a = node.args
+    size, stride = list(a[1]), list(a[2])
+    offset = a[3] if len(a) > 3 and a[3] is not None else None
+    args = [rw.env[a[0]], [*size, 2], [2 * s for s in stride] + [1]]
+    if offset is not None:
+        args.append(2 * offset)
+    return rw.emit(node.target, *args)
+
+
+def _diagonal(rw: Any, node: fx.Node) -> fx.Node:
+    a = node.args
+    offset = a[1] if len(a) > 1 else 0
+    d1, d2 = (rw.dim(a[0], d) for d in (a[2] if len(a) > 2 else 0, a[3] if len(a) > 3 else 1))
+    diag = rw.emit(aten.diagonal.default, rw.env[a[0]], offset, d1, d2)  # the diagonal dim comes last, after the pair
+    return _pair_last(rw, diag, -2)
+
+
+def _index_select(rw: Any, node: fx.Node) -> fx.Node:
+    return rw.emit(aten.index_select.default, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1]),
+                   rw.env[node.args[2]])
+
+
+def _gather(rw: Any, node: fx.Node) -> fx.Node:
+    idx = rw.env[node.args[2]]
+    shape = list(_val(node.args[2]).shape)
+    idx2 = rw.emit(aten.expand.default, rw.emit(aten.unsqueeze.default, idx, -1), [*shape, 2])
+    return rw.emit(aten.gather.default, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1]), idx2)
+
+
+def _index(rw: Any, node: fx.Node) -> fx.Node:
+    indices = [rw.env[i] if isinstance(i, fx.Node) else i for i in node.args[1]]
+    return rw.emit(aten.index.Tensor, rw.env[node.args[0]], indices)
+
+
+def _pad(rw: Any, node: fx.Node) -> fx.Node:
+    value = node.args[2] if len(node.args) > 2 else 0
+    if complex(value) != 0:
+        raise ComplexUnsupported("a constant pad of a complex value with a nonzero fill")
+    return rw.emit(aten.constant_pad_nd.default, rw.env[node.args[0]], [0, 0, *node.args[1]], 0.0)
+
+
+def _unfold(rw: Any, node: fx.Node) -> fx.Node:
+    windows = rw.emit(aten.unfold.default, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1]), *node.args[2:])
+    return _pair_last(rw, windows, -2)  # the window dim is appended after the pair
+
+
+def _cumsum(rw: Any, node: fx.Node) -> fx.Node:
+    return rw.emit(aten.cumsum.default, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1]))
+
+
+def _parts(rw: Any, v: Any) -> tuple[Any, Any]:
+    """Real and imaginary parts of an operand (a complex node, a real node or a number)."""
+    if isinstance(v, fx.Node):
+        if _is_complex(v):
+            return rw.part(rw.env[v], 0), rw.part(rw.env[v], 1)
+        return rw.env[v], rw.emit(aten.mul.Scalar, rw.env[v], 0.0)
+    c = complex(v)
+    return c.real, c.imag
+
+
+def _compare(rw: Any, node: fx.Node) -> fx.Node:
+    """== / != : both parts equal (a NaN part is unequal, as eager's)."""
+    (ar, ai), (br, bi) = _parts(rw, node.args[0]), _parts(rw, node.args[1])
+    eq = node.target in (aten.eq.Tensor, aten.eq.Scalar)
+
+    def one(x: Any, y: Any) -> fx.Node:
+        op = (aten.eq if eq else aten.ne).Tensor if isinstance(y, fx.Node) else (aten.eq if eq else aten.ne).Scalar
+        if not isinstance(x, fx.Node):
+            x, y = y, x
+        return rw.emit(op, x, y)
+
+    both = aten.logical_and.default if eq else aten.logical_or.default
+    return rw.emit(both, one(ar, br), one(ai, bi))
+
+
+def _test(rw: Any, node: fx.Node) -> fx.Node:
+    """isnan / isinf: either part; isfinite: both parts."""
+    z = rw.env[node.args[0]]
+    test = {aten.isnan.default: aten.isnan.default, aten.isinf.default: aten.isinf.default,
+            aten.isfinite.default: aten.isfinite.default}[node.target]
+    parts = [rw.emit(test, rw.part(z, i)) for i in (0, 1)]
+    return rw.emit(aten.logical_and.default if node.target == aten.isfinite.default else aten.logical_or.default, *parts)
+
+
+def _truth(rw: Any, v: Any) -> fx.Node:
+    """A complex value as a bool: nonzero in either part."""
+    if not _is_complex(v):
+        return rw.emit(aten.ne.Scalar, rw.env[v], 0) if _val(v).dtype != torch.bool else rw.env[v]
+    z = rw.env[v]
+    return rw.emit(aten.logical_or.default, *(rw.emit(aten.ne.Scalar, rw.part(z, i), 0.0) for i in (0, 1)))
+
+
+def _logical(rw: Any, node: fx.Node) -> fx.Node:
+    if node.target == aten.logical_not.default:
+        return rw.emit(aten.logical_not.default, _truth(rw, node.args[0]))
+    return rw.emit(node.target, _truth(rw, node.args[0]), _truth(rw, node.args[1]))
+
+
+def _matmul(rw: Any, node: fx.Node) -> fx.Node:
+    """mm / bmm of complex matrices: (Ar Br - Ai Bi) + (Ar Bi + Ai Br) i, four real products."""
+    (ar, ai), (br, bi) = _parts(rw, node.args[0]), _parts(rw, node.args[1])
+    if not all(isinstance(p, fx.Node) for p in (ar, ai, br, bi)):
+        raise ComplexUnsupported("a matrix product with a scalar")
+    mm = node.target
+    re = rw.emit(aten.sub.Tensor, rw.emit(mm, ar, br), rw.emit(mm, ai, bi))
+    im = rw.emit(aten.add.Tensor, rw.emit(mm, ar, bi), rw.emit(mm, ai, br))
+    return rw.pair(re, im)
+
+
+def _exp(rw: Any, node: fx.Node) -> fx.Node:
+    z = rw.env[node.args[0]]
+    a, b = rw.part(z, 0), rw.part(z, 1)
+    ea = rw.emit(aten.exp.default, a)
+    return rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
+                   rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b)))
+
+
+def _log(rw: Any, node: fx.Node) -> fx.Node:
+    z = rw.env[node.args[0]]
+    return rw.pair(rw.emit(aten.log.default, rw.hypot(z)),
+                   rw.emit(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))
+
+
+RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
+    aten.flip.default: _flip,
+    aten.roll.default: _roll,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
+    aten.unbind.int: _unbind,
+    operator.getitem: _item,
+    aten.diagonal.default: _diagonal,
+    aten.as_strided.default: _as_strided,
+    aten.index_select.default: _index_select,
+    aten.gather.default: _gather,
+    aten.index.Tensor: _index,
+    aten.constant_pad_nd.default: _pad,
+    aten.unfold.default: _unfold,
+    aten.cumsum.default: _cumsum,
+    aten.eq.Tensor: _compare, aten.eq.Scalar: _compare, aten.ne.Tensor: _compare, aten.ne.Scalar: _compare,
+    aten.isnan.default: _test, aten.isinf.default: _test, aten.isfinite.default: _test,
+    aten.logical_not.default: _logical, aten.logical_and.default: _logical, aten.logical_or.default: _logical,
+    aten.logical_xor.default: _logical,
+    aten.mm.default: _matmul, aten.bmm.default: _matmul,
+    aten.exp.default: _exp,
+    aten.log.default: _log,
+}
