@@ -210,6 +210,28 @@ def _log(rw: Any, node: fx.Node) -> fx.Node:
                    rw.emit(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))
 
 
+def _any_all(rw: Any, node: fx.Node) -> fx.Node:
+    """any / all of complex values: of their truth (either part nonzero)."""
+    return rw.emit(node.target, _truth(rw, node.args[0]), *node.args[1:])
+
+
+def _scalar_as_1d(rule: Callable[[Any, fx.Node], fx.Node]) -> Callable[[Any, fx.Node], fx.Node]:
+    """``rule`` for a 0-d complex input too: its dim 0 is a dim of size 1, which its pair (whose only dim is the pair)
+    lacks. Every listed op then reads the one value: flip and cumsum keep it, index_select and gather pick it
+    (their index can only be 0), unfold makes one window of it."""
+    def run(rw: Any, node: fx.Node) -> fx.Node:
+        src = node.args[0]
+        if not isinstance(src, fx.Node) or _val(src).dim() != 0:
+            return rule(rw, node)
+        if node.target not in (aten.flip.default, aten.cumsum.default, aten.index_select.default, aten.gather.default,
+                               aten.unfold.default):
+            raise ComplexUnsupported(f"{node.target} of a 0-d complex value")
+        one = rw.emit(aten.clone.default, rw.env[src], memory_format=torch.contiguous_format)
+        return rw.emit(aten.view.default, one, [*_val(node).shape, 2])
+
+    return run
+
+
 RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.flip.default: _flip,
     aten.roll.default: _roll,
@@ -232,4 +254,8 @@ RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.mm.default: _matmul, aten.bmm.default: _matmul,
     aten.exp.default: _exp,
     aten.log.default: _log,
+    aten.any.default: _any_all, aten.any.dim: _any_all, aten.any.dims: _any_all,
+    aten.all.default: _any_all, aten.all.dim: _any_all, aten.all.dims: _any_all,
 }
+for _op in (aten.flip.default, aten.index_select.default, aten.gather.default, aten.unfold.default, aten.cumsum.default):
+    RULES[_op] = _scalar_as_1d(RULES[_op])

@@ -151,7 +151,11 @@ class _Rewriter:
                 self.env[node] = self.graph.get_attr(name)
                 self.env[node].meta["val"] = _meta(value)
             elif node.op == "call_function" and (is_complex(node) or any(is_complex(a) for a in node.all_input_nodes)):
-                new = self.complex_op(node)
+                try:
+                    new = self.complex_op(node)
+                except Exception as exc:  # the refusal names this node (its own rule may accept it as real)
+                    exc.complex_node = node  # type: ignore[attr-defined]
+                    raise
                 new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
                 self.env[node] = new
             else:
@@ -190,8 +194,12 @@ class _Rewriter:
             return self.emit(aten.clone.default, x())
         if t == aten._to_copy.default:
             dtype = kw.get("dtype", _val(node).dtype)
-            if not is_complex(node):
-                raise _Unsupported("a cast from complex to real")
+            if not is_complex(node):  # eager keeps the real part (ComplexWarning); a bool is "either part nonzero"
+                z = x()
+                if dtype == torch.bool:
+                    return self.emit(aten.logical_or.default, *(self.emit(aten.ne.Scalar, self.part(z, i), 0.0)
+                                                                for i in (0, 1)))
+                return self.emit(aten._to_copy.default, self.part(z, 0), dtype=dtype)
             src = x() if is_complex(a[0]) else self.real_only(x())
             return self.emit(aten._to_copy.default, src, dtype=REAL_OF[dtype])
         if t in (aten.real.default, aten.imag.default):
@@ -255,7 +263,7 @@ class _Rewriter:
         if t in (aten.sum.dim_IntList, aten.mean.dim) and len(a) >= 2 and not kw:
             # no dims (None or []) reduces every dim of the complex value, never the pair dim; a 0-d value is its own sum
             dims = a[1] or list(range(_val(a[0]).dim()))
-            if not dims:
+            if not dims or _val(a[0]).dim() == 0:  # a 0-d value (dims [0] or [-1] name it) is its own sum
                 return self.emit(aten.clone.default, x())
             return self.emit(t, x(), [self.dim(a[0], d) for d in dims], *a[2:])
         if t in FFT_OPS:
@@ -395,4 +403,11 @@ def as_real_pairs(gm: fx.GraphModule) -> RealPairs | None:
         return _Rewriter(gm).run()
     except Exception as exc:  # an op without a real form, or a view the pair layout can't take: refused as is
         log.debug("complex graph left as it is: %s", exc)
+        node = getattr(exc, "complex_node", None)
+        if node is not None:  # the op to name in the refusal (see pipeline.unsupported_nodes)
+            why = str(exc) if isinstance(exc, _Unsupported) else f"{type(exc).__name__}: {exc}"
+            gm.meta[PAIRS_FAILURE] = (node, why)
         return None
+
+
+PAIRS_FAILURE = "neuron_complex_pairs_failure"  # gm.meta key: (the node the pair rewrite stopped at, why)

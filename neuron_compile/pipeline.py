@@ -72,9 +72,12 @@ def _size_bookkeeping(node: fx.Node) -> bool:
 def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
     """One line per node the backend cannot lower (op, inputs, reason, user source line). The size bookkeeping
     that comes with a data-dependent shape is summed up in one line after the op that made the shape."""
+    from neuron_compile.lowering.complex_pairs import PAIRS_FAILURE
+
     problems = []
     bookkeeping: list[str] = []
     on_complex: list[str] = []  # refused only for taking complex values (left complex: the graph had no real-pair form)
+    stuck = getattr(gm, "meta", {}).get(PAIRS_FAILURE)  # (the node the real-pair rewrite stopped at, why)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -92,6 +95,12 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
         if node.target is operator.getitem and isinstance(node.args[0], fx.Node) \
                 and unsupported_reason(node.args[0]) is not None:
             continue  # the tuple-producing op is reported itself
+        if stuck is not None and node is stuck[0]:
+            why = "" if stuck[1] == str(node.target) else f": {stuck[1]}"
+            problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): not compiled on complex values "
+                            f"(they compile as pairs of reals, op by op, and this op has no real form{why}) at "
+                            f"{source_line(node)}")
+            continue
         reason = unsupported_reason(node)
         if reason is not None and _size_bookkeeping(node):
             bookkeeping.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}")
@@ -110,8 +119,8 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
         problems.append(f"{_AND} {len(bookkeeping)} size computation(s) and check(s) on the data-dependent size, which "
                         f"go away with the op that makes it")
     if on_complex and problems:  # the ops above make the complex values: everything on them follows
-        problems.append(f"{_AND} {len(set(on_complex))} op(s) and input(s) on the complex values they make (complex "
-                        f"values compile as pairs of reals only when every op on them has a real form)")
+        problems.append(f"{_AND} {len(set(on_complex))} more op(s) and input(s) on complex values, which compile (as "
+                        f"pairs of reals) once the op(s) above do")
     return problems or on_complex or bookkeeping
 
 
