@@ -1,5 +1,5 @@
 """More complex ops as real pairs (see :mod:`lowering.complex_pairs`): data movement, comparisons, cumulative sums,
-matrix products and exp/log.
+matrix products, and the elementary functions (exp, log, sqrt, the trigonometric and hyperbolic ones, sigmoid).
 
 Each rule takes the rewriter and the complex node and returns the pair node. A complex value of shape ``S`` is a
 real ``S + [2]`` tensor, so data movement is the same op on the leading dims (the pair dim rides along, last);
@@ -9,6 +9,7 @@ forms, as eager's vectorised CPU kernels compute them (``exp(a) * (cos b, sin b)
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -210,6 +211,91 @@ def _log(rw: Any, node: fx.Node) -> fx.Node:
                    rw.emit(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))
 
 
+def _ab(rw: Any, node: fx.Node) -> tuple[fx.Node, fx.Node]:
+    z = rw.env[node.args[0]]
+    return rw.part(z, 0), rw.part(z, 1)
+
+
+def _f(rw: Any, op: Any, *args: Any) -> fx.Node:
+    return rw.emit(op, *args)
+
+
+def _trig(rw: Any, node: fx.Node) -> fx.Node:
+    """sin, cos, sinh, cosh of a + bi by their addition formulas (as std::complex computes them)."""
+    a, b = _ab(rw, node)
+    mul = aten.mul.Tensor
+    sa, ca, sb, cb = (_f(rw, op, v) for op, v in ((aten.sin.default, a), (aten.cos.default, a), (aten.sin.default, b),
+                                                   (aten.cos.default, b)))
+    sha, cha, shb, chb = (_f(rw, op, v) for op, v in ((aten.sinh.default, a), (aten.cosh.default, a),
+                                                       (aten.sinh.default, b), (aten.cosh.default, b)))
+    t = node.target
+    if t == aten.sin.default:  # sin a cosh b + i cos a sinh b
+        return rw.pair(_f(rw, mul, sa, chb), _f(rw, mul, ca, shb))
+    if t == aten.cos.default:  # cos a cosh b - i sin a sinh b
+        return rw.pair(_f(rw, mul, ca, chb), _f(rw, aten.neg.default, _f(rw, mul, sa, shb)))
+    if t == aten.sinh.default:  # sinh a cos b + i cosh a sin b
+        return rw.pair(_f(rw, mul, sha, cb), _f(rw, mul, cha, sb))
+    assert t == aten.cosh.default  # cosh a cos b + i sinh a sin b
+    return rw.pair(_f(rw, mul, cha, cb), _f(rw, mul, sha, sb))
+
+
+def _tanh(rw: Any, node: fx.Node) -> fx.Node:
+    """tanh(a + bi) = (sinh 2a + i sin 2b) / (cosh 2a + cos 2b), with tanh's limit +-1 once |a| is large (where both
+    sinh and cosh overflow)."""
+    a, b = _ab(rw, node)
+    a2, b2 = _f(rw, aten.mul.Scalar, a, 2.0), _f(rw, aten.mul.Scalar, b, 2.0)
+    den = _f(rw, aten.add.Tensor, _f(rw, aten.cosh.default, a2), _f(rw, aten.cos.default, b2))
+    re = _f(rw, aten.div.Tensor, _f(rw, aten.sinh.default, a2), den)
+    im = _f(rw, aten.div.Tensor, _f(rw, aten.sin.default, b2), den)
+    big = _f(rw, aten.gt.Scalar, _f(rw, aten.abs.default, a), 20.0)
+    re = _f(rw, aten.where.self, big, _f(rw, aten.sign.default, a), re)
+    im = _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, b, 0.0), im)
+    return rw.pair(re, im)
+
+
+def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
+    """The principal square root without cancellation: t = sqrt((|a| + |z|) / 2); a >= 0: (t, b / 2t), else
+    (|b| / 2t, copysign(t, b)); z itself for 0."""
+    a, b = _ab(rw, node)
+    r = rw.hypot(rw.env[node.args[0]])
+    t = _f(rw, aten.sqrt.default, _f(rw, aten.mul.Scalar, _f(rw, aten.add.Tensor, _f(rw, aten.abs.default, a), r), 0.5))
+    two_t = _f(rw, aten.mul.Scalar, t, 2.0)
+    q = _f(rw, aten.div.Tensor, b, two_t)
+    pos = _f(rw, aten.ge.Scalar, a, 0.0)
+    re = _f(rw, aten.where.self, pos, t, _f(rw, aten.abs.default, q))
+    im = _f(rw, aten.where.self, pos, q, _f(rw, aten.copysign.Tensor, t, b))
+    zero = _f(rw, aten.eq.Scalar, t, 0.0)  # z = +-0: (0, b), its sign kept
+    return rw.pair(_f(rw, aten.where.self, zero, t, re), _f(rw, aten.where.self, zero, b, im))
+
+
+def _square(rw: Any, node: fx.Node) -> fx.Node:
+    """pow(z, 2) as eager computes it: z * z."""
+    if node.args[1] != 2:
+        raise ComplexUnsupported(f"a complex power other than 2 ({node.args[1]})")
+    return rw.binary(aten.mul.Tensor, ("complex", rw.env[node.args[0]]), ("complex", rw.env[node.args[0]]))
+
+
+def _log_base(rw: Any, node: fx.Node) -> fx.Node:
+    """log2 / log10: log z over ln 2 / ln 10."""
+    scale = 1.0 / math.log(2.0 if node.target == aten.log2.default else 10.0)
+    return _f(rw, aten.mul.Scalar, _log(rw, node), scale)
+
+
+def _sigmoid(rw: Any, node: fx.Node) -> fx.Node:
+    """1 / (1 + exp(-z))."""
+    z = rw.env[node.args[0]]
+    a, b = rw.part(z, 0), rw.part(z, 1)
+    ea = _f(rw, aten.exp.default, _f(rw, aten.neg.default, a))  # exp(-z) = e^-a (cos b - i sin b)
+    e = rw.pair(_f(rw, aten.mul.Tensor, ea, _f(rw, aten.cos.default, b)),
+                _f(rw, aten.neg.default, _f(rw, aten.mul.Tensor, ea, _f(rw, aten.sin.default, b))))
+    one_plus = rw.binary(aten.add.Tensor, ("complex", e), ("scalar", 1.0))
+    return rw.divide(("scalar", 1.0), ("complex", one_plus))
+
+
+def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
+    return rw.divide(("scalar", 1.0), ("complex", _sqrt(rw, node)))
+
+
 def _any_all(rw: Any, node: fx.Node) -> fx.Node:
     """any / all of complex values: of their truth (either part nonzero)."""
     return rw.emit(node.target, _truth(rw, node.args[0]), *node.args[1:])
@@ -254,6 +340,9 @@ RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.mm.default: _matmul, aten.bmm.default: _matmul,
     aten.exp.default: _exp,
     aten.log.default: _log,
+    aten.sin.default: _trig, aten.cos.default: _trig, aten.sinh.default: _trig, aten.cosh.default: _trig,
+    aten.tanh.default: _tanh, aten.sqrt.default: _sqrt, aten.rsqrt.default: _rsqrt, aten.sigmoid.default: _sigmoid,
+    aten.pow.Tensor_Scalar: _square, aten.log2.default: _log_base, aten.log10.default: _log_base,
     aten.any.default: _any_all, aten.any.dim: _any_all, aten.any.dims: _any_all,
     aten.all.default: _any_all, aten.all.dim: _any_all, aten.all.dims: _any_all,
 }
