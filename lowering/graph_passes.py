@@ -252,9 +252,11 @@ def lift_constants(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tenso
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in placeholders:
         remap[n] = graph.node_copy(n, lambda a: remap[a])
-    for i, n in enumerate(consts):
+    taken = {str(n.target) for n in placeholders}  # a graph lifted before (its constants are _const0, ...) keeps them
+    names = [name for name in (f"_const{k}" for k in range(len(taken) + len(consts))) if name not in taken]
+    for n, name in zip(consts, names[:len(consts)], strict=True):
         value = _resolve(gm, str(n.target)).detach()
-        ph = graph.placeholder(f"_const{i}")
+        ph = graph.placeholder(name)
         ph.meta = dict(n.meta)
         ph.meta["val"] = value
         ph.meta["neuron_constant"] = True  # the cache key hashes its value (cache.key.canonical_graph)
