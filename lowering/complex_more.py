@@ -296,6 +296,47 @@ def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
     return rw.divide(("scalar", 1.0), ("complex", _sqrt(rw, node)))
 
 
+def _tan(rw: Any, node: fx.Node) -> fx.Node:
+    """tan(a + bi) = (sin 2a + i sinh 2b) / (cos 2a + cosh 2b), with its limit i sign(b) once |b| is large."""
+    a, b = _ab(rw, node)
+    a2, b2 = _f(rw, aten.mul.Scalar, a, 2.0), _f(rw, aten.mul.Scalar, b, 2.0)
+    den = _f(rw, aten.add.Tensor, _f(rw, aten.cos.default, a2), _f(rw, aten.cosh.default, b2))
+    re = _f(rw, aten.div.Tensor, _f(rw, aten.sin.default, a2), den)
+    im = _f(rw, aten.div.Tensor, _f(rw, aten.sinh.default, b2), den)
+    big = _f(rw, aten.gt.Scalar, _f(rw, aten.abs.default, b), 20.0)
+    re = _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, a, 0.0), re)
+    im = _f(rw, aten.where.self, big, _f(rw, aten.sign.default, b), im)
+    return rw.pair(re, im)
+
+
+def _exp2(rw: Any, node: fx.Node) -> fx.Node:
+    """2^z = exp(z ln 2)."""
+    a, b = _ab(rw, node)
+    a, b = _f(rw, aten.mul.Scalar, a, math.log(2.0)), _f(rw, aten.mul.Scalar, b, math.log(2.0))
+    ea = _f(rw, aten.exp.default, a)
+    return rw.pair(_f(rw, aten.mul.Tensor, ea, _f(rw, aten.cos.default, b)),
+                   _f(rw, aten.mul.Tensor, ea, _f(rw, aten.sin.default, b)))
+
+
+def _angle(rw: Any, node: fx.Node) -> fx.Node:
+    """arg z = atan2(b, a) (a real result)."""
+    a, b = _ab(rw, node)
+    return _f(rw, aten.atan2.default, b, a)
+
+
+def _var(rw: Any, node: fx.Node) -> fx.Node:
+    """The variance of complex values, mean |z - mean z|^2 (corrected), is the real part's plus the imaginary
+    part's (a real result)."""
+    a, b = _ab(rw, node)
+    rest = list(node.args[1:])
+    if rest and rest[0] is not None:
+        rest[0] = [rw.dim(node.args[0], d) for d in rest[0]]
+    elif _val(node.args[0]).dim():
+        rest = [list(range(_val(node.args[0]).dim()))] + rest[1:]
+    return _f(rw, aten.add.Tensor, rw.emit(aten.var.correction, a, *rest, **node.kwargs),
+              rw.emit(aten.var.correction, b, *rest, **node.kwargs))
+
+
 def _any_all(rw: Any, node: fx.Node) -> fx.Node:
     """any / all of complex values: of their truth (either part nonzero)."""
     return rw.emit(node.target, _truth(rw, node.args[0]), *node.args[1:])
@@ -343,8 +384,10 @@ RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.sin.default: _trig, aten.cos.default: _trig, aten.sinh.default: _trig, aten.cosh.default: _trig,
     aten.tanh.default: _tanh, aten.sqrt.default: _sqrt, aten.rsqrt.default: _rsqrt, aten.sigmoid.default: _sigmoid,
     aten.pow.Tensor_Scalar: _square, aten.log2.default: _log_base, aten.log10.default: _log_base,
+    aten.tan.default: _tan, aten.exp2.default: _exp2, aten.angle.default: _angle, aten.var.correction: _var,
     aten.any.default: _any_all, aten.any.dim: _any_all, aten.any.dims: _any_all,
     aten.all.default: _any_all, aten.all.dim: _any_all, aten.all.dims: _any_all,
 }
+TAKES_KWARGS = {aten.var.correction}  # rules that pass the node's keyword arguments on (the others refuse any)
 for _op in (aten.flip.default, aten.index_select.default, aten.gather.default, aten.unfold.default, aten.cumsum.default):
     RULES[_op] = _scalar_as_1d(RULES[_op])

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
 from neuron_compile.lowering.complex_more import RULES as MORE
-from neuron_compile.lowering.complex_more import ComplexUnsupported
+from neuron_compile.lowering.complex_more import TAKES_KWARGS, ComplexUnsupported
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
@@ -191,7 +191,8 @@ class _Rewriter:
                              self.emit(aten.mul.Tensor, r, self.emit(aten.sin.default, th)))
         if t in (aten.clone.default, aten.alias.default, aten.detach.default, aten.resolve_conj.default,
                  aten.resolve_neg.default, aten.lift_fresh_copy.default):
-            return self.emit(aten.clone.default, x())
+            fmt = kw.get("memory_format") if t == aten.clone.default else None  # a contiguous clone stays one
+            return self.emit(aten.clone.default, x(), **({"memory_format": fmt} if fmt is not None else {}))
         if t == aten._to_copy.default:
             dtype = kw.get("dtype", _val(node).dtype)
             if not is_complex(node):  # eager keeps the real part (ComplexWarning); a bool is "either part nonzero"
@@ -226,6 +227,9 @@ class _Rewriter:
         if t in (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor) and len(a) == 2 \
                 and kw.get("alpha", 1) == 1:
             return self.binary(t, operand(a[0]), operand(a[1]))
+        if t in (aten.add.Scalar, aten.sub.Scalar) and len(a) == 2 and kw.get("alpha", 1) == 1:  # the same kernel
+            return self.binary(aten.add.Tensor if t == aten.add.Scalar else aten.sub.Tensor, operand(a[0]),
+                               operand(a[1]))
         if t in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
             return self.emit(aten.view.default, self.emit(aten.clone.default, x(), memory_format=torch.contiguous_format)
                              if t != aten.view.default else x(), [*a[1], 2])
@@ -258,6 +262,9 @@ class _Rewriter:
         if t == aten.cat.default:
             parts = [env[p] if is_complex(p) else self.real_only(env[p]) for p in a[0]]
             return self.emit(t, parts, (a[1] if len(a) > 1 else 0) % _val(node).dim())
+        if t in (aten.sum.default, aten.mean.default, aten.sum.dim_IntList, aten.mean.dim) \
+                and kw.get("dtype", _val(node).dtype) == _val(node).dtype:  # dtype= the result's own: no cast
+            kw = {}
         if t in (aten.sum.default, aten.mean.default) and len(a) == 1 and not kw:
             t, a = (aten.sum.dim_IntList if t == aten.sum.default else aten.mean.dim), (a[0], None)
         if t in (aten.sum.dim_IntList, aten.mean.dim) and len(a) >= 2 and not kw:
@@ -274,7 +281,7 @@ class _Rewriter:
                 raise _Unsupported(str(exc)) from exc
         rule = MORE.get(t)
         if rule is not None:
-            if kw:
+            if kw and t not in TAKES_KWARGS:
                 raise _Unsupported(f"{t} with {sorted(kw)}")
             try:
                 return rule(self, node)

@@ -221,6 +221,12 @@ MORE_CASES: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
                                         z.sigmoid(), z.square(), z.log2(), z.log10()),
                              (torch.cat([_Z.flatten() * 2, torch.tensor([0j, -4 + 0j, 1e-20j, -1e-3 + 1e-8j, 30 + 1j,
                                                                            -30 + 2j])]),)),
+    "tan_exp2_angle": (lambda z: (z.tan(), (z * 30).tan(), z.exp2(), z.angle()), (_Z,)),
+    "var_std": (lambda z: (z.var(), torch.var(z, 1, correction=0, keepdim=True), z.std(0), *torch.var_mean(z, 1)),
+                (_Z,)),
+    "add_scalar_rms_norm": (lambda z: (z + 0.5, torch.nn.functional.rms_norm(z, (6,))), (_Z,)),
+    "sum_with_its_dtype": (lambda z: (z.sum(dtype=torch.complex64), z.mean(), torch.tensordot(z, z.t(), dims=1)),
+                           (_Z,)),
     "exp": (lambda z: z.exp(), (_Z,)),
     "log": (lambda z: z.log(), (_Z,)),
 }
