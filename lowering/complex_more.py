@@ -239,18 +239,27 @@ def _trig(rw: Any, node: fx.Node) -> fx.Node:
     return rw.pair(_f(rw, mul, cha, cb), _f(rw, mul, sha, sb))
 
 
-def _tanh(rw: Any, node: fx.Node) -> fx.Node:
+def _tanh_parts(rw: Any, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
     """tanh(a + bi) = (sinh 2a + i sin 2b) / (cosh 2a + cos 2b), with tanh's limit +-1 once |a| is large (where both
     sinh and cosh overflow)."""
-    a, b = _ab(rw, node)
     a2, b2 = _f(rw, aten.mul.Scalar, a, 2.0), _f(rw, aten.mul.Scalar, b, 2.0)
     den = _f(rw, aten.add.Tensor, _f(rw, aten.cosh.default, a2), _f(rw, aten.cos.default, b2))
     re = _f(rw, aten.div.Tensor, _f(rw, aten.sinh.default, a2), den)
     im = _f(rw, aten.div.Tensor, _f(rw, aten.sin.default, b2), den)
     big = _f(rw, aten.gt.Scalar, _f(rw, aten.abs.default, a), 20.0)
-    re = _f(rw, aten.where.self, big, _f(rw, aten.sign.default, a), re)
-    im = _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, b, 0.0), im)
-    return rw.pair(re, im)
+    return (_f(rw, aten.where.self, big, _f(rw, aten.sign.default, a), re),
+            _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, b, 0.0), im))
+
+
+def _tanh(rw: Any, node: fx.Node) -> fx.Node:
+    return rw.pair(*_tanh_parts(rw, *_ab(rw, node)))
+
+
+def _tan(rw: Any, node: fx.Node) -> fx.Node:
+    """tan z = -i tanh(i z): with tanh(-b + ai) = x + yi, tan(a + bi) = y - xi (its limit i sign(b) for large |b|)."""
+    a, b = _ab(rw, node)
+    x, y = _tanh_parts(rw, _f(rw, aten.neg.default, b), a)
+    return rw.pair(y, _f(rw, aten.neg.default, x))
 
 
 def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
@@ -294,19 +303,6 @@ def _sigmoid(rw: Any, node: fx.Node) -> fx.Node:
 
 def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
     return rw.divide(("scalar", 1.0), ("complex", _sqrt(rw, node)))
-
-
-def _tan(rw: Any, node: fx.Node) -> fx.Node:
-    """tan(a + bi) = (sin 2a + i sinh 2b) / (cos 2a + cosh 2b), with its limit i sign(b) once |b| is large."""
-    a, b = _ab(rw, node)
-    a2, b2 = _f(rw, aten.mul.Scalar, a, 2.0), _f(rw, aten.mul.Scalar, b, 2.0)
-    den = _f(rw, aten.add.Tensor, _f(rw, aten.cos.default, a2), _f(rw, aten.cosh.default, b2))
-    re = _f(rw, aten.div.Tensor, _f(rw, aten.sin.default, a2), den)
-    im = _f(rw, aten.div.Tensor, _f(rw, aten.sinh.default, b2), den)
-    big = _f(rw, aten.gt.Scalar, _f(rw, aten.abs.default, b), 20.0)
-    re = _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, a, 0.0), re)
-    im = _f(rw, aten.where.self, big, _f(rw, aten.sign.default, b), im)
-    return rw.pair(re, im)
 
 
 def _exp2(rw: Any, node: fx.Node) -> fx.Node:
