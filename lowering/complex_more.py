@@ -139,13 +139,11 @@ def _cumsum(rw: Any, node: fx.Node) -> fx.Node:
 
 
 def _parts(rw: Any, v: Any) -> tuple[Any, Any]:
-    """Real and imaginary parts of an operand (a complex node, a real node or a number)."""
+    """Real and imaginary parts of an operand of the original graph (a complex node, a real node promoted as r + 0i,
+    or a number)."""
     if isinstance(v, fx.Node):
-        if _is_complex(v):
-            return rw.part(rw.env[v], 0), rw.part(rw.env[v], 1)
-        return rw.env[v], rw.emit(aten.mul.Scalar, rw.env[v], 0.0)
-    c = complex(v)
-    return c.real, c.imag
+        return rw.parts(("complex" if _is_complex(v) else "real", rw.env[v]))
+    return rw.parts(("scalar", v))
 
 
 def _compare(rw: Any, node: fx.Node) -> fx.Node:
