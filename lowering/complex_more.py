@@ -28,7 +28,7 @@ def _val(n: Any) -> Any:
     return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
-def _is_complex(n: Any) -> bool:
+def is_complex(n: Any) -> bool:
     v = _val(n)
     return isinstance(v, torch.Tensor) and v.is_complex()
 
@@ -142,7 +142,7 @@ def _parts(rw: Any, v: Any) -> tuple[Any, Any]:
     """Real and imaginary parts of an operand of the original graph (a complex node, a real node promoted as r + 0i,
     or a number)."""
     if isinstance(v, fx.Node):
-        return rw.parts(("complex" if _is_complex(v) else "real", rw.env[v]))
+        return rw.parts(("complex" if is_complex(v) else "real", rw.env[v]))
     return rw.parts(("scalar", v))
 
 
@@ -172,7 +172,7 @@ def _test(rw: Any, node: fx.Node) -> fx.Node:
 
 def _truth(rw: Any, v: Any) -> fx.Node:
     """A complex value as a bool: nonzero in either part."""
-    if not _is_complex(v):
+    if not is_complex(v):
         return rw.emit(aten.ne.Scalar, rw.env[v], 0) if _val(v).dtype != torch.bool else rw.env[v]
     z = rw.env[v]
     return rw.emit(aten.logical_or.default, *(rw.emit(aten.ne.Scalar, rw.part(z, i), 0.0) for i in (0, 1)))
@@ -214,39 +214,35 @@ def _ab(rw: Any, node: fx.Node) -> tuple[fx.Node, fx.Node]:
     return rw.part(z, 0), rw.part(z, 1)
 
 
-def _f(rw: Any, op: Any, *args: Any) -> fx.Node:
-    return rw.emit(op, *args)
-
-
 def _trig(rw: Any, node: fx.Node) -> fx.Node:
     """sin, cos, sinh, cosh of a + bi by their addition formulas (as std::complex computes them)."""
     a, b = _ab(rw, node)
     mul = aten.mul.Tensor
-    sa, ca, sb, cb = (_f(rw, op, v) for op, v in ((aten.sin.default, a), (aten.cos.default, a), (aten.sin.default, b),
+    sa, ca, sb, cb = (rw.emit(op, v) for op, v in ((aten.sin.default, a), (aten.cos.default, a), (aten.sin.default, b),
                                                    (aten.cos.default, b)))
-    sha, cha, shb, chb = (_f(rw, op, v) for op, v in ((aten.sinh.default, a), (aten.cosh.default, a),
+    sha, cha, shb, chb = (rw.emit(op, v) for op, v in ((aten.sinh.default, a), (aten.cosh.default, a),
                                                        (aten.sinh.default, b), (aten.cosh.default, b)))
     t = node.target
     if t == aten.sin.default:  # sin a cosh b + i cos a sinh b
-        return rw.pair(_f(rw, mul, sa, chb), _f(rw, mul, ca, shb))
+        return rw.pair(rw.emit(mul, sa, chb), rw.emit(mul, ca, shb))
     if t == aten.cos.default:  # cos a cosh b - i sin a sinh b
-        return rw.pair(_f(rw, mul, ca, chb), _f(rw, aten.neg.default, _f(rw, mul, sa, shb)))
+        return rw.pair(rw.emit(mul, ca, chb), rw.emit(aten.neg.default, rw.emit(mul, sa, shb)))
     if t == aten.sinh.default:  # sinh a cos b + i cosh a sin b
-        return rw.pair(_f(rw, mul, sha, cb), _f(rw, mul, cha, sb))
+        return rw.pair(rw.emit(mul, sha, cb), rw.emit(mul, cha, sb))
     assert t == aten.cosh.default  # cosh a cos b + i sinh a sin b
-    return rw.pair(_f(rw, mul, cha, cb), _f(rw, mul, sha, sb))
+    return rw.pair(rw.emit(mul, cha, cb), rw.emit(mul, sha, sb))
 
 
 def _tanh_parts(rw: Any, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
     """tanh(a + bi) = (sinh 2a + i sin 2b) / (cosh 2a + cos 2b), with tanh's limit +-1 once |a| is large (where both
     sinh and cosh overflow)."""
-    a2, b2 = _f(rw, aten.mul.Scalar, a, 2.0), _f(rw, aten.mul.Scalar, b, 2.0)
-    den = _f(rw, aten.add.Tensor, _f(rw, aten.cosh.default, a2), _f(rw, aten.cos.default, b2))
-    re = _f(rw, aten.div.Tensor, _f(rw, aten.sinh.default, a2), den)
-    im = _f(rw, aten.div.Tensor, _f(rw, aten.sin.default, b2), den)
-    big = _f(rw, aten.gt.Scalar, _f(rw, aten.abs.default, a), 20.0)
-    return (_f(rw, aten.where.self, big, _f(rw, aten.sign.default, a), re),
-            _f(rw, aten.where.self, big, _f(rw, aten.mul.Scalar, b, 0.0), im))
+    a2, b2 = rw.emit(aten.mul.Scalar, a, 2.0), rw.emit(aten.mul.Scalar, b, 2.0)
+    den = rw.emit(aten.add.Tensor, rw.emit(aten.cosh.default, a2), rw.emit(aten.cos.default, b2))
+    re = rw.emit(aten.div.Tensor, rw.emit(aten.sinh.default, a2), den)
+    im = rw.emit(aten.div.Tensor, rw.emit(aten.sin.default, b2), den)
+    big = rw.emit(aten.gt.Scalar, rw.emit(aten.abs.default, a), 20.0)
+    return (rw.emit(aten.where.self, big, rw.emit(aten.sign.default, a), re),
+            rw.emit(aten.where.self, big, rw.emit(aten.mul.Scalar, b, 0.0), im))
 
 
 def _tanh(rw: Any, node: fx.Node) -> fx.Node:
@@ -256,8 +252,8 @@ def _tanh(rw: Any, node: fx.Node) -> fx.Node:
 def _tan(rw: Any, node: fx.Node) -> fx.Node:
     """tan z = -i tanh(i z): with tanh(-b + ai) = x + yi, tan(a + bi) = y - xi (its limit i sign(b) for large |b|)."""
     a, b = _ab(rw, node)
-    x, y = _tanh_parts(rw, _f(rw, aten.neg.default, b), a)
-    return rw.pair(y, _f(rw, aten.neg.default, x))
+    x, y = _tanh_parts(rw, rw.emit(aten.neg.default, b), a)
+    return rw.pair(y, rw.emit(aten.neg.default, x))
 
 
 def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
@@ -265,14 +261,14 @@ def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
     (|b| / 2t, copysign(t, b)); z itself for 0."""
     a, b = _ab(rw, node)
     r = rw.hypot(rw.env[node.args[0]])
-    t = _f(rw, aten.sqrt.default, _f(rw, aten.mul.Scalar, _f(rw, aten.add.Tensor, _f(rw, aten.abs.default, a), r), 0.5))
-    two_t = _f(rw, aten.mul.Scalar, t, 2.0)
-    q = _f(rw, aten.div.Tensor, b, two_t)
-    pos = _f(rw, aten.ge.Scalar, a, 0.0)
-    re = _f(rw, aten.where.self, pos, t, _f(rw, aten.abs.default, q))
-    im = _f(rw, aten.where.self, pos, q, _f(rw, aten.copysign.Tensor, t, b))
-    zero = _f(rw, aten.eq.Scalar, t, 0.0)  # z = +-0: (0, b), its sign kept
-    return rw.pair(_f(rw, aten.where.self, zero, t, re), _f(rw, aten.where.self, zero, b, im))
+    t = rw.emit(aten.sqrt.default, rw.emit(aten.mul.Scalar, rw.emit(aten.add.Tensor, rw.emit(aten.abs.default, a), r), 0.5))
+    two_t = rw.emit(aten.mul.Scalar, t, 2.0)
+    q = rw.emit(aten.div.Tensor, b, two_t)
+    pos = rw.emit(aten.ge.Scalar, a, 0.0)
+    re = rw.emit(aten.where.self, pos, t, rw.emit(aten.abs.default, q))
+    im = rw.emit(aten.where.self, pos, q, rw.emit(aten.copysign.Tensor, t, b))
+    zero = rw.emit(aten.eq.Scalar, t, 0.0)  # z = +-0: (0, b), its sign kept
+    return rw.pair(rw.emit(aten.where.self, zero, t, re), rw.emit(aten.where.self, zero, b, im))
 
 
 def _square(rw: Any, node: fx.Node) -> fx.Node:
@@ -285,16 +281,16 @@ def _square(rw: Any, node: fx.Node) -> fx.Node:
 def _log_base(rw: Any, node: fx.Node) -> fx.Node:
     """log2 / log10: log z over ln 2 / ln 10."""
     scale = 1.0 / math.log(2.0 if node.target == aten.log2.default else 10.0)
-    return _f(rw, aten.mul.Scalar, _log(rw, node), scale)
+    return rw.emit(aten.mul.Scalar, _log(rw, node), scale)
 
 
 def _sigmoid(rw: Any, node: fx.Node) -> fx.Node:
     """1 / (1 + exp(-z))."""
     z = rw.env[node.args[0]]
     a, b = rw.part(z, 0), rw.part(z, 1)
-    ea = _f(rw, aten.exp.default, _f(rw, aten.neg.default, a))  # exp(-z) = e^-a (cos b - i sin b)
-    e = rw.pair(_f(rw, aten.mul.Tensor, ea, _f(rw, aten.cos.default, b)),
-                _f(rw, aten.neg.default, _f(rw, aten.mul.Tensor, ea, _f(rw, aten.sin.default, b))))
+    ea = rw.emit(aten.exp.default, rw.emit(aten.neg.default, a))  # exp(-z) = e^-a (cos b - i sin b)
+    e = rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
+                rw.emit(aten.neg.default, rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b))))
     one_plus = rw.binary(aten.add.Tensor, ("complex", e), ("scalar", 1.0))
     return rw.divide(("scalar", 1.0), ("complex", one_plus))
 
@@ -306,16 +302,16 @@ def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
 def _exp2(rw: Any, node: fx.Node) -> fx.Node:
     """2^z = exp(z ln 2)."""
     a, b = _ab(rw, node)
-    a, b = _f(rw, aten.mul.Scalar, a, math.log(2.0)), _f(rw, aten.mul.Scalar, b, math.log(2.0))
-    ea = _f(rw, aten.exp.default, a)
-    return rw.pair(_f(rw, aten.mul.Tensor, ea, _f(rw, aten.cos.default, b)),
-                   _f(rw, aten.mul.Tensor, ea, _f(rw, aten.sin.default, b)))
+    a, b = rw.emit(aten.mul.Scalar, a, math.log(2.0)), rw.emit(aten.mul.Scalar, b, math.log(2.0))
+    ea = rw.emit(aten.exp.default, a)
+    return rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
+                   rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b)))
 
 
 def _angle(rw: Any, node: fx.Node) -> fx.Node:
     """arg z = atan2(b, a) (a real result)."""
     a, b = _ab(rw, node)
-    return _f(rw, aten.atan2.default, b, a)
+    return rw.emit(aten.atan2.default, b, a)
 
 
 def _var(rw: Any, node: fx.Node) -> fx.Node:
@@ -327,7 +323,7 @@ def _var(rw: Any, node: fx.Node) -> fx.Node:
         rest[0] = [rw.dim(node.args[0], d) for d in rest[0]]
     elif _val(node.args[0]).dim():
         rest = [list(range(_val(node.args[0]).dim()))] + rest[1:]
-    return _f(rw, aten.add.Tensor, rw.emit(aten.var.correction, a, *rest, **node.kwargs),
+    return rw.emit(aten.add.Tensor, rw.emit(aten.var.correction, a, *rest, **node.kwargs),
               rw.emit(aten.var.correction, b, *rest, **node.kwargs))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
 from neuron_compile.lowering.complex_more import RULES as MORE
-from neuron_compile.lowering.complex_more import TAKES_KWARGS, ComplexUnsupported
+from neuron_compile.lowering.complex_more import TAKES_KWARGS, ComplexUnsupported, _val, is_complex
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
@@ -64,15 +64,6 @@ def with_complex_io(runner: Callable[..., Any], complex_inputs: list[int], compl
 
     with_complex.neuron_complex_io = (list(complex_inputs), list(complex_outputs))  # type: ignore[attr-defined]
     return with_complex
-
-
-def _val(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
-def is_complex(n: Any) -> bool:
-    v = _val(n)
-    return isinstance(v, torch.Tensor) and v.is_complex()
 
 
 def _pair_input(v: torch.Tensor) -> torch.Tensor:

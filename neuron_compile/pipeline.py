@@ -96,7 +96,8 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 and unsupported_reason(node.args[0]) is not None:
             continue  # the tuple-producing op is reported itself
         own = unsupported_reason(node)
-        if stuck is not None and node is stuck[0] and (own in (None, "no lowering rule") or " on torch.complex" in own):
+        at_stuck = stuck is not None and node is stuck[0]
+        if at_stuck and (own in (None, "no lowering rule") or " on torch.complex" in own):
             # (a rule's reason of its own, as a collective's, is kept; its generic dtype refusal is not the point)
             why = "" if stuck[1] == str(node.target) else f": {stuck[1]}"
             problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): not compiled on complex values "
@@ -108,8 +109,8 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
             bookkeeping.append(f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}")
             continue
         # refused for the complex values it takes or makes, not for a reason of its own
-        complex_only = (stuck is None or node is not stuck[0]) and (any(_is_complex(a) for a in node.all_input_nodes) or (
-            _is_complex(node) and reason in (None, "no lowering rule")))
+        complex_only = not at_stuck and (any(_is_complex(a) for a in node.all_input_nodes)
+                                         or (_is_complex(node) and reason in (None, "no lowering rule")))
         if reason is None:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:

@@ -1,9 +1,10 @@
 """Running kernels: ``jit`` / ``simulate`` wrappers, argument conversion and result hand-back.
 
-NumPy arrays and CPU torch tensors become ``nl.hbm`` tensors (``nl.shared_hbm`` for a launch grid; copies, one per launch); other arguments pass through. The
-kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD program for ``kernel[n]``,
-run one after the other, or as two threads when an LNC2 kernel synchronises its cores: simulator/lnc.py). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place
-kernel returning the tensor it wrote); they come back as arrays of the caller's kind (an argument
+NumPy arrays and CPU torch tensors become ``nl.hbm`` tensors (``nl.shared_hbm`` for a launch grid; copies, one per
+launch); other arguments pass through. The kernel body runs eagerly under a fresh :class:`SimState` (one per SPMD
+program for ``kernel[n]``, run one after the other, or as two threads when an LNC2 kernel synchronises its cores:
+simulator/lnc.py). Returned tensors must be in ``nl.shared_hbm`` or be an argument (an in-place kernel returning the
+tensor it wrote); they come back as arrays of the caller's kind (an argument
 comes back as the caller's own object). HBM arguments the kernel wrote are copied back into the
 caller's arrays. On-chip capacity is strict (over-budget allocations raise) for the backend's own
 kernels (``simulate(k, strict_capacity=True)``) and a warning otherwise, as in AWS's simulator.
