@@ -3,8 +3,9 @@ matrix products, and the elementary functions (exp, log, sqrt, the trigonometric
 
 Each rule takes the rewriter and the complex node and returns the pair node. A complex value of shape ``S`` is a
 real ``S + [2]`` tensor, so data movement is the same op on the leading dims (the pair dim rides along, last);
-comparisons and tests combine the two parts; a matrix product is four real ones; exp and log are their textbook
-forms, as eager's vectorised CPU kernels compute them (``exp(a) * (cos b, sin b)``, ``(log|z|, atan2(b, a))``).
+comparisons and tests combine the two parts; a matrix product is four real ones; exp is its textbook form, as
+eager's vectorised CPU kernel computes it (``exp(a) * (cos b, sin b)``), and log is ``(log|z|, atan2(b, a))``, with
+``log|z|`` kept accurate near ``|z| = 1`` as glibc's ``clog`` (which eager calls) keeps it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES
 from torch import fx
 
 aten = torch.ops.aten
@@ -135,7 +137,52 @@ def _unfold(rw: Any, node: fx.Node) -> fx.Node:
 
 
 def _cumsum(rw: Any, node: fx.Node) -> fx.Node:
+    dtype = node.kwargs.get("dtype")
+    if dtype is not None and dtype != _val(node.args[0]).dtype:
+        raise ComplexUnsupported(f"a complex cumsum cast to {dtype}")
     return rw.emit(aten.cumsum.default, rw.env[node.args[0]], rw.dim(node.args[0], node.args[1]))
+
+
+def _contiguous_part(rw: Any, v: Any, i: int) -> fx.Node | None:
+    """Part ``i`` of an operand (a pair, or a real as r + 0i) as a contiguous real tensor; None for None."""
+    if v is None:
+        return None
+    if not is_complex(v):
+        return rw.env[v] if i == 0 else rw.emit(aten.full_like.default, rw.env[v], 0.0)
+    return rw.emit(aten.clone.default, rw.part(rw.env[v], i), memory_format=torch.contiguous_format)
+
+
+def _lines(rw: Any, node: fx.Node) -> fx.Node:
+    """This package's gather_lines / scatter_lines (lowering/decomp_scatter.py) part by part: the same indices on
+    the real and the imaginary parts. A scatter that assigns, sums or averages is linear, so it splits; a scalar
+    fill is real (a complex one arrives as a source tensor), so the imaginary part's fill is 0."""
+    a = list(node.args)
+    if node.target == SCATTER_LINES and a[5] not in ("assign", "sum", "mean"):
+        raise ComplexUnsupported(f"a complex scatter with reduce={a[5]!r}")
+    parts = []
+    for i in (0, 1):
+        args = [_contiguous_part(rw, a[0], i), a[1], rw.env[a[2]], *a[3:]]
+        if node.target == SCATTER_LINES:
+            args[3] = _contiguous_part(rw, a[3], i)
+            args[4] = a[4] if i == 0 else 0.0
+        parts.append(rw.emit(node.target, *args))
+    return rw.pair(*parts)
+
+
+def _index_put(rw: Any, node: fx.Node) -> fx.Node:
+    """index_put on the pairs: the indices address the leading dims, the values' pairs broadcast as they do."""
+    a = node.args
+    x, values = (rw.env[v] if is_complex(v) else rw.real_only(rw.env[v]) for v in (a[0], a[2]))
+    indices = [rw.env[i] if isinstance(i, fx.Node) else i for i in a[1]]
+    return rw.emit(aten.index_put.default, x, indices, values, *a[3:])
+
+
+def _as_strided_scatter(rw: Any, node: fx.Node) -> fx.Node:
+    """as_strided_scatter of complex storage: sizes, strides and offset counted in reals, as as_strided's."""
+    a = node.args
+    x, src = (rw.env[v] if is_complex(v) else rw.real_only(rw.env[v]) for v in (a[0], a[1]))
+    offset = a[4] if len(a) > 4 and a[4] is not None else 0
+    return rw.emit(node.target, x, src, [*a[2], 2], [2 * st for st in a[3]] + [1], 2 * offset)
 
 
 def _parts(rw: Any, v: Any) -> tuple[Any, Any]:
@@ -195,18 +242,36 @@ def _matmul(rw: Any, node: fx.Node) -> fx.Node:
     return rw.pair(re, im)
 
 
-def _exp(rw: Any, node: fx.Node) -> fx.Node:
-    z = rw.env[node.args[0]]
+def exp_pair(rw: Any, z: fx.Node) -> fx.Node:
+    """exp of the pair ``z``: e^a (cos b, sin b)."""
     a, b = rw.part(z, 0), rw.part(z, 1)
     ea = rw.emit(aten.exp.default, a)
     return rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
                    rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b)))
 
 
+def log_pair(rw: Any, z: fx.Node) -> fx.Node:
+    """The principal log of the pair ``z``: (log |z|, atan2(b, a)). Near |z| = 1, where log |z| would keep only the
+    rounding of |z|, the real part is log1p(|z|^2 - 1) / 2 with |z|^2 - 1 = (m - 1)(m + 1) + n^2 (m the larger part,
+    whose m - 1 is exact there), as accurate as eager's clog."""
+    e = rw.emit
+    a, b = (e(aten.abs.default, rw.part(z, i)) for i in (0, 1))
+    h = rw.hypot(z)
+    m, n = e(aten.maximum.default, a, b), e(aten.minimum.default, a, b)
+    near = e(aten.mul.Scalar, e(aten.log1p.default, e(aten.add.Tensor, e(aten.mul.Tensor, e(aten.sub.Scalar, m, 1.0),
+                                                                          e(aten.add.Scalar, m, 1.0)),
+                                                     e(aten.mul.Tensor, n, n))), 0.5)
+    band = e(aten.logical_and.default, e(aten.gt.Scalar, h, 0.75), e(aten.lt.Scalar, h, 1.5))
+    return rw.pair(e(aten.where.self, band, near, e(aten.log.default, h)),
+                   e(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))
+
+
+def _exp(rw: Any, node: fx.Node) -> fx.Node:
+    return exp_pair(rw, rw.env[node.args[0]])
+
+
 def _log(rw: Any, node: fx.Node) -> fx.Node:
-    z = rw.env[node.args[0]]
-    return rw.pair(rw.emit(aten.log.default, rw.hypot(z)),
-                   rw.emit(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))
+    return log_pair(rw, rw.env[node.args[0]])
 
 
 def _ab(rw: Any, node: fx.Node) -> tuple[fx.Node, fx.Node]:
@@ -256,11 +321,11 @@ def _tan(rw: Any, node: fx.Node) -> fx.Node:
     return rw.pair(y, rw.emit(aten.neg.default, x))
 
 
-def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
-    """The principal square root without cancellation: t = sqrt((|a| + |z|) / 2); a >= 0: (t, b / 2t), else
-    (|b| / 2t, copysign(t, b)); z itself for 0."""
-    a, b = _ab(rw, node)
-    r = rw.hypot(rw.env[node.args[0]])
+def sqrt_pair(rw: Any, z: fx.Node) -> fx.Node:
+    """The principal square root of the pair ``z`` without cancellation: t = sqrt((|a| + |z|) / 2); a >= 0:
+    (t, b / 2t), else (|b| / 2t, copysign(t, b)); z itself for 0."""
+    a, b = rw.part(z, 0), rw.part(z, 1)
+    r = rw.hypot(z)
     t = rw.emit(aten.sqrt.default, rw.emit(aten.mul.Scalar, rw.emit(aten.add.Tensor, rw.emit(aten.abs.default, a), r), 0.5))
     two_t = rw.emit(aten.mul.Scalar, t, 2.0)
     q = rw.emit(aten.div.Tensor, b, two_t)
@@ -271,11 +336,8 @@ def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
     return rw.pair(rw.emit(aten.where.self, zero, t, re), rw.emit(aten.where.self, zero, b, im))
 
 
-def _square(rw: Any, node: fx.Node) -> fx.Node:
-    """pow(z, 2) as eager computes it: z * z."""
-    if node.args[1] != 2:
-        raise ComplexUnsupported(f"a complex power other than 2 ({node.args[1]})")
-    return rw.binary(aten.mul.Tensor, ("complex", rw.env[node.args[0]]), ("complex", rw.env[node.args[0]]))
+def _sqrt(rw: Any, node: fx.Node) -> fx.Node:
+    return sqrt_pair(rw, rw.env[node.args[0]])
 
 
 def _log_base(rw: Any, node: fx.Node) -> fx.Node:
@@ -364,6 +426,10 @@ RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.constant_pad_nd.default: _pad,
     aten.unfold.default: _unfold,
     aten.cumsum.default: _cumsum,
+    GATHER_LINES: _lines, SCATTER_LINES: _lines,
+    aten.index_put.default: _index_put,
+    aten.as_strided_scatter.default: _as_strided_scatter,
+    torch.ops.prims.as_strided_scatter.default: _as_strided_scatter,
     aten.eq.Tensor: _compare, aten.eq.Scalar: _compare, aten.ne.Tensor: _compare, aten.ne.Scalar: _compare,
     aten.isnan.default: _test, aten.isinf.default: _test, aten.isfinite.default: _test,
     aten.logical_not.default: _logical, aten.logical_and.default: _logical, aten.logical_or.default: _logical,
@@ -373,11 +439,11 @@ RULES: dict[Any, Callable[[Any, fx.Node], fx.Node]] = {
     aten.log.default: _log,
     aten.sin.default: _trig, aten.cos.default: _trig, aten.sinh.default: _trig, aten.cosh.default: _trig,
     aten.tanh.default: _tanh, aten.sqrt.default: _sqrt, aten.rsqrt.default: _rsqrt, aten.sigmoid.default: _sigmoid,
-    aten.pow.Tensor_Scalar: _square, aten.log2.default: _log_base, aten.log10.default: _log_base,
+    aten.log2.default: _log_base, aten.log10.default: _log_base,
     aten.tan.default: _tan, aten.exp2.default: _exp2, aten.angle.default: _angle, aten.var.correction: _var,
     aten.any.default: _any_all, aten.any.dim: _any_all, aten.any.dims: _any_all,
     aten.all.default: _any_all, aten.all.dim: _any_all, aten.all.dims: _any_all,
 }
-TAKES_KWARGS = {aten.var.correction}  # rules that pass the node's keyword arguments on (the others refuse any)
+TAKES_KWARGS = {aten.var.correction, aten.cumsum.default}  # rules that read the node's keyword arguments (others refuse)
 for _op in (aten.flip.default, aten.index_select.default, aten.gather.default, aten.unfold.default, aten.cumsum.default):
     RULES[_op] = _scalar_as_1d(RULES[_op])

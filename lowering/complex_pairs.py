@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from neuron_compile.lowering import complex_math, complex_more
 from neuron_compile.lowering.complex_fft import FFT_OPS, FFTUnsupported, fft_op
-from neuron_compile.lowering.complex_more import RULES as MORE
-from neuron_compile.lowering.complex_more import TAKES_KWARGS, ComplexUnsupported, _val, is_complex
+from neuron_compile.lowering.complex_more import ComplexUnsupported, _val, is_complex
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
+MORE = {**complex_more.RULES, **complex_math.RULES}  # op -> rule(rewriter, node) -> its pair node
+TAKES_KWARGS = complex_more.TAKES_KWARGS | complex_math.TAKES_KWARGS  # rules that read the node's keyword arguments
 
 REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
 

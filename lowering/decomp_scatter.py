@@ -222,19 +222,27 @@ def _int_scatter_prod(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch
 
 
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
-    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape):
+    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape) and not x.is_complex():
         return NotImplemented
     return _scatter(x, dim, index, src, 0.0, "assign")
 
 
+def _fill(x: torch.Tensor, value: Any) -> tuple[torch.Tensor | None, float]:
+    """(src, fill) of a scatter of a scalar: a float fill, or, for complex values, a 0-d source of x's dtype (the
+    complex pass splits the scatter into parts; lowering/complex_more.py)."""
+    if x.is_complex():
+        return torch.scalar_tensor(value, dtype=x.dtype), 0.0
+    return None, float(value)
+
+
 def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
-    if one_per_row(x, dim, index):
+    if one_per_row(x, dim, index) and not x.is_complex():
         return NotImplemented
-    return _scatter(x, dim, index, None, float(value), "assign")
+    return _scatter(x, dim, index, *_fill(x, value), "assign")
 
 
 def _scatter_add(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> Any:
-    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape):
+    if one_per_row(x, dim, index) and tuple(src.shape) == tuple(index.shape) and not x.is_complex():
         return NotImplemented
     return _scatter(x, dim, index, src, 0.0, "sum")
 
@@ -247,7 +255,7 @@ def _scatter_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, src: tor
 
 
 def _scatter_value_reduce_old(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any, *, reduce: str) -> Any:
-    return _scatter(x, dim, index, None, float(value), _OLD_REDUCE[reduce])
+    return _scatter(x, dim, index, *_fill(x, value), _OLD_REDUCE[reduce])
 
 
 def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
@@ -317,10 +325,10 @@ def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Te
 
 
 def _index_fill_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
-    if x.is_complex() or isinstance(value, complex):
-        return NotImplemented  # no real-pair form: refused by name
+    if isinstance(value, complex) and not x.is_complex():
+        return NotImplemented  # eager refuses it too: refused by name
     size = x.shape[dim % x.dim()] if x.dim() else 1
-    return _index_op(x, dim, index, None, float(value), "assign", lo=-size, error="index")
+    return _index_op(x, dim, index, *_fill(x, value), "assign", lo=-size, error="index")
 
 
 def _index_fill_tensor(x: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor) -> Any:

@@ -97,7 +97,7 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
             continue  # the tuple-producing op is reported itself
         own = unsupported_reason(node)
         at_stuck = stuck is not None and node is stuck[0]
-        if at_stuck and (own in (None, "no lowering rule") or " on torch.complex" in own):
+        if at_stuck and (own in (None, "no lowering rule") or any(f" {w} torch.complex" in own for w in ("on", "of"))):
             # (a rule's reason of its own, as a collective's, is kept; its generic dtype refusal is not the point)
             why = "" if stuck[1] == str(node.target) else f": {stuck[1]}"
             problems.append(f"{qualified_name(node.target)}({describe_inputs(node)}): not compiled on complex values "
