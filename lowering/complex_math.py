@@ -58,31 +58,26 @@ def _operand(rw: Any, v: Any) -> fx.Node:
     return rw.env[v] if is_complex(v) else rw.real_only(rw.env[v])
 
 
+def _real_dtype(node: fx.Node) -> torch.dtype:
+    return torch.float64 if _val(node).dtype == torch.complex128 else torch.float32
+
+
 def _ones(rw: Any, node: fx.Node) -> fx.Node:
-    real = torch.float64 if _val(node).dtype == torch.complex128 else torch.float32
-    shape = list(_val(node).shape)
-    return rw.pair(rw.emit(aten.full.default, shape, 1.0, dtype=real), rw.emit(aten.full.default, shape, 0.0,
-                                                                                   dtype=real))
+    shape, real = list(_val(node).shape), _real_dtype(node)
+    return rw.pair(*(rw.emit(aten.full.default, shape, v, dtype=real) for v in (1.0, 0.0)))
 
 
 # ---- log1p, expm1, cexp ------------------------------------------------------------------------------------------
 
 def log1p_pair(rw: Any, z: fx.Node) -> fx.Node:
     """log(1 + z) as eager's CPU kernel: with u = 1 + z, z where u == 1, log u where u - 1 == z, else
-    log u * (z / (u - 1)) (which undoes the rounding of 1 + z). log u's real part is log1p(|u|^2 - 1) / 2 near
-    |u| = 1, where (u - 1)(u + 1) + b^2 keeps the digits log |u| would round away."""
+    log u * (z / (u - 1)) (which undoes the rounding of 1 + z); log u as accurate near |u| = 1 as glibc's clog."""
     e = rw.emit
     a, b = _parts(rw, z)
     a1 = e(aten.add.Scalar, a, 1.0)
     d = e(aten.sub.Scalar, a1, 1.0)
-    u = rw.pair(a1, b)
-    size_sq_minus_1 = e(aten.add.Tensor, e(aten.mul.Tensor, d, e(aten.add.Scalar, a1, 1.0)), e(aten.mul.Tensor, b, b))
-    near = e(aten.mul.Scalar, e(aten.log1p.default, size_sq_minus_1), 0.5)
-    h = rw.hypot(u)
-    band = e(aten.logical_and.default, e(aten.gt.Scalar, h, 0.5), e(aten.lt.Scalar, h, 2.0))
-    log_u = rw.pair(e(aten.where.self, band, near, e(aten.log.default, h)), e(aten.atan2.default, b, a1))
-    u_minus_1 = rw.pair(d, b)
-    scaled = _mul(rw, log_u, rw.divide(("complex", z), ("complex", u_minus_1)))
+    log_u = log_pair(rw, rw.pair(a1, b))
+    scaled = _mul(rw, log_u, rw.divide(("complex", z), ("complex", rw.pair(d, b))))
     exact = e(aten.logical_and.default, e(aten.eq.Tensor, d, a), e(aten.eq.Tensor, b, b))  # u - 1 == z
     one = e(aten.logical_and.default, e(aten.eq.Scalar, a1, 1.0), e(aten.eq.Scalar, b, 0.0))  # u == 1
     keep = e(aten.unsqueeze.default, one, -1)
@@ -177,6 +172,7 @@ def _pow(rw: Any, node: fx.Node) -> fx.Node:
             return _ones(rw, node)
         if k == 1:
             return rw.emit(aten.clone.default, z)
+
         def one_over(p: fx.Node) -> fx.Node:
             return rw.divide(("scalar", 1.0), ("complex", p))
 
@@ -190,9 +186,7 @@ def _pow(rw: Any, node: fx.Node) -> fx.Node:
         base = complex(a[0])
         if base == 1:
             return _ones(rw, node)
-        real = torch.float64 if _val(node).dtype == torch.complex128 else torch.float32
-        z = rw.pair(rw.emit(aten.full.default, [], base.real, dtype=real),
-                    rw.emit(aten.full.default, [], base.imag, dtype=real))
+        z = rw.pair(*(rw.emit(aten.full.default, [], v, dtype=_real_dtype(node)) for v in (base.real, base.imag)))
         return _general_pow(rw, z, _operand(rw, a[1]))
     assert t == aten.pow.Tensor_Tensor
     return _general_pow(rw, _operand(rw, a[0]), _operand(rw, a[1]))
