@@ -50,10 +50,11 @@ def test_json_schema_covers_exactly_the_registry(data, capsys):
 
 def test_dtype_limits_come_from_the_rules_checks(data):
     ops = _by_op(data)
-    # matmul check: TensorE takes fp32/bf16/fp16 only.
+    # matmul check: TensorE takes fp32/bf16/fp16 (float64 runs as float32, as everywhere).
     # integer matmuls come from decomp_intmm (fp32 matmuls of 8-bit limbs), which the probe follows
-    assert ops["aten.mm.default"]["dtypes"] == ["float32", "bfloat16", "float16", "int64", "int32", "int16", "int8", "uint8"]
-    assert ops["aten.bmm.default"]["dtypes"] == ["float32", "bfloat16", "float16", "int64", "int32", "int16", "int8", "uint8"]
+    mm_dtypes = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8"]
+    assert ops["aten.mm.default"]["dtypes"] == mm_dtypes
+    assert ops["aten.bmm.default"]["dtypes"] == mm_dtypes
     # bitwise ops lower on integers and bools, not floats; activations only on floats; views on everything.
     assert ops["aten.bitwise_and.Tensor"]["dtypes"] == [d for d in ALL if not d.startswith(("float", "bfloat"))]
     assert ops["aten.gelu.default"]["dtypes"] == ["float32", "bfloat16", "float16", "float64"]
@@ -85,10 +86,9 @@ def test_text_output_grouped_by_family(capsys):
     assert main(["ops", "--family", "matmul", "--family", "scan"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "matmul (2)"
-    assert out[1].split() == ["aten.bmm.default", "float32", "bfloat16", "float16", "int64", "int32", "int16", "int8",
-                              "uint8"]
-    assert out[2].split() == ["aten.mm.default", "float32", "bfloat16", "float16", "int64", "int32", "int16", "int8",
-                              "uint8"]
+    mm_dtypes = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8"]
+    assert out[1].split() == ["aten.bmm.default", *mm_dtypes]
+    assert out[2].split() == ["aten.mm.default", *mm_dtypes]
     assert out[3] == "scan (5)" and [ln.split()[0] for ln in out[4:9]] == [
         "aten.cummax.default", "aten.cummin.default", "aten.cumprod.default", "aten.cumsum.default",
         "aten.logcumsumexp.default"]
@@ -98,7 +98,7 @@ def test_text_output_grouped_by_family(capsys):
 def test_committed_markdown_is_the_generated_one():
     text = sm.render_markdown(sm.matrix())
     assert DOC.read_text(encoding="utf-8") == text, "docs/ops.md is stale: run `neuron-compile ops --markdown docs/ops.md`"
-    assert "do not edit by hand" in text and "| `aten.mm.default` | matmul | ✓ | ✓ | ✓ |  | ✓ |" in text
+    assert "do not edit by hand" in text and "| `aten.mm.default` | matmul | ✓ | ✓ | ✓ | ✓ | ✓ |" in text
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "## Supported ops" in readme and "(docs/ops.md)" in readme
 

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float64 runs as float32
 
 
 def _mm_check(node: fx.Node) -> str | None:

@@ -259,6 +259,23 @@ def test_float64_runs_as_float32_with_warning():
     torch.testing.assert_close(out, x * 3 + 1, atol=1e-5, rtol=1e-5)
 
 
+def test_float64_matmuls_run_as_float32_too():
+    """A float64 model (linear layers, a batched matmul, an FFT's DFT products) runs as float32 like every other
+    float64 op, rather than being refused at its first matmul."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return model(x), torch.bmm(y, y.transpose(1, 2)), torch.fft.rfft(x, dim=-1).abs()
+
+    x, y = torch.randn(5, 6, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="float64 tensors run as float32"):
+        got = torch.compile(f, backend="neuron", dynamic=False)(x, y)
+    for g, w in zip(got, f(x, y), strict=True):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
 def test_float64_input_beyond_float32_range_raises_instead_of_becoming_inf():
     """float64 runs as float32: an input value past float32's range would silently become inf, so it raises (as an
     int64 input past int32 does); infinities, NaN and values in range go through."""
