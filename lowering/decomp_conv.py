@@ -282,6 +282,10 @@ def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, a
 
     1-D runs as H = 1; 3-D as two separable passes: (H, W) on the [N, C x D, H, W] view, then D on
     [N, C, D, H x W] (its W map the identity); ``transpose`` (a backward) applies them in reverse order."""
+    if x.dtype == torch.uint8 and mode in ("nearest", "nearest-exact"):  # a uint8 image: each output one input
+        # pixel (weight 1.0, so exact through the float kernel); bilinear/bicubic are refused (eager rounds uint8 in
+        # fixed point)
+        return _resample(x.float(), in_sp, out_sp, mode, align_corners, scales, transpose).to(torch.uint8)
     nsp = len(in_sp)
     scales = (list(scales) + [None] * nsp)[:nsp]
     if nsp == 1:

@@ -143,7 +143,9 @@ def _matrices(node: fx.Node) -> tuple[np.ndarray, np.ndarray]:
 def _resample_check(node: fx.Node) -> str | None:
     xv = node.args[0].meta.get("val")
     if not isinstance(xv, torch.Tensor) or not xv.dtype.is_floating_point:
-        return "resampling of a floating-point tensor only"
+        return ("resampling of a floating-point tensor only (a uint8 image resamples in nearest modes; eager's "
+                "bilinear and bicubic uint8 kernels round in fixed point, which is not reproduced): resample "
+                "x.float() and round back with .round().clamp(0, 255).to(torch.uint8)")
     if math.prod(node_shape(node)) == 0 or math.prod(node_shape(node.args[0])) == 0:
         return None
     a_h, a_w = _matrices(node)

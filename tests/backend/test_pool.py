@@ -316,3 +316,23 @@ def test_interpolate_weights_are_the_aten_kernels_not_the_python_decomposition(m
 
     got = torch.compile(f, backend="neuron", dynamic=False)(x)
     torch.testing.assert_close(got, f(x), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_uint8_images_resize_in_nearest_modes(mode: str) -> None:
+    """A uint8 image resizes in nearest modes bit for bit (each output one input pixel)."""
+    x = torch.randint(0, 256, (2, 3, 17, 23), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.interpolate(x, size=(9, 40), mode=mode), F.interpolate(x, scale_factor=0.5, mode=mode)
+
+    for got, want in zip(torch.compile(f, backend="neuron", dynamic=False)(x), f(x), strict=True):
+        assert got.dtype == torch.uint8 and torch.equal(got, want)
+
+
+def test_uint8_bilinear_is_refused_with_the_float_route() -> None:
+    """eager's uint8 bilinear rounds in fixed point (off by one from float rounding): refused, naming the fix."""
+    x = torch.randint(0, 256, (1, 3, 8, 8), dtype=torch.uint8)
+    with pytest.raises(Exception, match=r"resampling of a floating-point tensor only \(a uint8 image resamples in "
+                                        r"nearest modes.*round back with \.round\(\)\.clamp\(0, 255\)"):
+        torch.compile(lambda x: F.interpolate(x, size=(5, 5), mode="bilinear"), backend="neuron", dynamic=False)(x)
