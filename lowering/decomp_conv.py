@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from neuron_compile.lowering import resample_u8
 from neuron_compile.lowering.registry import register_declined
 
 log = logging.getLogger(__name__)
@@ -283,9 +284,12 @@ def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, a
     1-D runs as H = 1; 3-D as two separable passes: (H, W) on the [N, C x D, H, W] view, then D on
     [N, C, D, H x W] (its W map the identity); ``transpose`` (a backward) applies them in reverse order."""
     if x.dtype == torch.uint8 and mode in ("nearest", "nearest-exact"):  # a uint8 image: each output one input
-        # pixel (weight 1.0, so exact through the float kernel); bilinear/bicubic are refused (eager rounds uint8 in
-        # fixed point)
+        # pixel (weight 1.0, so exact through the float kernel)
         return _resample(x.float(), in_sp, out_sp, mode, align_corners, scales, transpose).to(torch.uint8)
+    if x.dtype == torch.uint8 and mode in resample_u8.MODES and len(in_sp) == 2 and not transpose:
+        out = _resample_uint8(x, in_sp, out_sp, mode, align_corners, (list(scales) + [None, None])[:2])
+        if out is not None:
+            return out
     nsp = len(in_sp)
     scales = (list(scales) + [None] * nsp)[:nsp]
     if nsp == 1:
@@ -305,6 +309,34 @@ def _resample(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, a
                  [scales[0], None], True)
     y = RESAMPLE(y.reshape(n, c * d, oh, ow), [h, w], [oh, ow], mode, align_corners, scales[1:], True)
     return y.reshape(n, c, d, h, w)
+
+
+def _resample_uint8(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: str, align_corners: bool,
+                    scales: list[float | None]) -> torch.Tensor | None:
+    """eager's uint8 bilinear / bicubic (lowering/resample_u8.py): the width pass, then the height pass, each an
+    exact integer sum rounded at its precision and saturated to [0, 255]; None where eager's kernels disagree with
+    each other (more than 4 channels to an output width of 1 while the height changes: refused by the lowering)."""
+    (h, w), (oh, ow) = in_sp, out_sp
+    if (h, w) == (oh, ow):
+        return x.clone()
+    if x.shape[1] > 4 and ow == 1 and oh != h:
+        return None
+    y = x.float()
+    for dim, n_in, n_out in ((1, w, ow), (0, h, oh)):  # eager's order: horizontal first
+        if n_in == n_out:
+            continue
+        if resample_u8.too_many_taps(mode, n_in, n_out, align_corners, scales[dim]):
+            return None
+        size_in, size_out = list(y.shape[2:]), list(y.shape[2:])
+        size_out[dim] = n_out
+        modes = [f"{mode}_u8hi" if d == dim else "identity" for d in (0, 1)]
+        sc = [scales[dim] if d == dim else None for d in (0, 1)]
+        hi, lo = (RESAMPLE(y, size_in, size_out, ",".join(modes).replace("_u8hi", f"_u8{part}"), align_corners, sc,
+                           False) for part in ("hi", "lo"))
+        _, p = resample_u8.int_weights(mode, n_in, n_out, align_corners, scales[dim])
+        total = hi.to(torch.int32) * resample_u8.SPLIT + lo.to(torch.int32) + (1 << (p - 1) if p else 0)
+        y = torch.clamp(torch.bitwise_right_shift(total, p), 0, 255).float()
+    return y.to(torch.uint8)
 
 
 def _vec_sizes(x: torch.Tensor, output_size: Any, scale_factors: Any) -> tuple[list[int], list[float | None]]:

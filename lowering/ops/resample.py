@@ -23,6 +23,8 @@ from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index
 from neuron_compile.lowering.ops.pool import plane_rows
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.resample_u8 import MAX_TAPS, part_matrix
+from neuron_compile.lowering.resample_u8 import MODES as U8_MODES
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
 from torch._dispatch.python import no_python_dispatcher
@@ -49,6 +51,8 @@ def resample_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale
 
 
 def _eager_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: float | None) -> np.ndarray:
+    if mode.endswith(("_u8hi", "_u8lo")):  # a uint8 pass's integer weights, high bits or low byte
+        return part_matrix(mode, in_n, out_n, align_corners, scale)
     basis = torch.eye(in_n, dtype=torch.float32).reshape(1, in_n, in_n, 1)
     if mode == "nearest":
         y = aten.upsample_nearest2d.default(basis, [out_n, 1], scale, None)
@@ -143,9 +147,15 @@ def _matrices(node: fx.Node) -> tuple[np.ndarray, np.ndarray]:
 def _resample_check(node: fx.Node) -> str | None:
     xv = node.args[0].meta.get("val")
     if not isinstance(xv, torch.Tensor) or not xv.dtype.is_floating_point:
-        return ("resampling of a floating-point tensor only (a uint8 image resamples in nearest modes; eager's "
-                "bilinear and bicubic uint8 kernels round in fixed point, which is not reproduced): resample "
-                "x.float() and round back with .round().clamp(0, 255).to(torch.uint8)")
+        if isinstance(xv, torch.Tensor) and xv.dtype == torch.uint8 and node.args[3] in U8_MODES:
+            (h, _), (oh, ow) = node.args[1], node.args[2]
+            if xv.shape[1] > 4 and ow == 1 and oh != h:
+                return ("uint8 resampling of more than 4 channels to an output width of 1 while the height changes: "
+                        "eager's CPU kernel for that case gives other values than its own 1 to 4 channel kernel, so "
+                        "a compiled result would differ from one of them; resample the height first, then the width")
+            return (f"uint8 resampling with more than {MAX_TAPS} input pixels per output (an antialiased downscale "
+                    f"that large): its integer sums would round in fp32; resample x.float() and round back")
+        return "resampling of a floating-point or uint8 tensor only: resample x.float() and cast the result back"
     if math.prod(node_shape(node)) == 0 or math.prod(node_shape(node.args[0])) == 0:
         return None
     a_h, a_w = _matrices(node)

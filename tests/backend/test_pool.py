@@ -330,9 +330,33 @@ def test_uint8_images_resize_in_nearest_modes(mode: str) -> None:
         assert got.dtype == torch.uint8 and torch.equal(got, want)
 
 
-def test_uint8_bilinear_is_refused_with_the_float_route() -> None:
-    """eager's uint8 bilinear rounds in fixed point (off by one from float rounding): refused, naming the fix."""
-    x = torch.randint(0, 256, (1, 3, 8, 8), dtype=torch.uint8)
-    with pytest.raises(Exception, match=r"resampling of a floating-point tensor only \(a uint8 image resamples in "
-                                        r"nearest modes.*round back with \.round\(\)\.clamp\(0, 255\)"):
-        torch.compile(lambda x: F.interpolate(x, size=(5, 5), mode="bilinear"), backend="neuron", dynamic=False)(x)
+@pytest.mark.parametrize("channels,size,out,mode,antialias,align_corners", [
+    (3, (17, 23), (9, 40), "bilinear", False, False), (3, (17, 23), (30, 11), "bicubic", False, False),
+    (4, (33, 20), (12, 7), "bilinear", True, False), (1, (33, 20), (12, 50), "bicubic", True, False),
+    (5, (9, 12), (20, 5), "bilinear", False, True), (3, (300, 257), (64, 48), "bilinear", True, False),
+    (3, (12, 12), (12, 30), "bicubic", False, False),
+], ids=["bilinear", "bicubic", "bilinear_aa", "bicubic_aa_upscale", "align_corners_5ch", "aa_big_downscale",
+        "width_only"])
+def test_uint8_images_resize_bit_for_bit(channels: int, size: tuple[int, int], out: tuple[int, int], mode: str,
+                                         antialias: bool, align_corners: bool) -> None:
+    """eager's uint8 bilinear / bicubic (fixed-point weights, a rounding and saturation per pass, width first),
+    bit for bit: one off from rounding the float result in places, bicubic more (its overshoot saturates between
+    passes)."""
+    x = torch.randint(0, 256, (2, channels, *size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=out, mode=mode, antialias=antialias, align_corners=align_corners)
+
+    got, want = torch.compile(f, backend="neuron", dynamic=False)(x), f(x)
+    assert got.dtype == torch.uint8 and torch.equal(got, want)
+    assert not torch.equal(want, F.interpolate(x.float(), size=out, mode=mode, antialias=antialias,
+                                               align_corners=align_corners).round().clamp(0, 255).to(torch.uint8))
+
+
+def test_uint8_resize_where_eager_s_kernels_disagree_is_refused() -> None:
+    """More than 4 channels to an output width of 1 while the height changes: eager's fallback kernel gives other
+    values than its 1-4 channel kernel there, so the compiler refuses it, naming the fix."""
+    x = torch.randint(0, 256, (1, 5, 8, 8), dtype=torch.uint8)
+    with pytest.raises(Exception, match=r"uint8 resampling of more than 4 channels to an output width of 1 while the "
+                                        r"height changes.*resample the height first, then the width"):
+        torch.compile(lambda x: F.interpolate(x, size=(5, 1), mode="bilinear"), backend="neuron", dynamic=False)(x)
