@@ -258,9 +258,9 @@ def log_pair(rw: Any, z: fx.Node) -> fx.Node:
     a, b = (e(aten.abs.default, rw.part(z, i)) for i in (0, 1))
     h = rw.hypot(z)
     m, n = e(aten.maximum.default, a, b), e(aten.minimum.default, a, b)
-    near = e(aten.mul.Scalar, e(aten.log1p.default, e(aten.add.Tensor, e(aten.mul.Tensor, e(aten.sub.Scalar, m, 1.0),
-                                                                          e(aten.add.Scalar, m, 1.0)),
-                                                     e(aten.mul.Tensor, n, n))), 0.5)
+    size_sq_minus_1 = e(aten.add.Tensor, e(aten.mul.Tensor, e(aten.sub.Scalar, m, 1.0), e(aten.add.Scalar, m, 1.0)),
+                        e(aten.mul.Tensor, n, n))
+    near = e(aten.mul.Scalar, e(aten.log1p.default, size_sq_minus_1), 0.5)
     band = e(aten.logical_and.default, e(aten.gt.Scalar, h, 0.75), e(aten.lt.Scalar, h, 1.5))
     return rw.pair(e(aten.where.self, band, near, e(aten.log.default, h)),
                    e(aten.atan2.default, rw.part(z, 1), rw.part(z, 0)))

@@ -329,10 +329,10 @@ def _resample_uint8(x: torch.Tensor, in_sp: list[int], out_sp: list[int], mode: 
             return None
         size_in, size_out = list(y.shape[2:]), list(y.shape[2:])
         size_out[dim] = n_out
-        modes = [f"{mode}_u8hi" if d == dim else "identity" for d in (0, 1)]
         sc = [scales[dim] if d == dim else None for d in (0, 1)]
-        hi, lo = (RESAMPLE(y, size_in, size_out, ",".join(modes).replace("_u8hi", f"_u8{part}"), align_corners, sc,
-                           False) for part in ("hi", "lo"))
+        # the pass with the weights' high bits, then with their low byte (each sum exact in fp32)
+        hi, lo = (RESAMPLE(y, size_in, size_out, ",".join(f"{mode}_u8{part}" if d == dim else "identity" for d in (0, 1)),
+                           align_corners, sc, False) for part in ("hi", "lo"))
         _, p = resample_u8.int_weights(mode, n_in, n_out, align_corners, scales[dim])
         total = hi.to(torch.int32) * resample_u8.SPLIT + lo.to(torch.int32) + (1 << (p - 1) if p else 0)
         y = torch.clamp(torch.bitwise_right_shift(total, p), 0, 255).float()
