@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from neuron_compile.lowering.registry import register_declined
 
 aten = torch.ops.aten
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -46,6 +47,20 @@ def _histc(x: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> Any:
     inside = (flat >= lo) & (flat <= hi)
     onehot = (pos.unsqueeze(1) == torch.arange(bins, dtype=x.dtype).unsqueeze(0)) & inside.unsqueeze(1)
     return onehot.to(x.dtype).sum(0)
+
+
+def _histc_reason(node: torch.fx.Node) -> str:
+    x = node.args[0].meta.get("val")
+    dtype = x.dtype if isinstance(x, torch.Tensor) else None
+    if dtype == torch.float64:
+        return ("histc of float64 would count in float32 here (float64 runs as float32), where a value beside a bin "
+                "edge can fall in the neighbouring bin of eager's float64 count: take the histogram of x.float()")
+    saturation = "saturating at 256 in bfloat16, " if dtype == torch.bfloat16 else ""
+    return (f"histc of {dtype}: torch counts it in that dtype ({saturation}with its rounding of the bin positions), "
+            f"which is not reproduced: take the histogram of x.float()")
+
+
+register_declined(_histc_reason, aten.histc.default)
 
 
 def _cumsum(x: torch.Tensor, dim: int, *, dtype: Any = None) -> Any:

@@ -276,6 +276,13 @@ def test_float64_matmuls_run_as_float32_too():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_float64_histc_is_refused_naming_the_float32_route():
+    """A float64 histogram counted in float32 could move a value beside a bin edge: refused, naming x.float()."""
+    with pytest.raises(Exception, match=r"aten.histc.default\(float64\[20\], 10\): histc of float64 would count in "
+                                        r"float32 here .* take the histogram of x.float\(\)"):
+        torch.compile(lambda x: torch.histc(x, 10), backend="neuron", dynamic=False)(torch.randn(20, dtype=torch.float64))
+
+
 def test_float64_input_beyond_float32_range_raises_instead_of_becoming_inf():
     """float64 runs as float32: an input value past float32's range would silently become inf, so it raises (as an
     int64 input past int32 does); infinities, NaN and values in range go through."""
