@@ -30,6 +30,7 @@ INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 # converts it as torch does (lowering/ops/elementwise.py)
 _WRAP_SAFE = frozenset(("add", "sub", "rsub", "mul", "bitwise_and", "bitwise_or", "bitwise_xor", "__lshift__",
                         "__rshift__", "bitwise_left_shift", "bitwise_right_shift"))
+_COMPARISONS = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))  # a narrow operand's scalar is wrapped when lowered
 # Ops whose compute dtype is their input's, not their output's (the output is an index).
 _INDEX_OUT = (aten.argmax.default, aten.argmin.default)
 _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
@@ -88,6 +89,8 @@ def int_scalars_in_range(node: fx.Node, narrow: bool = False) -> str | None:
     if dtype == torch.bool:  # a comparison: name its integer operand's dtype
         dtype = next((dtype_of(a) for a in node.args if isinstance(a, fx.Node)), dtype)
     lo, hi, name = -(2**31), 2**31 - 1, "int32"
+    if narrow and dtype in NARROW_INTS and node.target.overloadpacket.__name__ in _COMPARISONS:
+        return None  # the lowering converts the scalar as torch does (lowering/ops/elementwise.py, lower_compare)
     if narrow and dtype in NARROW_INTS and node.target.overloadpacket.__name__ not in _WRAP_SAFE:
         lo, hi, name = torch.iinfo(dtype).min, torch.iinfo(dtype).max, str(dtype).removeprefix("torch.")
     for a in list(node.args) + list(node.kwargs.values()):

@@ -118,7 +118,11 @@ _COMPARE = {
 
 @register_lowering(*_COMPARE, family="elementwise")
 def lower_compare(ctx, node, a, b):
-    """aten comparisons: 1.0/0.0 tiles (stored as bool); bf16/fp16 intermediates compared rounded."""
+    """aten comparisons: 1.0/0.0 tiles (stored as bool); bf16/fp16 intermediates compared rounded; a Python int
+    compared with an 8/16-bit tensor as torch converts it to that dtype first (``uint8 == -1`` is ``== 255``)."""
+    d = _dtype(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+    if d in NARROW_INTS and isinstance(b, int) and not isinstance(b, bool):
+        b = wrap_int_scalar(b, d)
     a, b = _rounded(ctx, node.args[0], a), _rounded(ctx, node.args[1], b)
     return ctx.b.binary(_COMPARE[node.target], a, b)
 

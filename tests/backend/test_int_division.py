@@ -103,8 +103,6 @@ def test_8_and_16_bit_remainders_match_eager(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize(("name", "fn"), [
-    ("eq", lambda b: b == 300),
-    ("lt", lambda b: b < 300),
     ("clamp", lambda b: b.clamp(max=300)),
     ("remainder", lambda b: b % 300),
     ("scalar_remainder", lambda b: 300 % b),
@@ -125,6 +123,16 @@ def test_a_scalar_outside_an_8_bit_dtype_is_refused_by_name(name: str, fn: Calla
                                 lambda b: b - 1000])
 def test_ring_ops_with_any_scalar_wrap_like_eager(fn: Callable[..., Any]) -> None:
     _same(fn, torch.tensor([7, -5, 44, 100, -128, 127], dtype=torch.int8))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+@pytest.mark.parametrize("value", [300, -1, -300, 70000, 2**31 + 5])
+def test_comparisons_with_any_scalar_wrap_it_like_eager(dtype: torch.dtype, value: int) -> None:
+    """torch converts the scalar to the 8/16-bit dtype first (``uint8 == -1`` is ``== 255``, ``int8 < 300`` is
+    ``< 44``), even past int32; cosine_embedding_loss compares a uint8 target with -1."""
+    info = torch.iinfo(dtype)
+    every = torch.arange(info.min, info.max + 1, 97 if dtype == torch.int16 else 1, dtype=torch.int32).to(dtype)
+    _same(lambda b: torch.stack((b == value, b != value, b < value, b <= value, b > value, b >= value)), every)
 
 
 @pytest.mark.parametrize(("name", "fn", "dtype"), [
