@@ -9,8 +9,9 @@ Each follows what eager computes, to the special values where they are defined:
   ``Re w > 0``, ``inf + NaN i`` for ``Re w < 0``, and NaN for ``w = 0``, as eager).
 - ``log1p`` and ``expm1`` keep their accuracy near 0, as eager's (``log1p`` corrects ``log(1 + z)`` by
   ``z / ((1 + z) - 1)``; ``expm1`` is ``expm1(a) cos b - 2 sin^2(b / 2) + i e^a sin b``).
-- ``asinh`` is ``log1p(w + w^2 / (1 + sqrt(w^2 + 1)))`` on ``w = |a| + bi`` (no cancellation, accurate near 0),
-  ``log(2w)`` past ``|w| = 1e9``, its real part then signed as ``a``. ``asin``, ``acos`` and ``acosh`` follow from
+- ``asinh`` is ``log(w + sqrt(w^2 + 1))`` on ``w = |a| + bi``, its real part then signed as ``a``: as
+  ``log1p(w + w^2 / (1 + sqrt(w^2 + 1)))`` below ``|w| = 1/2`` (no cancellation), as ``log(2w)`` past ``|w| = 1e9``,
+  with ``Re(w^2 + 1) = (1 - b)(1 + b) + a^2`` (exact beside the branch points ``+-i``). ``asin``, ``acos`` and ``acosh`` follow from
   it by ``asin z = -i asinh(iz)``, ``acos z = pi/2 - asin z`` and ``acosh z = |Im acos z| + i copysign(Re acos z, b)``.
   ``atanh`` is ``(log1p(4|a| / ((1 - |a|)^2 + b^2)) / 4, atan2(2b, (1 - a)(1 + a) - b^2) / 2)``, its real part signed
   as ``a``; ``atan z = -i atanh(iz)``. These are the principal branches of C99's Annex G, as eager's.
@@ -260,7 +261,7 @@ def _inverse(rw: Any, node: fx.Node) -> fx.Node:
     p = e(aten.where.self, blown, e(aten.full_like.default, p, float("-inf")), p)
     if t == aten.asin.default:
         return rw.pair(q, e(aten.neg.default, p))
-    acos_re = e(aten.rsub.Scalar, q, math.pi / 2)  # acos z = pi/2 - asin z = (pi/2 - q) + pi
+    acos_re = e(aten.rsub.Scalar, q, math.pi / 2)  # acos z = pi/2 - asin z = (pi/2 - q) + p i
     if t == aten.acos.default:
         return rw.pair(acos_re, p)
     assert t == aten.acosh.default

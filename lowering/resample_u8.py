@@ -1,8 +1,8 @@
 """uint8 bilinear and bicubic resampling as eager's CPU kernels compute it: integer weights, one rounding per pass.
 
 For a uint8 image eager does not resample in float. Each separable pass (the width first, then the height) uses
-the pass's double-precision weights scaled to int16 at a precision ``p`` (the largest, below 22, whose largest
-weight times ``2^(p+1)`` stays under ``2^15``; each weight rounded half away from zero), sums ``weight * pixel`` as
+the pass's double-precision weights scaled to int16 at a precision ``p`` (the largest ``p <= 22`` with the largest
+weight times ``2^p``, rounded, under ``2^15``; each weight rounded half away from zero), sums ``weight * pixel`` as
 integers, adds ``2^(p-1)``, shifts right by ``p`` and saturates to [0, 255]. The result differs from rounding the
 float resampling by one in places (bicubic more: its overshoot saturates between passes).
 
