@@ -30,8 +30,8 @@ from neuron_compile.lowering.complex_more import (
     ComplexUnsupported,
     _val,
     exp_pair,
-    is_complex,
     log_pair,
+    one_plus_exp_neg,
     sqrt_pair,
 )
 from torch import fx
@@ -41,7 +41,7 @@ aten = torch.ops.aten
 _BIG = 1e9  # past this |w|, asinh(w) is log(2w) to within 1 / (4 |w|^2)
 
 
-def _parts(rw: Any, z: fx.Node) -> tuple[fx.Node, fx.Node]:
+def _re_im(rw: Any, z: fx.Node) -> tuple[fx.Node, fx.Node]:
     return rw.part(z, 0), rw.part(z, 1)
 
 
@@ -52,11 +52,6 @@ def _mul(rw: Any, p: fx.Node, q: fx.Node) -> fx.Node:
 def _plus(rw: Any, p: fx.Node, q: fx.Node) -> fx.Node:
     """p + q, part by part (no promotion terms: both are pairs)."""
     return rw.emit(aten.add.Tensor, p, q)
-
-
-def _operand(rw: Any, v: Any) -> fx.Node:
-    """An operand of the original graph as a pair (a real one as r + 0i)."""
-    return rw.env[v] if is_complex(v) else rw.real_only(rw.env[v])
 
 
 def _real_dtype(node: fx.Node) -> torch.dtype:
@@ -74,7 +69,7 @@ def log1p_pair(rw: Any, z: fx.Node) -> fx.Node:
     """log(1 + z) as eager's CPU kernel: with u = 1 + z, z where u == 1, log u where u - 1 == z, else
     log u * (z / (u - 1)) (which undoes the rounding of 1 + z); log u as accurate near |u| = 1 as glibc's clog."""
     e = rw.emit
-    a, b = _parts(rw, z)
+    a, b = _re_im(rw, z)
     a1 = e(aten.add.Scalar, a, 1.0)
     d = e(aten.sub.Scalar, a1, 1.0)
     log_u = log_pair(rw, rw.pair(a1, b))
@@ -92,7 +87,7 @@ def _log1p(rw: Any, node: fx.Node) -> fx.Node:
 def _expm1(rw: Any, node: fx.Node) -> fx.Node:
     """exp(z) - 1 = (expm1(a) cos b - 2 sin^2(b / 2)) + i e^a sin b."""
     e = rw.emit
-    a, b = _parts(rw, rw.env[node.args[0]])
+    a, b = _re_im(rw, rw.env[node.args[0]])
     half = e(aten.sin.default, e(aten.mul.Scalar, b, 0.5))
     re = e(aten.sub.Tensor, e(aten.mul.Tensor, e(aten.expm1.default, a), e(aten.cos.default, b)),
            e(aten.mul.Scalar, e(aten.mul.Tensor, half, half), 2.0))
@@ -103,9 +98,9 @@ def cexp_pair(rw: Any, p: fx.Node) -> fx.Node:
     """C's cexp (Annex G) of the pair ``p``: e^a (cos b, sin b), except e^-inf (any b) is 0, e^+inf with an infinite
     or NaN b is inf + NaN i, and a zero b stays the imaginary part (e^inf + 0i is inf + 0i)."""
     e = rw.emit
-    a, b = _parts(rw, p)
+    a, b = _re_im(rw, p)
     plain = exp_pair(rw, p)
-    re, im = _parts(rw, plain)
+    re, im = _re_im(rw, plain)
     zero = e(aten.full_like.default, a, 0.0)
     to_zero = e(aten.eq.Scalar, a, float("-inf"))
     blown = e(aten.logical_and.default, e(aten.eq.Scalar, a, float("inf")),
@@ -154,21 +149,19 @@ def _c_product(rw: Any, w: tuple[fx.Node, fx.Node], z: tuple[fx.Node, fx.Node]) 
 
 def _general_pow(rw: Any, z: fx.Node, w: fx.Node | complex) -> fx.Node:
     """std::pow(z, w) as glibc's cpow: cexp(w * clog(z)), the product as C's."""
-    log_z = _parts(rw, log_pair(rw, z))
+    log_z = _re_im(rw, log_pair(rw, z))
     if isinstance(w, complex):
         like = log_z[0]
         w_parts = (rw.emit(aten.full_like.default, like, w.real), rw.emit(aten.full_like.default, like, w.imag))
     else:
-        w_parts = _parts(rw, w)
+        w_parts = _re_im(rw, w)
     return cexp_pair(rw, _c_product(rw, w_parts, log_z))
 
 
 def _pow(rw: Any, node: fx.Node) -> fx.Node:
     t, a = node.target, node.args
     if t == aten.pow.Tensor_Scalar:
-        z, k = rw.env[a[0]], complex(a[1])
-        if not is_complex(a[0]):
-            z = rw.real_only(z)
+        z, k = rw.as_pair(a[0]), complex(a[1])
         if k == 0:  # eager fills ones (0 ** 0 too)
             return _ones(rw, node)
         if k == 1:
@@ -188,9 +181,9 @@ def _pow(rw: Any, node: fx.Node) -> fx.Node:
         if base == 1:
             return _ones(rw, node)
         z = rw.pair(*(rw.emit(aten.full.default, [], v, dtype=_real_dtype(node)) for v in (base.real, base.imag)))
-        return _general_pow(rw, z, _operand(rw, a[1]))
+        return _general_pow(rw, z, rw.as_pair(a[1]))
     assert t == aten.pow.Tensor_Tensor
-    return _general_pow(rw, _operand(rw, a[0]), _operand(rw, a[1]))
+    return _general_pow(rw, rw.as_pair(a[0]), rw.as_pair(a[1]))
 
 
 # ---- inverse functions -------------------------------------------------------------------------------------------
@@ -205,13 +198,13 @@ def _asinh_parts(rw: Any, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
     one_minus_b_sq = e(aten.mul.Tensor, e(aten.rsub.Scalar, b, 1.0), e(aten.add.Scalar, b, 1.0))
     s = sqrt_pair(rw, rw.pair(e(aten.add.Tensor, one_minus_b_sq, e(aten.mul.Tensor, ax, ax)),
                               e(aten.mul.Scalar, e(aten.mul.Tensor, ax, b), 2.0)))
-    s_re, s_im = _parts(rw, s)
+    s_re, s_im = _re_im(rw, s)
     w2 = rw.pair(e(aten.mul.Tensor, e(aten.sub.Tensor, ax, b), e(aten.add.Tensor, ax, b)),
                  e(aten.mul.Scalar, e(aten.mul.Tensor, ax, b), 2.0))
     u = _plus(rw, w, rw.divide(("complex", w2), ("complex", rw.pair(e(aten.add.Scalar, s_re, 1.0), s_im))))
-    small_re, small_im = _parts(rw, log1p_pair(rw, u))  # |w| < 1/2: log1p(w + s - 1), no cancellation
-    mid_re, mid_im = _parts(rw, log_pair(rw, _plus(rw, w, s)))
-    far_re, far_im = _parts(rw, log_pair(rw, w))
+    small_re, small_im = _re_im(rw, log1p_pair(rw, u))  # |w| < 1/2: log1p(w + s - 1), no cancellation
+    mid_re, mid_im = _re_im(rw, log_pair(rw, _plus(rw, w, s)))
+    far_re, far_im = _re_im(rw, log_pair(rw, w))
     size = rw.hypot(w)
     small, big = e(aten.lt.Scalar, size, 0.5), e(aten.gt.Scalar, size, _BIG)
     re = e(aten.where.self, big, e(aten.add.Scalar, far_re, math.log(2.0)), e(aten.where.self, small, small_re, mid_re))
@@ -246,7 +239,7 @@ def _atanh_parts(rw: Any, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
 
 def _inverse(rw: Any, node: fx.Node) -> fx.Node:
     e = rw.emit
-    a, b = _parts(rw, rw.env[node.args[0]])
+    a, b = _re_im(rw, rw.env[node.args[0]])
     t = node.target
     if t == aten.asinh.default:
         return rw.pair(*_asinh_parts(rw, a, b))
@@ -271,8 +264,7 @@ def _inverse(rw: Any, node: fx.Node) -> fx.Node:
 def _silu(rw: Any, node: fx.Node) -> fx.Node:
     """z / (1 + exp(-z)), as eager's complex silu."""
     z = rw.env[node.args[0]]
-    denominator = rw.binary(aten.add.Tensor, ("complex", exp_pair(rw, rw.emit(aten.neg.default, z))), ("scalar", 1.0))
-    return rw.divide(("complex", z), ("complex", denominator))
+    return rw.divide(("complex", z), ("complex", one_plus_exp_neg(rw, z)))
 
 
 # ---- products ----------------------------------------------------------------------------------------------------

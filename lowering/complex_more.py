@@ -172,7 +172,7 @@ def _lines(rw: Any, node: fx.Node) -> fx.Node:
 def _index_put(rw: Any, node: fx.Node) -> fx.Node:
     """index_put on the pairs: the indices address the leading dims, the values' pairs broadcast as they do."""
     a = node.args
-    x, values = (rw.env[v] if is_complex(v) else rw.real_only(rw.env[v]) for v in (a[0], a[2]))
+    x, values = rw.as_pair(a[0]), rw.as_pair(a[2])
     indices = [rw.env[i] if isinstance(i, fx.Node) else i for i in a[1]]
     return rw.emit(aten.index_put.default, x, indices, values, *a[3:])
 
@@ -180,7 +180,7 @@ def _index_put(rw: Any, node: fx.Node) -> fx.Node:
 def _as_strided_scatter(rw: Any, node: fx.Node) -> fx.Node:
     """as_strided_scatter of complex storage: sizes, strides and offset counted in reals, as as_strided's."""
     a = node.args
-    x, src = (rw.env[v] if is_complex(v) else rw.real_only(rw.env[v]) for v in (a[0], a[1]))
+    x, src = rw.as_pair(a[0]), rw.as_pair(a[1])
     offset = a[4] if len(a) > 4 and a[4] is not None else 0
     return rw.emit(node.target, x, src, [*a[2], 2], [2 * st for st in a[3]] + [1], 2 * offset)
 
@@ -347,15 +347,18 @@ def _log_base(rw: Any, node: fx.Node) -> fx.Node:
     return rw.emit(aten.mul.Scalar, _log(rw, node), scale)
 
 
-def _sigmoid(rw: Any, node: fx.Node) -> fx.Node:
-    """1 / (1 + exp(-z))."""
-    z = rw.env[node.args[0]]
+def one_plus_exp_neg(rw: Any, z: fx.Node) -> fx.Node:
+    """1 + exp(-z) of the pair ``z`` (sigmoid's and silu's denominator): exp(-z) = e^-a (cos b - i sin b)."""
     a, b = rw.part(z, 0), rw.part(z, 1)
-    ea = rw.emit(aten.exp.default, rw.emit(aten.neg.default, a))  # exp(-z) = e^-a (cos b - i sin b)
+    ea = rw.emit(aten.exp.default, rw.emit(aten.neg.default, a))
     e = rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
                 rw.emit(aten.neg.default, rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b))))
-    one_plus = rw.binary(aten.add.Tensor, ("complex", e), ("scalar", 1.0))
-    return rw.divide(("scalar", 1.0), ("complex", one_plus))
+    return rw.binary(aten.add.Tensor, ("complex", e), ("scalar", 1.0))
+
+
+def _sigmoid(rw: Any, node: fx.Node) -> fx.Node:
+    """1 / (1 + exp(-z))."""
+    return rw.divide(("scalar", 1.0), ("complex", one_plus_exp_neg(rw, rw.env[node.args[0]])))
 
 
 def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
@@ -364,11 +367,7 @@ def _rsqrt(rw: Any, node: fx.Node) -> fx.Node:
 
 def _exp2(rw: Any, node: fx.Node) -> fx.Node:
     """2^z = exp(z ln 2)."""
-    a, b = _ab(rw, node)
-    a, b = rw.emit(aten.mul.Scalar, a, math.log(2.0)), rw.emit(aten.mul.Scalar, b, math.log(2.0))
-    ea = rw.emit(aten.exp.default, a)
-    return rw.pair(rw.emit(aten.mul.Tensor, ea, rw.emit(aten.cos.default, b)),
-                   rw.emit(aten.mul.Tensor, ea, rw.emit(aten.sin.default, b)))
+    return exp_pair(rw, rw.emit(aten.mul.Scalar, rw.env[node.args[0]], math.log(2.0)))
 
 
 def _angle(rw: Any, node: fx.Node) -> fx.Node:

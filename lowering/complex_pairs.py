@@ -116,6 +116,10 @@ class _Rewriter:
         """A real tensor as a complex pair (imaginary part 0)."""
         return self.pair(x, self.emit(aten.full_like.default, x, 0.0))
 
+    def as_pair(self, v: fx.Node) -> fx.Node:
+        """An operand of the original graph as a pair: a complex one's, or a real one as r + 0i."""
+        return self.env[v] if is_complex(v) else self.real_only(self.env[v])
+
     def run(self) -> RealPairs:
         ins: list[int] = []
         outs: list[int] = []
@@ -247,13 +251,13 @@ class _Rewriter:
             return self.emit(aten.select.int, x(), self.dim(a[0], a[1]), a[2])
         if t == aten.where.self and is_complex(node):
             cond = self.emit(aten.unsqueeze.default, x(0), -1)
-            picks = [env[v] if is_complex(v) else self.real_only(env[v]) for v in a[1:3]]
+            picks = [self.as_pair(v) for v in a[1:3]]
             return self.emit(t, cond, *picks)
         if t == aten.slice_scatter.default:
-            dst, src = (env[v] if is_complex(v) else self.real_only(env[v]) for v in a[:2])
+            dst, src = (self.as_pair(v) for v in a[:2])
             return self.emit(t, dst, src, self.dim(a[0], a[2] if len(a) > 2 else 0), *a[3:])
         if t == aten.cat.default:
-            parts = [env[p] if is_complex(p) else self.real_only(env[p]) for p in a[0]]
+            parts = [self.as_pair(p) for p in a[0]]
             return self.emit(t, parts, (a[1] if len(a) > 1 else 0) % _val(node).dim())
         if t in (aten.sum.default, aten.mean.default, aten.sum.dim_IntList, aten.mean.dim) \
                 and kw.get("dtype", _val(node).dtype) == _val(node).dtype:  # dtype= the result's own: no cast

@@ -9,7 +9,8 @@ float resampling by one in places (bicubic more: its overshoot saturates between
 The compiled form keeps those integer sums exact: the float resample kernel runs each pass twice, once with the
 weights' high bits (``w // 256``) and once with their low byte, each sum exact in fp32, and the two are combined,
 rounded and saturated in int32 (:func:`lowering.decomp_conv._resample_uint8`). The double weights come from eager's
-own kernel applied to a basis in float64 (the same double computation its uint8 path makes).
+own kernel applied to a basis in float64 (the same double computation its uint8 path makes): :func:`eager_matrix`,
+which also gives the float kernel its float32 weights.
 """
 
 from __future__ import annotations
@@ -28,15 +29,30 @@ SPLIT = 256  # the weights' low byte: both partial sums stay exact in fp32 (|w /
 MAX_TAPS = (1 << 24) // (255 * SPLIT)  # taps per output beyond which a low-byte sum could round in fp32
 
 
-def _double_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: float | None) -> np.ndarray:
-    basis = torch.eye(in_n, dtype=torch.float64).reshape(1, in_n, in_n, 1)
-    if mode == "bilinear":
+def eager_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: float | None,
+                 dtype: torch.dtype) -> np.ndarray:
+    """``A[out_n, in_n]`` of one spatial dim: eager's own kernel applied to the basis of ``in_n`` positions, in
+    ``dtype`` (float32 for the float resample kernel, float64 for the uint8 weights, which eager computes in
+    double)."""
+    basis = torch.eye(in_n, dtype=dtype).reshape(1, in_n, in_n, 1)
+    if mode == "nearest":
+        y = aten.upsample_nearest2d.default(basis, [out_n, 1], scale, None)
+    elif mode == "nearest-exact":
+        y = aten._upsample_nearest_exact2d.default(basis, [out_n, 1], scale, None)
+    elif mode == "bilinear":
         y = aten.upsample_bilinear2d.default(basis, [out_n, 1], align_corners, scale, None)
     elif mode == "bicubic":
         y = aten.upsample_bicubic2d.default(basis, [out_n, 1], align_corners, scale, None)
-    else:  # antialiased: the other dim 2 -> 2 (eager's antialiased kernels mishandle a 1 -> 1 dim)
+    elif mode in ("bilinear_aa", "bicubic_aa"):  # antialiased (PIL-style, separable): the other dim 2 -> 2 is an
+        # identity (eager's antialiased kernels mishandle a 1 -> 1 dim, so the basis is two columns wide)
         op = aten._upsample_bilinear2d_aa if mode == "bilinear_aa" else aten._upsample_bicubic2d_aa
         y = op.default(basis.expand(1, in_n, in_n, 2).contiguous(), [out_n, 2], align_corners, scale, None)[..., :1]
+    elif mode == "adaptive_avg":
+        y = aten._adaptive_avg_pool2d.default(basis, [out_n, 1])
+    elif mode == "identity":
+        return np.eye(in_n, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    else:
+        raise ValueError(f"unknown resample mode {mode!r}")
     return y[0, :, :, 0].t().contiguous().numpy()
 
 
@@ -45,7 +61,7 @@ def int_weights(mode: str, in_n: int, out_n: int, align_corners: bool, scale: fl
                 ) -> tuple[np.ndarray, int]:
     """(``W[out_n, in_n]`` as integers, precision ``p``) of one pass, as eager's uint8 kernel scales them."""
     with _disable_current_modes(), no_python_dispatcher():
-        w = _double_matrix(mode, in_n, out_n, align_corners, scale)
+        w = eager_matrix(mode, in_n, out_n, align_corners, scale, torch.float64)
     top = float(w.max())
     p = 0
     while p < 22 and int(0.5 + top * (1 << (p + 1))) < (1 << 15):

@@ -120,9 +120,7 @@ _COMPARE = {
 def lower_compare(ctx, node, a, b):
     """aten comparisons: 1.0/0.0 tiles (stored as bool); bf16/fp16 intermediates compared rounded; a Python int
     compared with an 8/16-bit tensor as torch converts it to that dtype first (``uint8 == -1`` is ``== 255``)."""
-    d = _dtype(node.args[0]) if isinstance(node.args[0], fx.Node) else None
-    if d in NARROW_INTS and isinstance(b, int) and not isinstance(b, bool):
-        b = wrap_int_scalar(b, d)
+    b = _as_torch_converts(_dtype(node.args[0]) if isinstance(node.args[0], fx.Node) else None, b)
     a, b = _rounded(ctx, node.args[0], a), _rounded(ctx, node.args[1], b)
     return ctx.b.binary(_COMPARE[node.target], a, b)
 
@@ -186,10 +184,12 @@ _RSHIFT = (aten.__rshift__.Scalar, aten.__rshift__.Tensor, aten.bitwise_right_sh
            aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
 
 
-def _as_torch_converts(node: fx.Node, v: object) -> object:
-    """A Python int operand of an 8/16-bit shift as torch converts it to the tensor's dtype (300 -> 44 in int8)."""
-    d = _dtype(node)
-    return v if isinstance(v, TileVal) or d not in NARROW_INTS else wrap_int_scalar(v, d)
+def _as_torch_converts(d: torch.dtype | None, v: object) -> object:
+    """A Python int operand of an 8/16-bit shift or comparison as torch converts it to the tensor's dtype ``d``
+    (300 -> 44 in int8, -1 -> 255 in uint8)."""
+    if not isinstance(v, int) or isinstance(v, bool) or d not in NARROW_INTS:
+        return v
+    return wrap_int_scalar(v, d)
 
 
 def _shift_check(node: fx.Node) -> str | None:
@@ -214,7 +214,7 @@ def lower_left_shift(ctx, node, x, s):
     ``x * 2**s``)."""
     b = ctx.b
     width = torch.iinfo(_dtype(node)).bits
-    x, s = _as_torch_converts(node, x), _as_torch_converts(node, s)
+    x, s = _as_torch_converts(_dtype(node), x), _as_torch_converts(_dtype(node), s)
     if not isinstance(x, TileVal):  # a Python int shifted by a tensor
         x = b.fill(x, s.kind)
     if not isinstance(s, TileVal):
@@ -235,7 +235,7 @@ def lower_right_shift(ctx, node, x, s):
     The ALU shifts logically, so a negative x shifts its complement: ``~(~x >> s)``. Values live as int32, so a shift
     of 31 already gives the sign (0 for unsigned values)."""
     b = ctx.b
-    x, s = _as_torch_converts(node, x), _as_torch_converts(node, s)
+    x, s = _as_torch_converts(_dtype(node), x), _as_torch_converts(_dtype(node), s)
     if not isinstance(x, TileVal):  # a Python int shifted by a tensor
         x = b.fill(x, s.kind)
     if isinstance(s, TileVal):

@@ -23,7 +23,7 @@ from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index
 from neuron_compile.lowering.ops.pool import plane_rows
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.resample_u8 import MAX_TAPS, part_matrix
+from neuron_compile.lowering.resample_u8 import MAX_TAPS, eager_matrix, part_matrix
 from neuron_compile.lowering.resample_u8 import MODES as U8_MODES
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
@@ -53,26 +53,7 @@ def resample_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale
 def _eager_matrix(mode: str, in_n: int, out_n: int, align_corners: bool, scale: float | None) -> np.ndarray:
     if mode.endswith(("_u8hi", "_u8lo")):  # a uint8 pass's integer weights, high bits or low byte
         return part_matrix(mode, in_n, out_n, align_corners, scale)
-    basis = torch.eye(in_n, dtype=torch.float32).reshape(1, in_n, in_n, 1)
-    if mode == "nearest":
-        y = aten.upsample_nearest2d.default(basis, [out_n, 1], scale, None)
-    elif mode == "nearest-exact":
-        y = aten._upsample_nearest_exact2d.default(basis, [out_n, 1], scale, None)
-    elif mode == "bilinear":
-        y = aten.upsample_bilinear2d.default(basis, [out_n, 1], align_corners, scale, None)
-    elif mode == "bicubic":
-        y = aten.upsample_bicubic2d.default(basis, [out_n, 1], align_corners, scale, None)
-    elif mode in ("bilinear_aa", "bicubic_aa"):  # antialiased (PIL-style, separable): the other dim 2 -> 2 is an
-        # identity (eager's antialiased kernels mishandle a 1 -> 1 dim, so the basis is two columns wide)
-        op = aten._upsample_bilinear2d_aa if mode == "bilinear_aa" else aten._upsample_bicubic2d_aa
-        y = op.default(basis.expand(1, in_n, in_n, 2).contiguous(), [out_n, 2], align_corners, scale, None)[..., :1]
-    elif mode == "adaptive_avg":
-        y = aten._adaptive_avg_pool2d.default(basis, [out_n, 1])
-    elif mode == "identity":
-        return np.eye(in_n, dtype=np.float32)
-    else:
-        raise ValueError(f"unknown resample mode {mode!r}")
-    return y[0, :, :, 0].t().contiguous().numpy()
+    return eager_matrix(mode, in_n, out_n, align_corners, scale, torch.float32)
 
 
 def runs(a: np.ndarray) -> tuple[tuple[Run, ...], bool]:
