@@ -1,7 +1,7 @@
 """Migration evaluation with the Python API: eager fallback, numeric checks, metrics, bucketing.
 
-A small MLP scorer whose middle step, ``torch.linalg.eigvalsh`` (the spectrum of a matrix of scores), has no
-NeuronCore lowering (linear algebra stays on the host). With ``options={"fallback": "eager", "check": True}`` it runs in eager PyTorch
+A small MLP scorer whose middle step, ``torch.linalg.eigh``'s leading eigenvector of a matrix of scores, has no
+NeuronCore lowering (eigenvectors are unique only up to sign, which is LAPACK's choice, so they stay on the host). With ``options={"fallback": "eager", "check": True}`` it runs in eager PyTorch
 between kernels, every compiled graph is compared with eager, and the reports say what fell back
 (``neuron_compile.get_fallback_ops()``) and what compiling cost (``neuron_compile.get_compile_metrics()``).
 The same model is then wrapped with :mod:`neuron_compile.bucketing` so five batch sizes compile
@@ -22,7 +22,8 @@ from neuron_compile.bucketing import bucketed
 
 
 class Reranker(nn.Module):
-    """Scores items, takes the spectrum of their 6 x 6 score matrix (unsupported: runs eagerly), and mixes it."""
+    """Scores items, takes the leading eigenvector of their 6 x 6 score matrix (unsupported: runs eagerly; its
+    magnitudes, which don't depend on the sign), and mixes it."""
 
     def __init__(self, d: int = 64, side: int = 6) -> None:
         super().__init__()
@@ -33,8 +34,8 @@ class Reranker(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = torch.softmax(self.score(torch.relu(self.proj(x))), dim=-1).view(-1, self.side, self.side)
-        spectrum = torch.linalg.eigvalsh(scores @ scores.mT)
-        return torch.tanh(self.mix(spectrum))
+        leading = torch.linalg.eigh(scores @ scores.mT).eigenvectors[..., -1].abs()
+        return torch.tanh(self.mix(leading))
 
 
 def main(argv: list[str] | None = None) -> int:

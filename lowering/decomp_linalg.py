@@ -21,8 +21,9 @@ formulas read the factors back: ``det`` and ``slogdet`` factor ``A^T`` when ``A`
 
 Work is O(n) steps of O(n^2) elementwise ops on VectorE, in fp32 (float64 runs as float32, as everywhere), so the
 matrices are limited to :data:`MAX_ORDER` rows and columns; larger ones, complex ones and the iterative
-decompositions (SVD, eigendecompositions, LDL) are refused with the reason. QR, Householder-based, is
-:mod:`lowering.decomp_qr`; matrix_exp, scaling and squaring, :mod:`lowering.decomp_matrix_exp`.
+decompositions (general eigendecompositions, LDL, lstsq) are refused with the reason. QR, Householder-based, is
+:mod:`lowering.decomp_qr`; matrix_exp, scaling and squaring, :mod:`lowering.decomp_matrix_exp`; symmetric
+eigenvalues, singular values and pinv, Jacobi rotations, :mod:`lowering.decomp_spectral`.
 """
 
 from __future__ import annotations
@@ -368,12 +369,10 @@ LINALG: dict[Any, Any] = {
 if hasattr(aten, "cholesky"):  # the deprecated torch.cholesky; torch 2.14 removed its ATen op
     LINALG[aten.cholesky.default] = cholesky
 
-# torch 2.14's polar decomposition and Hermitian matrix square root, and what each is underneath
-_BUILT_ON = {"linalg_polar": "an SVD", "linalg_matrix_sqrth": "an eigendecomposition"}
-ITERATIVE = (aten._linalg_svd.default, aten.linalg_eig.default, aten._linalg_eigh.default,
-             aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default, aten.linalg_pinv.atol_rtol_tensor,
-             aten.linalg_lstsq.default,
-             *(getattr(aten, name).default for name in _BUILT_ON if hasattr(aten, name)))
+# torch 2.14's polar decomposition, and what it is underneath
+_BUILT_ON = {"linalg_polar": "an SVD"}
+ITERATIVE = (aten.linalg_eig.default, aten.linalg_ldl_factor_ex.default, aten.linalg_ldl_solve.default,
+             aten.linalg_lstsq.default, *(getattr(aten, name).default for name in _BUILT_ON if hasattr(aten, name)))
 
 
 def _val(arg: Any) -> Any:
@@ -400,8 +399,9 @@ def linalg_problem(node: fx.Node) -> str | None:
 def _iterative(node: fx.Node) -> str:
     name = node.target.name().split("::")[-1].split(".")[0]
     prefix = f"{name} is {_BUILT_ON[name]} underneath: " if name in _BUILT_ON else ""
-    return (prefix + "SVD, eigendecompositions, LDL, pinv and lstsq are iterative or pivot symmetrically and are not "
-            "compiled; run them eagerly (outside the compiled region), e.g. under torch.compiler.disable")
+    return (prefix + "general eigendecompositions, SVDs with their vectors, LDL and lstsq are iterative or pivot "
+            "symmetrically and are not compiled; run them eagerly (outside the compiled region), e.g. under "
+            "torch.compiler.disable")
 
 
 register_declined(linalg_problem, *(op for op in LINALG if op != aten._linalg_check_errors.default))

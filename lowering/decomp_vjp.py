@@ -33,6 +33,18 @@ def _clean_dispatch_keys() -> tuple[Any, Any]:
     return torch._C.DispatchKeySet(keys.BackendSelect).add(keys.ADInplaceOrView), exclude
 
 
+def trace_apart(fn: Callable[..., Any], like: Sequence[torch.Tensor],
+                decomposition_table: dict[Any, Callable[..., Any]] | None = None) -> torch.fx.GraphModule:
+    """``fn`` traced by make_fx on fresh fake tensors shaped like ``like``, outside the trace in progress (its modes,
+    tracing context and dispatch-key state set aside, so autograd and decompositions run normally)."""
+    include, exclude = _clean_dispatch_keys()
+    # no tracing context either: make_fx would take the outer trace's fake mode (and its shape env) from it
+    with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude), \
+            torch._guards.tracing(None):
+        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in like]
+        return make_fx(fn, decomposition_table=decomposition_table, tracing_mode="fake")(*examples)
+
+
 def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Tensor], cotangent: torch.Tensor,
                wanted: Sequence[bool], constants: Sequence[torch.Tensor] = ()) -> list[torch.Tensor | None]:
     """The gradients of ``forward(*primals, *constants)`` (a decomposition onto ATen ops) against ``cotangent``:
@@ -45,12 +57,7 @@ def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Ten
         _, pull = torch.func.vjp(lambda *ps: forward(*ps, *xs[n:]), *xs[:n])
         return pull(go)
 
-    include, exclude = _clean_dispatch_keys()
-    # no tracing context either: make_fx would take the outer trace's fake mode (and its shape env) from it
-    with _disable_current_modes(), unset_fake_temporarily(), torch._C._ForceDispatchKeyGuard(include, exclude), \
-            torch._guards.tracing(None):
-        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (cotangent, *primals, *constants)]
-        gm = make_fx(torch.func.functionalize(vjp, remove="mutations"), tracing_mode="fake")(*examples)
+    gm = trace_apart(torch.func.functionalize(vjp, remove="mutations"), (cotangent, *primals, *constants))
     for node in gm.graph.nodes:  # replayed values may have other strides than the trace's (the outer trace's
         if node.target in (aten.view.default, aten._unsafe_view.default):  # decompositions): reshape copies
             node.target = aten.reshape.default  # where a view cannot be taken

@@ -143,12 +143,14 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
 
 def _normalized(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` (changed in place) as every ATen graph is lowered: conds inlined, effectful checks as assertions,
-    scalar ops folded. The joint graph goes through it too, so a training graph is refused as it will compile."""
+    scalar ops folded, eigenvalues / SVDs / pinv as Jacobi sweeps. The joint graph goes
+    through it too, so a training graph is refused as it will compile."""
     from neuron_compile.lowering.decomp_cond import inline_cond
     from neuron_compile.lowering.decomp_linalg import effectful_checks_as_asserts
+    from neuron_compile.lowering.decomp_spectral import spectral_ops
     from neuron_compile.lowering.graph_passes import fold_scalar_ops
 
-    return fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm)))
+    return spectral_ops(fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm))))
 
 
 def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:

@@ -317,7 +317,7 @@ def rank_agreement(rank: int, world: int) -> dict[str, Any]:
     def f(x: torch.Tensor) -> torch.Tensor:
         y = fc.all_reduce(x * 2, "sum", dist.group.WORLD)
         if rank == 1:
-            y = y + torch.linalg.eigvalsh(y.reshape(2, 2)).sum()  # refused (iterative): only rank 1 fails
+            y = y + torch.linalg.eigh(y.reshape(2, 2)).eigenvectors.abs().sum()  # refused (vectors): only rank 1 fails
         return y + 1
 
     start = _begin()

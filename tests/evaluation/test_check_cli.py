@@ -30,7 +30,7 @@ def test_check_evaluate_example_json_end_to_end(tmp_path: Path) -> None:
     [eig] = report["ops_fallen_back"]
     assert eig["op"] == "aten._linalg_eigh.default" and eig["count"] == 3
     [location] = eig["locations"]
-    assert location.endswith("examples/evaluate.py:36: spectrum = torch.linalg.eigvalsh(scores @ scores.mT)")
+    assert location.endswith("examples/evaluate.py:37: leading = torch.linalg.eigh(scores @ scores.mT).eigenvectors[..., -1].abs()")
     assert report["ops_lowered"]["aten.mm.default"] == 9 and "aten._linalg_eigh.default" not in report["ops_lowered"]
     assert report["mismatches"] == [] and len(report["checks"]) == 3
     assert all(c["calls"] >= 1 and all(o["ok"] for o in c["outputs"]) for c in report["checks"])

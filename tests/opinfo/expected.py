@@ -14,11 +14,9 @@ from __future__ import annotations
 OUT_OF_SCOPE = "iterative linear-algebra decompositions are refused by name (SVD, eig, QR, LDL)"
 
 _HASH = "hash_tensor (a bit-level hash of the contents): no lowering rule"
-_SVD = "the nuclear norm needs an SVD (linear algebra, out of scope)"
 
 EXPECTED_REFUSED: dict[str, str] = {
     "hash_tensor": _HASH,
-    "norm.nuc": _SVD,
 }
 
 

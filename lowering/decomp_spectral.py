@@ -1,0 +1,342 @@
+"""Symmetric eigenvalues and singular values by Jacobi rotations, and what is built on them.
+
+``eigvalsh``, ``svdvals`` (and so ``cond``, ``matrix_rank``, the spectral and nuclear norms), ``pinv`` and the
+Hermitian matrix square root have unique results, so they compile here; the eigen- and singular *vectors* are
+unique only up to sign (LAPACK's choice, which differs between CPU and CUDA too), so an ``eigh`` / ``svd`` whose
+vectors the graph uses is refused by name (:func:`values_only`), and a result never differs from eager by a
+sign.
+
+* Symmetric eigenvalues: the two-sided cyclic Jacobi method, in the round-robin (tournament) order that rotates
+  n/2 disjoint pairs at once. A round is one rotation matrix ``J`` (built with one gather from its cosines and
+  sines) and ``A <- J^T A J``, two batched matmuls on TensorE.
+* Singular values: the one-sided (Hestenes) Jacobi method on the columns of ``B = A`` (``A^T`` when it is wide):
+  each round takes the pairs' norms and inner product from ``B^T B`` and rotates ``B <- B J`` until the columns
+  are orthogonal; the singular values are the column norms, to high relative accuracy (no ``A^T A`` squaring).
+
+The sweeps are unrolled (:func:`sweeps`, enough for fp32 convergence at every size allowed, with margin), and a
+device-side check raises :class:`torch.linalg.LinAlgError` if the off-diagonal part has not vanished, or the
+matrix holds inf/NaN (eager's LAPACK returns NaN in some places then, or fails with the message used here).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from functools import cache
+from typing import Any
+
+import torch
+from neuron_compile.lowering.decomp_linalg import DTYPES
+from neuron_compile.lowering.decomp_linalg import MAX_ORDER as MAX_ROWS
+from neuron_compile.lowering.registry import register_declined
+from torch import fx
+
+aten = torch.ops.aten
+MAX_ORDER = 16  # a round is ~25 ops and a sweep n - 1 rounds: 16 x 16 unrolls to ~4500 ops
+_NONFINITE = "The algorithm failed to converge because the input matrix contained non-finite values."
+
+
+def sweeps(n: int) -> int:
+    """Unrolled sweeps for an n x n problem. Jacobi converges quadratically once the off-diagonal part is small;
+    the slowest inputs measured are graded ones (singular values spread over 1 .. 1e-12), which needed 3, 5, 7, 9
+    and 10 sweeps at n = 4, 6, 8, 12 and 16 (random ones: 4 to 6). This gives 8, 10, 10, 12, 12."""
+    return 4 + 2 * max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@cache
+def _rounds(n: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The tournament order: n - 1 rounds (n rounds for odd n) of disjoint pairs covering every pair once."""
+    m = n + n % 2
+    others = list(range(1, m))
+    rounds = []
+    for _ in range(m - 1):
+        order = [0, *others]
+        pairs = tuple((min(order[i], order[m - 1 - i]), max(order[i], order[m - 1 - i])) for i in range(m // 2))
+        others = others[-1:] + others[:-1]
+        pairs = tuple(p for p in pairs if p[1] < n)  # odd n: the pair with the dummy index sits out
+        if pairs:
+            rounds.append(pairs)
+    return tuple(rounds)
+
+
+@cache
+def _slots(n: int, pairs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Gather indices of one round: ``(entries, J)``. ``entries`` picks ``a_pp, a_qq, a_pq`` of every pair out of a
+    flattened matrix; ``J`` builds the round's rotation out of ``[c..., s..., -s..., 1, 0]``."""
+    h = len(pairs)
+    entries = [p * n + p for p, _ in pairs] + [q * n + q for _, q in pairs] + [p * n + q for p, q in pairs]
+    one, zero = 3 * h, 3 * h + 1
+    slot = [[one if i == j else zero for j in range(n)] for i in range(n)]
+    for k, (p, q) in enumerate(pairs):
+        slot[p][p] = slot[q][q] = k
+        slot[p][q], slot[q][p] = h + k, 2 * h + k
+    return tuple(entries), tuple(s for row in slot for s in row)
+
+
+def _round(gram: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """The rotation ``J`` that zeroes the (p, q) entries of the symmetric ``gram`` for every pair of the round
+    (Rutishauser's formulas: t = tan of the angle, the smaller root, so that rotations stay near the identity)."""
+    n = gram.shape[-1]
+    entries, slot = _slots(n, pairs)
+    h = len(pairs)
+    picked = gram.flatten(-2).index_select(-1, torch.tensor(entries))
+    app, aqq, apq = picked[..., :h], picked[..., h:2 * h], picked[..., 2 * h:]
+    none = apq == 0  # nothing to rotate
+    theta = ((aqq - app) / (2 * torch.where(none, torch.ones_like(apq), apq))).clamp(-1e17, 1e17)  # t ~ 1 / 2 theta
+    t = torch.where(theta >= 0, 1.0, -1.0) / (theta.abs() + torch.sqrt(theta * theta + 1))
+    t = torch.where(none, torch.zeros_like(t), t)
+    c = torch.rsqrt(t * t + 1)
+    s = t * c
+    ones = torch.ones_like(c[..., :1])
+    values = torch.cat([c, s, -s, ones, torch.zeros_like(ones)], -1)
+    return values.index_select(-1, torch.tensor(slot)).unflatten(-1, (n, n))
+
+
+def _check(ok: torch.Tensor, message: str) -> None:
+    aten._assert_async.msg(ok.all(), message)
+
+
+def _orthogonal(gram: torch.Tensor, tol: float) -> torch.Tensor:
+    """Whether the columns behind ``gram = B^T B`` are orthogonal to ``tol``: every ``|g_pq|`` within
+    ``tol * (sqrt(g_pp g_qq) + eps g_max)`` (the second term for columns that are rounding noise of a rank-deficient
+    matrix, whose mutual angles mean nothing)."""
+    d = gram.diagonal(dim1=-2, dim2=-1).abs()
+    bound = torch.sqrt(d.unsqueeze(-1) * d.unsqueeze(-2)) + torch.finfo(torch.float32).eps * d.amax(-1)[..., None, None]
+    off = gram.abs() * (1 - torch.eye(gram.shape[-1], dtype=gram.dtype))
+    return off <= tol * bound
+
+
+def _unit_scale(a: torch.Tensor) -> torch.Tensor:
+    """The largest ``|a_ij|`` of each matrix (1 for a zero matrix): dividing by it keeps every product of the
+    iteration far from fp32's overflow and subnormal range."""
+    big = a.abs().flatten(-2).amax(-1)[..., None, None]
+    return torch.where(big > 0, big, torch.ones_like(big))
+
+
+def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eigenvalues (ascending) of the symmetric matrix held in ``a``'s ``uplo`` triangle, and, for internal use
+    only, eigenvectors as columns (signs arbitrary)."""
+    n = a.shape[-1]
+    low = torch.tril(a) if uplo.upper() == "L" else torch.triu(a)
+    a = low + (torch.tril(a, -1) if uplo.upper() == "L" else torch.triu(a, 1)).mT
+    _check(torch.isfinite(a), f"linalg.eigh: {_NONFINITE}")
+    scale = _unit_scale(a)
+    a = a / scale
+    v = torch.eye(n, dtype=a.dtype).expand(a.shape).contiguous() if vectors else None
+    for _ in range(sweeps(n)):
+        for pairs in _rounds(n):
+            j = _round(a, pairs)
+            a = j.mT @ a @ j
+            v = v @ j if v is not None else None
+    off = (a * (1 - torch.eye(n, dtype=a.dtype))).abs().flatten(-2).amax(-1)[..., None, None]
+    _check(off <= 8 * n * torch.finfo(torch.float32).eps,
+           "linalg.eigh: the Jacobi iteration did not converge (the off-diagonal part is not yet negligible)")
+    w = a.diagonal(dim1=-2, dim2=-1) * scale[..., 0]
+    w, order = torch.sort(w, -1)
+    if v is not None:
+        v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
+    return w, v
+
+
+def one_sided_svd(a: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, Any, Any, torch.Tensor]:
+    """Singular values (descending) of ``a [..., m, n]`` with ``m >= n``, and, for internal use only, ``V`` and
+    ``B = (A / scale) V`` (columns ``sigma_i u_i / scale``) in the same order, and that ``scale [..., 1, 1]``."""
+    n = a.shape[-1]
+    _check(torch.isfinite(a), f"linalg.svd: {_NONFINITE}")
+    scale = _unit_scale(a)
+    b = a / scale
+    v = torch.eye(n, dtype=a.dtype).expand(*a.shape[:-2], n, n).contiguous() if vectors else None
+    for _ in range(sweeps(n)):
+        for pairs in _rounds(n):
+            j = _round(b.mT @ b, pairs)
+            b = b @ j
+            v = v @ j if v is not None else None
+    _check(_orthogonal(b.mT @ b, 8 * n * torch.finfo(torch.float32).eps),
+           "linalg.svd: the Jacobi iteration did not converge (the columns are not yet orthogonal)")
+    s, order = torch.sort(torch.sqrt((b * b).sum(-2)), -1, descending=True)
+    if vectors:
+        v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
+        b = torch.gather(b, -1, order.unsqueeze(-2).expand(b.shape))
+    return s * scale[..., 0], v, b if vectors else None, scale
+
+
+def _fits(a: Any) -> bool:
+    """Real float32/64 matrices whose shorter side (the Jacobi order) is at most MAX_ORDER, the longer at most
+    decomp_linalg's MAX_ORDER."""
+    return (isinstance(a, torch.Tensor) and a.dtype in DTYPES and a.dim() >= 2
+            and min(a.shape[-2:]) <= MAX_ORDER and max(a.shape[-2:]) <= MAX_ROWS)
+
+
+def _empty(a: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=a.dtype)
+
+
+def linalg_eigh(a: torch.Tensor, uplo: str = "L", compute_v: bool = True) -> Any:
+    if compute_v or not _fits(a):
+        return NotImplemented
+    if a.numel() == 0:
+        return torch.zeros(a.shape[:-1], dtype=a.dtype), _empty(a)
+    return symmetric_eig(a, uplo, vectors=False)[0], _empty(a)
+
+
+def linalg_svd(a: torch.Tensor, full_matrices: bool = False, compute_uv: bool = True, *,
+               driver: str | None = None) -> Any:
+    if compute_uv or not _fits(a):
+        return NotImplemented
+    m, n = a.shape[-2:]
+    if a.numel() == 0:
+        return _empty(a), torch.zeros((*a.shape[:-2], min(m, n)), dtype=a.dtype), _empty(a)
+    return _empty(a), one_sided_svd(a if m >= n else a.mT, vectors=False)[0], _empty(a)
+
+
+def _tolerance(a: torch.Tensor, atol: Any, rtol: Any, largest: torch.Tensor) -> torch.Tensor:
+    """eager's ``get_atol_rtol`` and ``max(atol, rtol * largest)`` (largest: the top singular value / |eigenvalue|)."""
+    default = torch.finfo(a.dtype).eps * max(a.shape[-2:])
+    atol_t = torch.zeros((), dtype=a.dtype) if atol is None else torch.as_tensor(atol, dtype=a.dtype)
+    if rtol is not None:
+        rtol_t = torch.as_tensor(rtol, dtype=a.dtype)
+    elif atol is not None:
+        rtol_t = torch.where(atol_t > 0, 0.0, default)
+    else:
+        rtol_t = torch.full((), default, dtype=a.dtype)
+    return torch.maximum(atol_t.unsqueeze(-1), rtol_t.unsqueeze(-1) * largest)
+
+
+def linalg_pinv(a: torch.Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = False) -> Any:
+    if not _fits(a):
+        return NotImplemented
+    m, n = a.shape[-2:]
+    if a.numel() == 0:
+        return torch.zeros((*a.shape[:-2], n, m), dtype=a.dtype)
+    if hermitian:
+        w, q = symmetric_eig(a, "L", vectors=True)
+        big = w.abs()
+        keep = big > _tolerance(a, atol, rtol, big.amax(-1, keepdim=True))
+        inv = torch.where(keep, 1 / torch.where(keep, w, torch.ones_like(w)), torch.zeros_like(w))
+        return (q * inv.unsqueeze(-2)) @ q.mT
+    tall = a if m >= n else a.mT
+    s, v, b, scale = one_sided_svd(tall, vectors=True)
+    keep = s > _tolerance(a, atol, rtol, s[..., :1])
+    unit = s / scale[..., 0]
+    inv2 = torch.where(keep, 1 / torch.where(keep, unit * unit, torch.ones_like(s)), torch.zeros_like(s))
+    p = (v * inv2.unsqueeze(-2)) @ b.mT / scale  # V diag(1/s^2) (A V)^T = V diag(1/s) U^T, in units of scale
+    return p if m >= n else p.mT
+
+
+def matrix_sqrth(a: torch.Tensor) -> Any:
+    """torch 2.14's ``linalg.matrix_sqrth``: ``Q sqrt(max(L, 0)) Q^T`` of the symmetric (lower triangle) ``a``
+    (eager clamps negative eigenvalues to 0 too)."""
+    if not _fits(a) or a.shape[-1] != a.shape[-2]:
+        return NotImplemented
+    if a.numel() == 0:
+        return a.clone()
+    w, q = symmetric_eig(a, "L", vectors=True)
+    return (q * torch.sqrt(w.clamp(min=0)).unsqueeze(-2)) @ q.mT
+
+
+SPECTRAL: dict[Any, Any] = {
+    aten._linalg_eigh.default: linalg_eigh,
+    aten._linalg_svd.default: linalg_svd,
+    aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
+}
+if hasattr(aten, "linalg_matrix_sqrth"):  # new in torch 2.14
+    SPECTRAL[aten.linalg_matrix_sqrth.default] = matrix_sqrth
+
+
+# -- the graph pass -------------------------------------------------------------------------------------------
+
+_VECTORS = {aten._linalg_svd.default: (0, 2), aten._linalg_eigh.default: (1,)}  # the vector outputs
+
+
+def spectral_ops(gm: fx.GraphModule) -> fx.GraphModule:
+    """Every eigenvalue / SVD / pinv op of the ATen graph replaced by its Jacobi decomposition, except an ``svd`` /
+    ``eigh`` whose vectors the graph reads (refused by :func:`spectral_problem`).
+
+    A graph pass rather than an AOTAutograd decomposition, for two reasons: ``svdvals``, ``eigvalsh``, ``cond``,
+    ``matrix_rank`` and the 2- and nuclear norms reach the ATen graph as an ``svd`` / ``eigh`` computing vectors
+    (ATen asks for them whenever its input is a tensor subclass, as tracing's are), so only the whole graph shows
+    whether they are used; and the decompositions' index tables are tensor literals, which a functional trace
+    refuses. Each op is traced on its own (:func:`~neuron_compile.lowering.decomp_vjp.trace_apart`) and spliced in,
+    its tables becoming graph constants."""
+    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in SPECTRAL
+            and not any(u.target is operator.getitem and u.args[1] in _VECTORS.get(n.target, ()) and u.users
+                        for u in n.users)]
+    hits = [n for n in hits if _decomposable(n)]
+    for node in hits:
+        _splice(gm, node)
+    if hits:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
+
+def _decomposable(node: fx.Node) -> bool:
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (*node.args, *node.kwargs.values())]
+    return _fits(vals[0]) and all(not isinstance(v, torch.Tensor) or v.dim() == 0 for v in vals[1:])
+
+
+def _splice(gm: fx.GraphModule, node: fx.Node) -> None:
+    """``node`` replaced by the ops of its decomposition (values only for an svd / eigh), traced apart."""
+    from neuron_compile.lowering.decomp_vjp import trace_apart
+    from neuron_compile.lowering.decompositions import decompositions
+
+    inputs = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+    rule = SPECTRAL[node.target]
+
+    def decomposed(*tensors: torch.Tensor) -> Any:
+        env = dict(zip(inputs, tensors, strict=True))
+        args = [env.get(a, a) if isinstance(a, fx.Node) else a for a in node.args]
+        kwargs = {k: env.get(v, v) if isinstance(v, fx.Node) else v for k, v in node.kwargs.items()}
+        if node.target in _VECTORS:  # (A, full_matrices / UPLO, compute_uv / compute_v): values only
+            schema = node.target._schema.arguments
+            args = [args[i] if i < len(args) else kwargs.pop(schema[i].name, schema[i].default_value)
+                    for i in range(2)] + [False]
+            kwargs.pop(schema[2].name, None)
+        return rule(*args, **kwargs)
+
+    sub = trace_apart(decomposed, [a.meta["val"] for a in inputs], decompositions())
+    env: dict[fx.Node, Any] = {}
+    placeholders = iter(inputs)
+    trace = node.meta.get("stack_trace")
+    with gm.graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(placeholders)
+            elif n.op == "get_attr":
+                name = f"_spectral_constant_{len(gm.graph.nodes)}"
+                gm.register_buffer(name, getattr(sub, n.target))
+                env[n] = gm.graph.get_attr(name)
+                env[n].meta = dict(n.meta)
+            elif n.op == "call_function":
+                env[n] = gm.graph.node_copy(n, lambda x: env[x])
+                env[n].meta["stack_trace"] = trace
+            elif n.op == "output":
+                outs = n.args[0]
+    if isinstance(outs, (list, tuple)):
+        for user in list(node.users):
+            user.replace_all_uses_with(env[outs[user.args[1]]])
+            gm.graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(env[outs])
+    gm.graph.erase_node(node)
+
+
+def spectral_problem(node: fx.Node) -> str:
+    """Why an eigenvalue / SVD / pinv op stayed in the graph (its decomposition declined it)."""
+    a = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(a, torch.Tensor) and a.is_complex():
+        return "complex matrices are not compiled; run this op eagerly"
+    if isinstance(a, torch.Tensor) and a.dtype not in DTYPES:
+        return "LAPACK-style ops take float32/float64 matrices (eager refuses other dtypes too)"
+    if isinstance(a, torch.Tensor) and a.dim() >= 2 and not _fits(a):
+        return (f"a {a.shape[-2]} x {a.shape[-1]} matrix: eigenvalues and singular values are unrolled Jacobi "
+                f"sweeps over at most {MAX_ORDER} columns (and {MAX_ROWS} rows); run larger ones eagerly (outside "
+                "the compiled region)")
+    what = "singular vectors" if node.target is aten._linalg_svd.default else "eigenvectors"
+    return (f"its {what} are used (returned, or saved for a backward), and they are unique only up to sign "
+            "(LAPACK's choice, which a NeuronCore can't reproduce); eigenvalues, singular values, pinv and the "
+            "Hermitian square root compile. Run this one eagerly (outside the compiled region)")
+
+
+register_declined(spectral_problem, *SPECTRAL)
