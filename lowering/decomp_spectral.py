@@ -3,15 +3,16 @@
 ``eigvalsh``, ``svdvals`` (and so ``cond``, ``matrix_rank``, the spectral and nuclear norms), ``pinv`` and the
 Hermitian matrix square root have unique results, so they compile here; the eigen- and singular *vectors* are
 unique only up to sign (LAPACK's choice, which differs between CPU and CUDA too), so an ``eigh`` / ``svd`` whose
-vectors the graph uses is refused by name (:func:`values_only`), and a result never differs from eager by a
-sign.
+vectors the graph uses is refused by name (:func:`spectral_ops`, :func:`spectral_problem`), and a result never
+differs from eager by a sign.
 
 * Symmetric eigenvalues: the two-sided cyclic Jacobi method, in the round-robin (tournament) order that rotates
   n/2 disjoint pairs at once. A round is one rotation matrix ``J`` (built with one gather from its cosines and
   sines) and ``A <- J^T A J``, two batched matmuls on TensorE.
 * Singular values: the one-sided (Hestenes) Jacobi method on the columns of ``B = A`` (``A^T`` when it is wide):
   each round takes the pairs' norms and inner product from ``B^T B`` and rotates ``B <- B J`` until the columns
-  are orthogonal; the singular values are the column norms, to high relative accuracy (no ``A^T A`` squaring).
+  are orthogonal; the singular values are the column norms (no ``A^T A``, whose squaring would lose the small
+  ones).
 
 The sweeps are unrolled (:func:`sweeps`, enough for fp32 convergence at every size allowed, with margin), and a
 device-side check raises :class:`torch.linalg.LinAlgError` if the off-diagonal part has not vanished, or the

@@ -124,7 +124,7 @@ def test_index_fill_with_a_complex_value_matches_eager():
 
 
 def test_the_complex_values_of_a_refused_op_are_one_line_after_it():
-    """linalg.eig (refused: iterative) makes complex values, and its backward works on them: the refusal names eig
+    """linalg.eig (refused: a general eigendecomposition) makes complex values, and its backward works on them: the refusal names eig
     and sums up everything on its complex values in one line, instead of listing each view, product and complex
     tangent (a complex input's advice was "cast it to complex64", which it already was)."""
     x = torch.randn(4, 4, requires_grad=True)
@@ -136,7 +136,7 @@ def test_the_complex_values_of_a_refused_op_are_one_line_after_it():
     assert exc is not None
     lines = [ln for ln in str(exc).splitlines() if ln.startswith("  - ")]
     assert str(exc).startswith("neuron backend cannot compile this training graph (forward + backward): 1 unsupported")
-    assert len(lines) == 2 and lines[0].startswith("  - aten.linalg_eig.default(float32[4, 4]): SVD, eigendecomp")
+    assert len(lines) == 2 and lines[0].startswith("  - aten.linalg_eig.default(float32[4, 4]): general eigendecomp")
     assert re.fullmatch(r"  - and \d+ more op\(s\) and input\(s\) on complex values, which compile \(as pairs of "
                         r"reals\) once the op\(s\) above do", lines[1])
     assert "cast it to complex64" not in str(exc)

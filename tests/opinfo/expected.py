@@ -1,7 +1,7 @@
 """Ops of PyTorch's OpInfo database that the neuron backend refuses, and why (``test_opinfo.py``).
 
-The iterative and Householder-based linear-algebra decompositions (SVD, eigendecompositions, QR, LDL, and what is
-built on them) are refused as a family (``OUT_OF_SCOPE``, ``harness.ITERATIVE_LINALG``; those that do lower must
+The iterative linear-algebra decompositions (eigen- and singular vectors, general eigenvalues, LDL, lstsq, and what
+is built on them) are refused as a family (``OUT_OF_SCOPE``, ``harness.ITERATIVE_LINALG``; those that do lower must
 match eager); the direct methods (LU, solves, inverses, determinants, Cholesky) compile as unrolled eliminations
 (lowering/decomp_linalg.py) and must match eager. Complex values
 compile as real pairs (lowering/complex_pairs.py) and FFTs as dense DFT products (lowering/complex_fft.py), so
