@@ -131,6 +131,14 @@ def sqrt(b: ProgramBuilder, x: TileVal) -> TileVal:
     return keep_nan(b, x, y)  # type: ignore[arg-type]
 
 
+def sqrt_of_bounded(b: ProgramBuilder, x: TileVal) -> TileVal:
+    """sqrt of an ``x`` proven >= 2^-96 (``var + eps``): ScalarE takes ``x * 2^-20`` (its own scale operand), in
+    its valid range [2^-116, 2^118] for every finite fp32 ``x``, and the result is scaled back by 2^10 (one VectorE
+    instruction on the per-row statistics). inf stays out of range: the simulator warns there, as for any input
+    ScalarE doesn't define."""
+    return b.binary("multiply", b.activation("sqrt", x, scale=2.0**-20), 2.0**10)
+
+
 def exp(b: ProgramBuilder, x: TileVal, scale: float = 1.0) -> TileVal:
     return b.activation("exp", x, scale=scale)
 

@@ -142,8 +142,8 @@ def _rewrite(op: TileOp, single: Any, kinds: dict[str, str], dead: set[str], out
             if a.get("reverse0"):
                 attrs["reverse1"] = True
             return _with(op, args=(p.args[0], p.args[1], op.args[1]), attrs=attrs)
-    # x * s + b feeding an activation -> activation(f, x, scale=s, bias=b)
-    if op.opcode == "activation" and op.args[1] == 1.0 and op.args[2] == 0.0:
+    # x * s + b feeding an activation(f, ., scale=s0) -> activation(f, x, scale=s * s0, bias=b * s0)
+    if op.opcode == "activation" and _is_num(op.args[1]) and op.args[2] == 0.0:
         p = single(op.args[0])
         if p is None or p.opcode != "tensor_scalar" or p.kind != op.kind:
             return None
@@ -161,6 +161,11 @@ def _rewrite(op: TileOp, single: Any, kinds: dict[str, str], dead: set[str], out
             bias = -float(stages.pop(0)[1])
         if stages:
             return None
+        s0 = float(op.args[1])
+        if s0 != 1.0:  # the activation's own scale multiplies the producer's scale and bias: numbers only
+            if not (_is_num(scale) and _is_num(bias)):
+                return None
+            scale, bias = float(scale) * s0, float(bias) * s0
         dead.add(p.out)
         return _with(op, args=(p.args[0], scale, bias))
     return None

@@ -293,13 +293,13 @@ def lower_log(ctx, node, x):
 
 
 def _sqrt(ctx, node, x):
-    """sqrt of ``x``: the bare ScalarE sqrt when the argument is provably >= 2^-116 (e.g. var + eps),
-    else the full-range composition (mathlib.sqrt)."""
+    """sqrt of ``x``: a scaled ScalarE sqrt when the argument is provably >= 2^-96 (e.g. var + eps,
+    mathlib.sqrt_of_bounded), else the full-range composition (mathlib.sqrt)."""
     if not isinstance(x, TileVal):
         return math.sqrt(float(x)) if float(x) >= 0 else math.nan
     lb = lower_bound(node.args[0])
-    if lb is not None and lb >= 2.0**-116:
-        return ctx.b.activation("sqrt", x)
+    if lb is not None and lb >= 2.0**-96:
+        return mathlib.sqrt_of_bounded(ctx.b, ctx.b.cast(x, "float32"))
     return mathlib.sqrt(ctx.b, ctx.b.cast(x, "float32"))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -335,3 +337,20 @@ def test_batch_norm_with_update_backward_called_directly():
         grads.append([t.grad for t in xs])
     for want, got in zip(*grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_sqrt_of_a_provably_positive_argument_stays_in_scalare_range_at_the_top():
+    """sqrt(x * x + 1) is provably >= 1, so the lowering skips the small-value fix-ups; values past ScalarE's valid
+    range (2^118) must still reach it in range (scaled by its own scale operand), not as they are."""
+    from neuron_compile.simulator.checks import SimulatorWarning
+
+    x = torch.tensor([0.0, 3.0, -2.0, 1e-3, 1e17, 3e18, 1.8e19, float("nan")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulatorWarning)
+        got = _compile(lambda t: torch.sqrt(t * t + 1))(x)
+        ln = torch.nn.LayerNorm(16).eval()
+        big = torch.randn(4, 16) * 1e18  # variances past 2^118
+        with torch.no_grad():
+            got_ln, want_ln = _compile(ln)(big), ln(big)
+    torch.testing.assert_close(got, torch.sqrt(x * x + 1), equal_nan=True)
+    torch.testing.assert_close(got_ln, want_ln, atol=1e-5, rtol=1e-5)
