@@ -279,48 +279,20 @@ def _decomposable(node: fx.Node) -> bool:
 
 def _splice(gm: fx.GraphModule, node: fx.Node) -> None:
     """``node`` replaced by the ops of its decomposition (values only for an svd / eigh), traced apart."""
-    from neuron_compile.lowering.decomp_vjp import trace_apart
+    from neuron_compile.lowering.decomp_vjp import splice_traced
     from neuron_compile.lowering.decompositions import decompositions
 
-    inputs = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
     rule = SPECTRAL[node.target]
 
-    def decomposed(*tensors: torch.Tensor) -> Any:
-        env = dict(zip(inputs, tensors, strict=True))
-        args = [env.get(a, a) if isinstance(a, fx.Node) else a for a in node.args]
-        kwargs = {k: env.get(v, v) if isinstance(v, fx.Node) else v for k, v in node.kwargs.items()}
+    def decomposed(*args: Any, **kwargs: Any) -> Any:
         if node.target in _VECTORS:  # (A, full_matrices / UPLO, compute_uv / compute_v): values only
             schema = node.target._schema.arguments
-            args = [args[i] if i < len(args) else kwargs.pop(schema[i].name, schema[i].default_value)
-                    for i in range(2)] + [False]
+            args = tuple(args[i] if i < len(args) else kwargs.pop(schema[i].name, schema[i].default_value)
+                         for i in range(2)) + (False,)
             kwargs.pop(schema[2].name, None)
         return rule(*args, **kwargs)
 
-    sub = trace_apart(decomposed, [a.meta["val"] for a in inputs], decompositions())
-    env: dict[fx.Node, Any] = {}
-    placeholders = iter(inputs)
-    trace = node.meta.get("stack_trace")
-    with gm.graph.inserting_before(node):
-        for n in sub.graph.nodes:
-            if n.op == "placeholder":
-                env[n] = next(placeholders)
-            elif n.op == "get_attr":
-                name = f"_spectral_constant_{len(gm.graph.nodes)}"
-                gm.register_buffer(name, getattr(sub, n.target))
-                env[n] = gm.graph.get_attr(name)
-                env[n].meta = dict(n.meta)
-            elif n.op == "call_function":
-                env[n] = gm.graph.node_copy(n, lambda x: env[x])
-                env[n].meta["stack_trace"] = trace
-            elif n.op == "output":
-                outs = n.args[0]
-    if isinstance(outs, (list, tuple)):
-        for user in list(node.users):
-            user.replace_all_uses_with(env[outs[user.args[1]]])
-            gm.graph.erase_node(user)
-    else:
-        node.replace_all_uses_with(env[outs])
-    gm.graph.erase_node(node)
+    splice_traced(gm, node, decomposed, decompositions())
 
 
 def spectral_problem(node: fx.Node) -> str:

@@ -45,6 +45,47 @@ def trace_apart(fn: Callable[..., Any], like: Sequence[torch.Tensor],
         return make_fx(fn, decomposition_table=decomposition_table, tracing_mode="fake")(*examples)
 
 
+def splice_traced(gm: torch.fx.GraphModule, node: torch.fx.Node, fn: Callable[..., Any],
+                  decomposition_table: dict[Any, Callable[..., Any]] | None = None) -> None:
+    """``node`` of ``gm`` replaced by the ops of ``fn`` (called with the node's arguments, its tensors traced apart
+    by :func:`trace_apart`); the trace's tensor literals become buffers of ``gm``, its nodes keep ``node``'s source
+    line, and ``getitem`` users of a tuple result take the matching output."""
+    inputs = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        env = dict(zip(inputs, tensors, strict=True))
+        args = [env.get(a, a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        kwargs = {k: env.get(v, v) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
+        return fn(*args, **kwargs)
+
+    sub = trace_apart(call, [a.meta["val"] for a in inputs], decomposition_table)
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = iter(inputs)
+    trace = node.meta.get("stack_trace")
+    outs: Any = None
+    with gm.graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(placeholders)
+            elif n.op == "get_attr":
+                name = f"_traced_constant_{len(gm.graph.nodes)}"
+                gm.register_buffer(name, getattr(sub, n.target))
+                env[n] = gm.graph.get_attr(name)
+                env[n].meta = dict(n.meta)
+            elif n.op == "call_function":
+                env[n] = gm.graph.node_copy(n, lambda x: env[x])
+                env[n].meta["stack_trace"] = trace
+            elif n.op == "output":
+                outs = n.args[0]
+    if isinstance(outs, (list, tuple)):
+        for user in list(node.users):
+            user.replace_all_uses_with(env[outs[user.args[1]]])
+            gm.graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(env[outs])
+    gm.graph.erase_node(node)
+
+
 def traced_vjp(forward: Callable[..., torch.Tensor], primals: Sequence[torch.Tensor], cotangent: torch.Tensor,
                wanted: Sequence[bool], constants: Sequence[torch.Tensor] = ()) -> list[torch.Tensor | None]:
     """The gradients of ``forward(*primals, *constants)`` (a decomposition onto ATen ops) against ``cotangent``:

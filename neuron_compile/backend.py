@@ -183,6 +183,12 @@ def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind:
 
         return with_passthrough
 
+    from neuron_compile.lowering.decomp_hash import rewrite_hashes
+
+    hashes = rewrite_hashes(gm)
+    if hashes is not None:  # hash_tensor's uint64 results as int32 word pairs, viewed as uint64 on the way out
+        return hashes.wrap(_compile_aten_graph(hashes.gm, example_inputs, kind))
+
     from neuron_compile.lowering.complex_pairs import as_real_pairs
 
     pairs = as_real_pairs(gm)

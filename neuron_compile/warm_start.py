@@ -62,6 +62,7 @@ class NeuronOutputCode(OutputCode):
     digest: str | None = None
     constants: list[Any] = dataclasses.field(default_factory=list, repr=False)  # lifted tensor constants
     complex_io: Any = None  # (complex inputs, complex outputs) of a graph compiled as real pairs
+    uint64_outputs: Any = None  # outputs held as int32 word pairs (hash_tensor), viewed as uint64
     runner: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,7 +101,8 @@ def serializable_compiler(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], ki
         digest = stats[-1].get("key") if len(stats) == 1 and not stats[-1].get("fallback") else None
         constants = list(getattr(runner, "neuron_constants", ()))
         return NeuronOutputCode(kind=kind, digest=digest, constants=constants, runner=runner,
-                                complex_io=getattr(runner, "neuron_complex_io", None))
+                                complex_io=getattr(runner, "neuron_complex_io", None),
+                                uint64_outputs=getattr(runner, "neuron_uint64", None))
 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_one)
 
@@ -302,6 +304,10 @@ def _load(key: Any, gm: fx.GraphModule | None, example_inputs: Sequence[Any] | N
 
                 graph = with_complex_io(graph, *code.complex_io)
             code.runner = _with_constants(graph, code.constants)
+            if getattr(code, "uint64_outputs", None):
+                from neuron_compile.lowering.decomp_hash import with_uint64_outputs
+
+                code.runner = with_uint64_outputs(code.runner, code.uint64_outputs)
             if gm is not None and code.kind != "backward":  # its inputs are Dynamo's: errors name them as traced
                 from neuron_compile.input_names import input_names, naming_inputs
 

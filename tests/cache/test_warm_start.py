@@ -436,3 +436,30 @@ def test_input_range_errors_name_the_input_cold_and_warm(tmp_path: Path) -> None
     for run in (cold, warm):
         assert str(run["message"]).startswith("the float64[2] input L['big'] of the compiled graph (its input 1) holds "
                                               "finite values beyond float32's range")
+
+
+_HASH = r"""
+import json, torch
+import neuron_compile.backend as B
+from torch._dynamo.utils import counters
+def f(x, y):
+    return torch.hash_tensor(x, dim=1), torch.hash_tensor(y * 3), x.sum()  # uint64 outputs beside a float one
+compiled = torch.compile(f, backend="neuron", dynamic=False)
+x, y = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), torch.arange(-6, 6, dtype=torch.int32)
+got, want = compiled(x, y), f(x, y)
+assert [g.dtype for g in got] == [torch.uint64, torch.uint64, torch.float32]
+assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+bits = torch.cat([got[1].view(torch.int64).reshape(1), got[0].view(torch.int64)])  # int() of a uint64 may overflow
+print(json.dumps({"hashes": bits.tolist(), "aot_calls": counters["aot_autograd"]["total"],
+                  "graphs": [[g["kind"], g["cache_hit"]] for g in B.compiled_graphs()]}))
+"""
+
+
+def test_hash_graphs_warm_start_with_their_uint64_outputs(tmp_path: Path) -> None:
+    """A graph whose hash_tensor results come back as int32 word pairs rebuilt warm still returns uint64."""
+    root = tmp_path / "cache"
+    cold = _run(root, _HASH)
+    warm = _run(root, _HASH)
+    assert cold["aot_calls"] == 1 and warm["aot_calls"] == 0
+    assert warm["graphs"] == [["inference", True]]
+    assert warm["hashes"] == cold["hashes"]
