@@ -6,15 +6,6 @@ import pytest
 import torch
 from cnn_helpers import unsupported
 
-from neuron_compile import backend as B
-
-
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    B.reset()
-
 
 def _compile(fn):
     return torch.compile(fn, backend="neuron", dynamic=False)

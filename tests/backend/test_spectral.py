@@ -7,15 +7,7 @@ import torch
 from cnn_helpers import unsupported
 from neuron_compile.lowering import decomp_spectral as S
 
-from neuron_compile import backend as B
 from neuron_compile.errors import LinAlgDeviceError
-
-
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    B.reset()
 
 
 def _gen(seed: int) -> torch.Generator:
