@@ -101,7 +101,9 @@ def with_uint64_outputs(runner: Callable[..., Any], outputs: Sequence[int]) -> C
     return as_uint64
 
 
-def _hashable(node: fx.Node) -> bool:
+def hashable(node: fx.Node) -> bool:
+    """Whether :func:`rewrite_hashes` compiles this ``hash_tensor`` (so a check of the graph before the rewrite,
+    the training graph's, lets it through)."""
     x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     mode = node.kwargs.get("mode", node.args[3] if len(node.args) > 3 else 0)
     out = next(n for n in node.graph.nodes if n.op == "output")
@@ -110,13 +112,13 @@ def _hashable(node: fx.Node) -> bool:
 
 
 def rewrite_hashes(gm: fx.GraphModule) -> HashWords | None:
-    """Each ``hash_tensor`` the graph only returns as int32 word pairs (None when there is none, or one the graph
-    uses otherwise, which stays and is refused by :func:`hash_problem`)."""
+    """Each ``hash_tensor`` the graph only returns as int32 word pairs (None when there is none); one the graph uses
+    otherwise stays and is refused by :func:`hash_problem`."""
     from neuron_compile.lowering.decomp_vjp import splice_traced
     from neuron_compile.lowering.decompositions import decompositions
 
-    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in HASH_OPS]
-    if not hits or not all(_hashable(n) for n in hits):
+    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in HASH_OPS and hashable(n)]
+    if not hits:
         return None
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0]

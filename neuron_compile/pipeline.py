@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import torch
@@ -69,9 +69,10 @@ def _size_bookkeeping(node: fx.Node) -> bool:
     return symbolic and getattr(node.target, "__module__", None) in ("_operator", "operator", "torch")
 
 
-def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
-    """One line per node the backend cannot lower (op, inputs, reason, user source line). The size bookkeeping
-    that comes with a data-dependent shape is summed up in one line after the op that made the shape."""
+def unsupported_nodes(gm: fx.GraphModule, rewritten: Container[fx.Node] = ()) -> list[str]:
+    """One line per node the backend cannot lower (op, inputs, reason, user source line), except those a later
+    rewrite compiles (``rewritten``). The size bookkeeping that comes with a data-dependent shape is summed up in
+    one line after the op that made the shape."""
     from neuron_compile.lowering.complex_pairs import PAIRS_FAILURE
 
     problems = []
@@ -90,7 +91,7 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
                 elif node.meta.get("neuron_constant") and (why := _constant_beyond_int32(node, val)):
                     problems.append(why)
             continue
-        if node.op != "call_function":
+        if node.op != "call_function" or node in rewritten:
             continue
         if node.target is operator.getitem and isinstance(node.args[0], fx.Node) \
                 and unsupported_reason(node.args[0]) is not None:
@@ -164,8 +165,8 @@ def _constant_beyond_int32(node: fx.Node, val: torch.Tensor) -> str | None:
             f"integers in; used by {users}")
 
 
-def check_lowerable(gm: fx.GraphModule, what: str) -> None:
-    problems = unsupported_nodes(gm)
+def check_lowerable(gm: fx.GraphModule, what: str, rewritten: Container[fx.Node] = ()) -> None:
+    problems = unsupported_nodes(gm, rewritten)
     if problems:
         unique = list(dict.fromkeys(problems))
         ops = sum(1 for u in unique if not u.startswith(f"{_AND} "))

@@ -59,3 +59,12 @@ def test_float64_and_hashes_used_inside_the_graph_are_refused_by_name() -> None:
     torch._dynamo.reset()
     msg = _refusal(lambda t: torch.hash_tensor(t) == 0, torch.randn(4))
     assert "aten.hash_tensor.default(float32[4]): only a hash the graph returns is compiled" in msg
+
+
+def test_a_hash_returned_beside_a_loss_trains() -> None:
+    """The training graph's check lets a returned hash through (the forward compiler rewrites it)."""
+    x = torch.randn(4, 3, requires_grad=True)
+    loss, h = _compile(lambda t: ((t.sin() ** 2).sum(), torch.hash_tensor(t.detach(), dim=1)))(x)
+    loss.backward()
+    assert h.dtype == torch.uint64 and torch.equal(h, torch.hash_tensor(x.detach(), dim=1))
+    torch.testing.assert_close(x.grad, (2 * x.sin() * x.cos()).detach())
