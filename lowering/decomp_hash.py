@@ -12,6 +12,7 @@ as float32 here, so their low bits are gone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,9 +59,7 @@ def hash_words(x: torch.Tensor, dim: Any = None, keepdim: bool = False, mode: in
         [dim] if isinstance(dim, int) else list(dim))
     dims = sorted({d % n for d in dims}) if n else []
     kept = [d for d in range(n) if d not in dims]
-    count = 1
-    for d in dims:
-        count *= x.shape[d]
+    count = math.prod(x.shape[d] for d in dims)
     words = words.permute(*kept, *dims, n).reshape(*[x.shape[d] for d in kept], count, 2)
     while words.shape[-2] > 1:  # pairwise xor; an odd one out is xored with 0
         half = (words.shape[-2] + 1) // 2
@@ -101,14 +100,17 @@ def with_uint64_outputs(runner: Callable[..., Any], outputs: Sequence[int]) -> C
     return as_uint64
 
 
-def hashable(node: fx.Node) -> bool:
-    """Whether :func:`rewrite_hashes` compiles this ``hash_tensor`` (so a check of the graph before the rewrite,
-    the training graph's, lets it through)."""
-    x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    mode = node.kwargs.get("mode", node.args[3] if len(node.args) > 3 else 0)
-    out = next(n for n in node.graph.nodes if n.op == "output")
-    return (isinstance(x, torch.Tensor) and x.dtype != torch.float64 and not x.is_complex() and mode == 0
-            and all(u is out for u in node.users))
+def returned_hashes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The ``hash_tensor`` nodes :func:`rewrite_hashes` compiles: of a float32-or-narrower real tensor, mode 0, and
+    only returned (so a check of the graph before the rewrite, the training graph's, lets them through)."""
+    out = gm.graph.output_node()
+
+    def hashable(node: fx.Node) -> bool:
+        x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        return (isinstance(x, torch.Tensor) and x.dtype != torch.float64 and not x.is_complex()
+                and node.kwargs.get("mode", 0) == 0 and all(u is out for u in node.users))
+
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in HASH_OPS and hashable(n)]
 
 
 def rewrite_hashes(gm: fx.GraphModule) -> HashWords | None:
@@ -117,12 +119,10 @@ def rewrite_hashes(gm: fx.GraphModule) -> HashWords | None:
     from neuron_compile.lowering.decomp_vjp import splice_traced
     from neuron_compile.lowering.decompositions import decompositions
 
-    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in HASH_OPS and hashable(n)]
+    hits = returned_hashes(gm)
     if not hits:
         return None
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    results = out.args[0]
-    positions = [i for i, r in enumerate(results) if r in hits]
+    positions = [i for i, r in enumerate(gm.graph.output_node().args[0]) if r in hits]
     for node in hits:
         splice_traced(gm, node, hash_words, decompositions())
     gm.graph.lint()

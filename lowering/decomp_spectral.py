@@ -114,6 +114,11 @@ def _unit_scale(a: torch.Tensor) -> torch.Tensor:
     return torch.where(big > 0, big, torch.ones_like(big))
 
 
+def _columns(m: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The columns of ``m [..., r, c]`` in ``order [..., c]`` (the sorted values' order)."""
+    return torch.gather(m, -1, order.unsqueeze(-2).expand(m.shape))
+
+
 def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eigenvalues (ascending) of the symmetric matrix held in ``a``'s ``uplo`` triangle, and, for internal use
     only, eigenvectors as columns (signs arbitrary)."""
@@ -135,7 +140,7 @@ def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tens
     w = a.diagonal(dim1=-2, dim2=-1) * scale[..., 0]
     w, order = torch.sort(w, -1)
     if v is not None:
-        v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
+        v = _columns(v, order)
     return w, v
 
 
@@ -156,8 +161,7 @@ def one_sided_svd(a: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, Any, An
            "linalg.svd: the Jacobi iteration did not converge (the columns are not yet orthogonal)")
     s, order = torch.sort(torch.sqrt((b * b).sum(-2)), -1, descending=True)
     if vectors:
-        v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
-        b = torch.gather(b, -1, order.unsqueeze(-2).expand(b.shape))
+        v, b = _columns(v, order), _columns(b, order)
     return s * scale[..., 0], v, b if vectors else None, scale
 
 

@@ -350,12 +350,11 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         _normalized(joint)
         if strict:
             from neuron_compile.lowering.complex_pairs import as_real_pairs
-            from neuron_compile.lowering.decomp_hash import HASH_OPS, hashable
+            from neuron_compile.lowering.decomp_hash import returned_hashes
 
             pairs = as_real_pairs(joint)  # what the forward and backward compilers will lower
             checked = pairs.gm if pairs is not None else joint
-            hashes = [n for n in checked.graph.nodes if n.target in HASH_OPS and hashable(n)]  # rewritten then
-            check_lowerable(checked, "training graph (forward + backward)", hashes)
+            check_lowerable(checked, "training graph (forward + backward)", returned_hashes(checked))
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
     def make_backend(serializable: bool = False) -> Callable[..., Any]:
