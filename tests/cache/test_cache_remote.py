@@ -81,9 +81,20 @@ from cache_helpers import ARTIFACTS, SUMMARY, synthetic_key
 from neuron_compile.cache import get_or_compile
 from neuron_compile.cache.store import CacheStore
 calls = []
+def meet(folder, n=2, limit=60.0):
+    # Wait (bounded) until n processes have reached this point: each leaves its pid in the folder.
+    import os, pathlib
+    here = pathlib.Path(folder)
+    here.mkdir(exist_ok=True)
+    (here / str(os.getpid())).touch()
+    deadline = time.monotonic() + limit
+    while len(list(here.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
 def fn():
     calls.append(1)
     time.sleep({sleep})
+    if {barrier!r} is not None:
+        meet({barrier!r})
     return ARTIFACTS, SUMMARY
 t0 = time.monotonic()
 files, hit = get_or_compile(synthetic_key({tag!r}), fn)
@@ -99,7 +110,8 @@ def _synth(root: Path, url: str, *, tag: str = "r", sleep: float = 0.0, extra_en
            secret: str = SECRET) -> tuple[dict[str, object], list[str]]:
     env = {"NEURON_COMPILE_CACHE_DIR": str(root), "NEURON_COMPILE_REMOTE_CACHE": url,
            "NEURON_COMPILE_REMOTE_CACHE_SECRET": secret, **(extra_env or {})}
-    proc = run_py(_SYNTH.format(tests=str(Path(__file__).parent), tag=tag, sleep=sleep), env=env, timeout=120)
+    proc = run_py(_SYNTH.format(tests=str(Path(__file__).parent), tag=tag, sleep=sleep, barrier=None), env=env,
+                  timeout=120)
     assert proc.returncode == 0, proc.stderr
     warns = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
     return json.loads(proc.stdout.strip().splitlines()[-1]), warns
@@ -256,9 +268,13 @@ def test_corrupted_remote_value(damage: str, redis: RedisServer, tmp_path: Path)
 
 
 def test_two_processes_publish_the_same_key(redis: RedisServer, tmp_path: Path) -> None:
-    """Both compile (different roots, same moment); SET NX keeps the first value; a third root hits it."""
+    """Both compile (different roots, same moment); SET NX keeps the first value; a third root hits it.
+
+    The two compiles meet inside the compile function, so both have missed before either publishes, however
+    unevenly the two processes start (one starting late once found the other's entry already published)."""
     env = {"NEURON_COMPILE_REMOTE_CACHE": redis.url, "NEURON_COMPILE_REMOTE_CACHE_SECRET": SECRET}
-    code = _SYNTH.replace(LIGHT_IMPORT, "").format(tests=str(Path(__file__).parent), tag="same", sleep=0.5)
+    code = _SYNTH.replace(LIGHT_IMPORT, "").format(tests=str(Path(__file__).parent), tag="same", sleep=0.0,
+                                                   barrier=str(tmp_path / "meet"))
     procs = [spawn_py(code, env={**env, "NEURON_COMPILE_CACHE_DIR": str(tmp_path / f"r{i}")}) for i in range(2)]
     outs = []
     for p in procs:
