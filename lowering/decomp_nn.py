@@ -7,6 +7,9 @@ QKV projection, scaled dot-product attention with the mask types the fast path p
 attention mask, 1: ``[B, S]`` key padding mask, 2: ``[B, H, L, S]``; boolean True = masked out), rows
 with every key masked give zeros (the fast path's masked softmax), then the output projection, and
 for the encoder layer the residuals, LayerNorms and feed-forward block.
+
+Dropout in training is restated as eager's CPU dropout computes it (:func:`native_dropout`), so that under
+``torch.manual_seed`` a compiled training step drops the same elements as eager.
 """
 
 from __future__ import annotations
@@ -182,7 +185,23 @@ def weight_norm_interface_backward(grad_w: torch.Tensor, v: torch.Tensor, g: tor
     return grad_v.to(v.dtype), grad_g.reshape(g.shape).to(g.dtype)
 
 
+def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``F.dropout`` in training, drawn as eager's CPU kernel draws it: a noise tensor of ``x``'s dtype filled by
+    ``bernoulli_(1 - p)``, divided by ``1 - p`` in that dtype, times ``x``. PyTorch's own decomposition compares a
+    ``rand_like`` with ``p`` instead, which has the same distribution but consumes the generator differently, so
+    its masks never match eager's. p = 0, p = 1 and empty inputs draw nothing, as in eager."""
+    if not train or p == 0 or x.numel() == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    if p == 1:
+        return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("result type Float can't be cast to the desired output type Long")
+    noise = aten.div.Tensor(aten.bernoulli.p(x, 1.0 - p), 1.0 - p)
+    return x * noise, noise != 0
+
+
 NN: dict[Any, Any] = {
+    aten.native_dropout.default: native_dropout,
     aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
     aten._pdist_forward.default: pdist_forward,
     aten._pdist_backward.default: pdist_backward,

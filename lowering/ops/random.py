@@ -6,7 +6,8 @@ nor its seeding, so each random op of a graph becomes a plan-level 'random' buff
 kernels run, the runner draws every buffer with that sampler on the CPU default generator, in the
 graph's order: results are deterministic under ``torch.manual_seed``, have exactly torch's
 distribution, and equal eager's draws when nothing else consumes the generator in between. The
-kernels read the buffers like inputs (dropout's compare and multiply fuse as usual).
+kernels read the buffers like inputs (dropout's noise scaling and multiply fuse as usual; dropout itself draws
+eager's noise, see decomp_nn.native_dropout).
 """
 
 from __future__ import annotations

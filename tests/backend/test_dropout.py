@@ -1,0 +1,118 @@
+"""Dropout in training drops the same elements as eager under the same seed.
+
+Eager's CPU dropout fills a noise tensor with ``bernoulli_(1 - p)``; the compiled graph draws the same noise
+with the same sampler on the host generator, in graph order, so masks, outputs and gradients equal eager's
+(bit for bit in float32) wherever the random ops run in eager's order.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuron_compile import backend as B
+
+
+def _both(fn: Callable[..., Any], x: torch.Tensor, seed: int = 7) -> tuple[Any, Any]:
+    """(eager, compiled): output and input gradient of ``fn(x)``, each run from ``torch.manual_seed(seed)``."""
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    runs = []
+    for f in (fn, compiled):
+        leaf = x.detach().clone().requires_grad_(True)
+        torch.manual_seed(seed)
+        out = f(leaf)
+        (grad,) = torch.autograd.grad(out.float().pow(2).sum(), leaf)
+        runs.append((out.detach(), grad))
+    return runs[0], runs[1]
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("shape", [(6, 40), (2, 3, 5, 7), (1000,)])
+def test_dropout_equals_eager_bit_for_bit(p: float, shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape)
+    (ref, gref), (out, gout) = _both(lambda t: F.dropout(t, p, training=True), x)
+    assert torch.equal(out, ref) and torch.equal(gout, gref)
+    assert 0 < int((out == 0).sum()) < out.numel()  # some dropped, some kept: the comparison means something
+
+
+def test_dropout_bfloat16_drops_eagers_elements() -> None:
+    """bf16: the same mask; values within one bf16 rounding (the compiled kernel scales in fp32 in one step)."""
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    (ref, gref), (out, gout) = _both(lambda t: F.dropout(t, 0.3, training=True), x)
+    assert torch.equal(out == 0, ref == 0)
+    torch.testing.assert_close(out, ref, rtol=2**-7, atol=0)
+    torch.testing.assert_close(gout, gref, rtol=2**-6, atol=0)
+
+
+def test_several_dropouts_and_other_random_ops_keep_eagers_order() -> None:
+    def f(t: torch.Tensor) -> torch.Tensor:
+        a = F.dropout(t, 0.2, training=True)
+        b = torch.rand_like(t)
+        c = F.dropout(t * 2, 0.6, training=True)
+        return a + b * c + F.dropout2d(t.view(2, 3, 4, 5), 0.5, training=True).view_as(t)
+
+    (ref, gref), (out, gout) = _both(f, torch.randn(6, 20))
+    assert torch.equal(out, ref) and torch.equal(gout, gref)
+
+
+@pytest.mark.parametrize(("p", "shape"), [(0.0, (4, 5)), (1.0, (4, 5)), (0.5, (0, 5))])
+def test_dropout_that_draws_nothing_leaves_the_generator_alone(p: float, shape: tuple[int, ...]) -> None:
+    """p = 0, p = 1 and an empty input draw nothing in eager; the compiled graph neither, so the next draw agrees."""
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return F.dropout(t, p, training=True).sum() + torch.rand(3).sum()
+
+    (ref, gref), (out, gout) = _both(f, torch.randn(*shape))
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # (a sum: rounding order) another draw: ~0.5 off
+    torch.testing.assert_close(gout, gref, rtol=1e-6, atol=1e-6)
+
+
+def test_a_training_step_with_dropout_equals_eager() -> None:
+    """A small MLP with nn.Dropout, trained three SGD steps compiled and eagerly from the same seed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 4), nn.Dropout(0.1))
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="neuron", dynamic=False)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    for m, params in ((model, model.parameters()), (compiled, twin.parameters())):
+        opt = torch.optim.SGD(params, lr=0.1)
+        torch.manual_seed(11)
+        for _ in range(3):
+            opt.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert any(b.kind == "random" for g in B.compiled_graphs() for b in g["plan"].buffers)
+
+
+def test_hugging_face_bert_trains_with_its_dropout_as_eager() -> None:
+    """BERT with its default dropout (hidden 0.1, attention 0.1 inside SDPA) and a padded attention mask."""
+    transformers = pytest.importorskip("transformers", reason="the Hugging Face model needs transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=128, max_position_embeddings=64)
+    assert config.hidden_dropout_prob > 0 and config.attention_probs_dropout_prob > 0
+    model = transformers.BertModel(config).train()
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="neuron", dynamic=False)
+    ids = torch.randint(0, 128, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    results = []
+    for m, params in ((model, model), (compiled, twin)):
+        torch.manual_seed(3)
+        out = m(input_ids=ids, attention_mask=mask).last_hidden_state
+        loss = out.pow(2).mean()
+        grads = torch.autograd.grad(loss, list(params.encoder.parameters()))  # (the pooler is not in the loss)
+        results.append((out.detach(), grads))
+    (ref, gref), (out, gout) = results
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for a, b in zip(gref, gout, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
