@@ -450,6 +450,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 
     table.update(SCATTER)
+    from neuron_compile.lowering.ops.random import NORMAL
+
+    table.update(NORMAL)
     from neuron_compile.lowering.decomp_conv import conv_decompositions
 
     table.update(conv_decompositions())

@@ -436,7 +436,8 @@ class InputSpec:
 class RandomSpec:
     """How the runner draws one random buffer: a torch sampler, its parameters, size and dtype."""
 
-    sampler: str  # 'uniform' | 'normal' | 'bernoulli' | 'exponential' | 'randint'
+    sampler: str  # 'uniform' | 'normal' | 'bernoulli' | 'exponential' | 'geometric' | 'log_normal' | 'cauchy'
+    #              | 'randint' | 'randperm'
     params: tuple[float, ...]
     numel: int
     torch_dtype: str

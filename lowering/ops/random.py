@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from neuron_compile.lowering.ir import BufferRef, RandomSpec
 from neuron_compile.lowering.partition import node_shape
-from neuron_compile.lowering.registry import register_lowering
+from neuron_compile.lowering.registry import register_declined, register_lowering
 from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
 from torch import fx
 
@@ -34,6 +34,11 @@ _SAMPLERS: dict[Any, tuple[str, tuple[int, ...], tuple[float, ...]]] = {
     aten.uniform.default: ("uniform", (1, 2), (0.0, 1.0)),
     aten.bernoulli.p: ("bernoulli", (1,), (0.5,)),
     aten.exponential.default: ("exponential", (1,), (1.0,)),
+    aten.geometric.default: ("geometric", (1,), (0.5,)),
+    aten.log_normal.default: ("log_normal", (1, 2), (1.0, 2.0)),
+    aten.cauchy.default: ("cauchy", (1, 2), (0.0, 1.0)),
+    aten.normal.float_float: ("normal", (0, 1), (0.0, 1.0)),
+    aten.randperm.default: ("randperm", (0,), (0.0,)),
     aten.randint.low: ("randint", (0, 1), (0.0, 0.0)),
     aten.randint.default: ("randint", (0,), (0.0,)),
     aten.randint_like.default: ("randint", (1,), (0.0,)),
@@ -64,8 +69,12 @@ def _params(node: fx.Node) -> tuple[float, ...]:
         if node.target == aten.randint_like.default:
             return (0.0, float(node.args[1]))
         return (float(ints[0]), float(ints[1]))
+    if sampler == "randperm":
+        return (float(node.args[0]),)
     names = {aten.normal_functional.default: ("mean", "std"), aten.uniform.default: ("from", "to"),
-             aten.bernoulli.p: ("p",), aten.exponential.default: ("lambd",)}.get(node.target, ())
+             aten.bernoulli.p: ("p",), aten.exponential.default: ("lambd",), aten.geometric.default: ("p",),
+             aten.log_normal.default: ("mean", "std"), aten.cauchy.default: ("median", "sigma"),
+             aten.normal.float_float: ("mean", "std")}.get(node.target, ())
     out = list(defaults)
     for i, pos in enumerate(positions):
         if pos < len(node.args):
@@ -77,8 +86,9 @@ def _params(node: fx.Node) -> tuple[float, ...]:
 
 @register_lowering(*_SAMPLERS, family="random", kind="copy", check=_check)
 def lower_random(gl: Any, node: fx.Node) -> None:
-    """rand/randn/randint(_like), normal_, uniform_, bernoulli_(p), exponential_: torch's CPU sampler, drawn
-    by the runner into a plan-level buffer at every call (deterministic under torch.manual_seed)."""
+    """rand/randn/randint(_like), randperm, normal_, uniform_, bernoulli_(p), exponential_, geometric_,
+    log_normal_, cauchy_: torch's CPU sampler, drawn by the runner into a plan-level buffer at every call
+    (deterministic under torch.manual_seed, and eager's own draws)."""
     val = node.meta["val"]
     shape = node_shape(node)
     strides = tuple(int(s) for s in val.stride()) if val.dim() else ()
@@ -98,6 +108,8 @@ def draw(spec: RandomSpec) -> torch.Tensor:
     dtype = getattr(torch, spec.torch_dtype)
     if spec.sampler == "randint":
         return torch.randint(int(spec.params[0]), int(spec.params[1]), (spec.numel,), dtype=dtype)
+    if spec.sampler == "randperm":
+        return torch.randperm(int(spec.params[0]), dtype=dtype)
     out = torch.empty(spec.numel, dtype=dtype)
     if spec.sampler == "uniform":
         return out.uniform_(*spec.params)
@@ -107,4 +119,53 @@ def draw(spec: RandomSpec) -> torch.Tensor:
         return out.bernoulli_(spec.params[0])
     if spec.sampler == "exponential":
         return out.exponential_(spec.params[0])
+    if spec.sampler == "geometric":
+        return out.geometric_(spec.params[0])
+    if spec.sampler == "log_normal":
+        return out.log_normal_(*spec.params)
+    if spec.sampler == "cauchy":
+        return out.cauchy_(*spec.params)
     raise ValueError(f"unknown sampler {spec.sampler!r}")
+
+
+# -- samplers whose draws depend on the values -----------------------------------------------------------------
+
+_VALUE_DEPENDENT = {
+    aten.poisson.default: "each sample's draws depend on its rate",
+    aten.multinomial.default: "the draws depend on the probabilities",
+    aten.binomial.default: "each sample's draws depend on its count and probability",
+    aten._standard_gamma.default: "each sample's draws depend on its shape parameter (rejection sampling)",
+    aten._sample_dirichlet.default: "each sample's draws depend on its concentration (rejection sampling)",
+    aten.rrelu_with_noise_functional.default: "eager draws a slope only for each negative element",
+}
+
+
+def _value_dependent(node: fx.Node) -> str:
+    return (f"{_VALUE_DEPENDENT[node.target]}, so the host can't draw them ahead of the kernels as eager would; "
+            "run this op eagerly (outside the compiled region)")
+
+
+register_declined(_value_dependent, *_VALUE_DEPENDENT)
+
+
+def _normal_tensor_tensor(mean: torch.Tensor, std: torch.Tensor, *, generator: Any = None) -> torch.Tensor:
+    """torch.normal(mean, std) as eager's CPU kernel computes it: standard normal noise, times std, plus mean."""
+    shape = torch.broadcast_shapes(mean.shape, std.shape)
+    return aten.normal_functional(mean.new_empty(shape), 0.0, 1.0) * std + mean
+
+
+def _normal_tensor_float(mean: torch.Tensor, std: float = 1.0, *, generator: Any = None) -> torch.Tensor:
+    """torch.normal(mean, std=float): noise drawn with that std, plus mean (eager's order)."""
+    return aten.normal_functional(mean.new_empty(mean.shape), 0.0, std) + mean
+
+
+def _normal_float_tensor(mean: float, std: torch.Tensor, *, generator: Any = None) -> torch.Tensor:
+    """torch.normal(mean=float, std): standard normal noise, times std, plus mean (eager's order)."""
+    return aten.normal_functional(std.new_empty(std.shape), 0.0, 1.0) * std + mean
+
+
+NORMAL = {
+    aten.normal.Tensor_Tensor: _normal_tensor_tensor,
+    aten.normal.Tensor_float: _normal_tensor_float,
+    aten.normal.float_Tensor: _normal_float_tensor,
+}

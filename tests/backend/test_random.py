@@ -1,8 +1,9 @@
-"""Dropout in training drops the same elements as eager under the same seed.
+"""Random ops draw what eager draws under the same seed; the ones whose draws depend on values are refused.
 
-Eager's CPU dropout fills a noise tensor with ``bernoulli_(1 - p)``; the compiled graph draws the same noise
-with the same sampler on the host generator, in graph order, so masks, outputs and gradients equal eager's
-(bit for bit in float32) wherever the random ops run in eager's order.
+The runner draws each random buffer with torch's own CPU sampler on the default generator, in graph order
+(lowering/ops/random.py). Dropout in training: eager's CPU dropout fills a noise tensor with ``bernoulli_(1 - p)``,
+and the compiled graph draws the same noise, so masks, outputs and gradients equal eager's (bit for bit in
+float32) wherever the random ops run in eager's order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from cnn_helpers import unsupported
 from torch import nn
 
 from neuron_compile import backend as B
@@ -116,3 +118,63 @@ def test_hugging_face_bert_trains_with_its_dropout_as_eager() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     for a, b in zip(gref, gout, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+
+
+# -- samplers ---------------------------------------------------------------------------------------------------
+
+SAMPLERS = {
+    "geometric_": lambda x: torch.empty_like(x).geometric_(0.3) * x,
+    "log_normal_": lambda x: torch.empty_like(x).log_normal_(0.5, 0.25) + x,
+    "cauchy_": lambda x: torch.empty_like(x).cauchy_(1.0, 0.5) + x,
+    "normal_float_float": lambda x: torch.normal(0.5, 2.0, size=x.shape) + x,
+    "normal_tensor_tensor": lambda x: torch.normal(x, x[0].abs() + 0.1),  # broadcast std
+    "normal_tensor_float": lambda x: torch.normal(x.t(), 0.5),  # a non-contiguous mean
+    "normal_float_tensor": lambda x: torch.normal(0.5, x.abs() + 0.1),
+    "randperm": lambda x: x[torch.randperm(x.shape[0])] + torch.randperm(3, dtype=torch.int32).sum(),
+    "geometric_bf16": lambda x: torch.empty_like(x, dtype=torch.bfloat16).geometric_(0.7).float() * x,
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_sampler_draws_eagers_values(name: str) -> None:
+    f = SAMPLERS[name]
+    x = torch.randn(6, 11)
+    torch.manual_seed(5)
+    ref = f(x)
+    compiled = torch.compile(f, backend="neuron", dynamic=False)
+    torch.manual_seed(5)
+    out = compiled(x)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(compiled(x), out)  # a fresh draw on every call
+
+
+def test_normal_with_tensor_mean_and_std_trains() -> None:
+    """torch.normal(mean, std) is differentiable in both (reparameterised): the gradients equal eager's."""
+    mean, std = torch.randn(4, 5), torch.rand(4, 5) + 0.5
+    grads = []
+    for f in (torch.normal, torch.compile(torch.normal, backend="neuron", dynamic=False)):
+        m, s = mean.clone().requires_grad_(True), std.clone().requires_grad_(True)
+        torch.manual_seed(2)
+        out = f(m, s)
+        grads.append((out.detach(), *torch.autograd.grad(out.pow(2).sum(), (m, s))))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("fn", "op", "why"), [
+    (lambda x: torch.poisson(x.abs()), "aten.poisson.default", "each sample's draws depend on its rate"),
+    (lambda x: torch.multinomial(x.softmax(-1), 2), "aten.multinomial.default",
+     "the draws depend on the probabilities"),
+    (lambda x: F.rrelu(x, training=True), "aten.rrelu_with_noise_functional.default",
+     "eager draws a slope only for each negative element"),
+    (lambda x: torch._standard_gamma(x.abs() + 1), "aten._standard_gamma.default",
+     "each sample's draws depend on its shape parameter (rejection sampling)"),
+    (lambda x: torch.binomial(torch.full_like(x, 5.0), x.sigmoid()), "aten.binomial.default",
+     "each sample's draws depend on its count and probability"),
+])
+def test_value_dependent_samplers_are_refused_by_name(fn: Callable[..., Any], op: str, why: str) -> None:
+    with pytest.raises(Exception) as info:
+        torch.compile(fn, backend="neuron", dynamic=False)(torch.randn(4, 5))
+    message = str(unsupported(info.value))
+    assert f"- {op}(float32[4, 5]" in message
+    assert f"{why}, so the host can't draw them ahead of the kernels as eager would; run this op eagerly" in message
