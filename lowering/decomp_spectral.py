@@ -1,10 +1,10 @@
 """Symmetric eigenvalues and singular values by Jacobi rotations, and what is built on them.
 
 ``eigvalsh``, ``svdvals`` (and so ``cond``, ``matrix_rank``, the spectral and nuclear norms), ``pinv`` and the
-Hermitian matrix square root have unique results, so they compile here; the eigen- and singular *vectors* are
-unique only up to sign (LAPACK's choice, which differs between CPU and CUDA too), so an ``eigh`` / ``svd`` whose
-vectors the graph uses is refused by name (:func:`spectral_ops`, :func:`spectral_problem`), and a result never
-differs from eager by a sign.
+Hermitian matrix square root have unique results, so they compile here, in training too (their backward formulas
+read the vectors in ways no sign changes); the eigen- and singular *vectors* are unique only up to sign (LAPACK's
+choice, which differs between CPU and CUDA too), so an ``eigh`` / ``svd`` whose vectors the forward reads is
+refused by name (:func:`spectral_ops`, :func:`spectral_problem`), and a result never differs from eager by a sign.
 
 * Symmetric eigenvalues: the two-sided cyclic Jacobi method, in the round-robin (tournament) order that rotates
   n/2 disjoint pairs at once. A round is one rotation matrix ``J`` (built with one gather from its cosines and
@@ -177,21 +177,36 @@ def _empty(a: torch.Tensor) -> torch.Tensor:
 
 
 def linalg_eigh(a: torch.Tensor, uplo: str = "L", compute_v: bool = True) -> Any:
-    if compute_v or not _fits(a):
+    """``_linalg_eigh``: the values, and with ``compute_v`` vectors of arbitrary signs (spectral_ops asks for them
+    only when the backward alone reads them)."""
+    if not _fits(a):
         return NotImplemented
     if a.numel() == 0:
-        return torch.zeros(a.shape[:-1], dtype=a.dtype), _empty(a)
-    return symmetric_eig(a, uplo, vectors=False)[0], _empty(a)
+        return torch.zeros(a.shape[:-1], dtype=a.dtype), torch.zeros_like(a) if compute_v else _empty(a)
+    w, v = symmetric_eig(a, uplo, vectors=compute_v)
+    return w, v if compute_v else _empty(a)
 
 
 def linalg_svd(a: torch.Tensor, full_matrices: bool = False, compute_uv: bool = True, *,
                driver: str | None = None) -> Any:
-    if compute_uv or not _fits(a):
-        return NotImplemented
+    """``_linalg_svd``: the values, and with ``compute_uv`` thin ``U``, ``Vh`` of arbitrary (but paired) signs. A
+    zero singular value's ``u`` is left 0 (its gradient is not unique there; spectral_ops asks for vectors only
+    when the backward alone reads them)."""
     m, n = a.shape[-2:]
+    if not _fits(a) or (compute_uv and full_matrices and m != n):
+        return NotImplemented
+    k = min(m, n)
     if a.numel() == 0:
-        return _empty(a), torch.zeros((*a.shape[:-2], min(m, n)), dtype=a.dtype), _empty(a)
-    return _empty(a), one_sided_svd(a if m >= n else a.mT, vectors=False)[0], _empty(a)
+        if not compute_uv:
+            return _empty(a), torch.zeros((*a.shape[:-2], k), dtype=a.dtype), _empty(a)
+        return (torch.zeros((*a.shape[:-2], m, k), dtype=a.dtype), torch.zeros((*a.shape[:-2], k), dtype=a.dtype),
+                torch.zeros((*a.shape[:-2], k, n), dtype=a.dtype))
+    s, v, b, scale = one_sided_svd(a if m >= n else a.mT, vectors=compute_uv)
+    if not compute_uv:
+        return _empty(a), s, _empty(a)
+    unit = s / scale[..., 0]  # the columns of b are unit * u
+    u = b / torch.where(unit > 0, unit, torch.ones_like(unit)).unsqueeze(-2)
+    return (u, s, v.mT) if m >= n else (v, s, u.mT)
 
 
 def _tolerance(a: torch.Tensor, atol: Any, rtol: Any, largest: torch.Tensor) -> torch.Tensor:
@@ -253,9 +268,14 @@ if hasattr(aten, "linalg_matrix_sqrth"):  # new in torch 2.14
 _VECTORS = {aten._linalg_svd.default: (0, 2), aten._linalg_eigh.default: (1,)}  # the vector outputs
 
 
-def spectral_ops(gm: fx.GraphModule) -> fx.GraphModule:
+def spectral_ops(gm: fx.GraphModule, forward_outputs: int | None = None) -> fx.GraphModule:
     """Every eigenvalue / SVD / pinv op of the ATen graph replaced by its Jacobi decomposition, except an ``svd`` /
     ``eigh`` whose vectors the graph reads (refused by :func:`spectral_problem`).
+
+    In a joint (training) graph, whose first ``forward_outputs`` outputs are the forward's, vectors that no forward
+    output depends on are read by the backward alone: eigvalsh's, svdvals' (cond, the 2- and nuclear norms) backward
+    formulas ``V diag(gL) V^T`` and ``U diag(gS) V^T``, which no sign choice changes. Those are decomposed with
+    their vectors (U and V from the same rotations, so each pair's signs agree).
 
     A graph pass rather than an AOTAutograd decomposition, for two reasons: ``svdvals``, ``eigvalsh``, ``cond``,
     ``matrix_rank`` and the 2- and nuclear norms reach the ATen graph as an ``svd`` / ``eigh`` computing vectors
@@ -263,12 +283,19 @@ def spectral_ops(gm: fx.GraphModule) -> fx.GraphModule:
     whether they are used; and the decompositions' index tables are tensor literals, which a functional trace
     refuses. Each op is traced on its own (:func:`~neuron_compile.lowering.decomp_vjp.trace_apart`) and spliced in,
     its tables becoming graph constants."""
-    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in SPECTRAL
-            and not any(u.target is operator.getitem and u.args[1] in _VECTORS.get(n.target, ()) and u.users
-                        for u in n.users)]
-    hits = [n for n in hits if _decomposable(n)]
-    for node in hits:
-        _splice(gm, node)
+    forward = _forward_side(gm, forward_outputs) if forward_outputs is not None else None
+    hits: list[tuple[fx.Node, bool]] = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in SPECTRAL or not _decomposable(n):
+            continue
+        read = [u for u in n.users if u.target is operator.getitem and u.args[1] in _VECTORS.get(n.target, ())
+                and u.users]
+        if not read:
+            hits.append((n, False))
+        elif forward is not None and not any(u in forward for u in read) and _vectors_fit(n):
+            hits.append((n, True))
+    for node, vectors in hits:
+        _splice(gm, node, vectors)
     if hits:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
@@ -276,23 +303,47 @@ def spectral_ops(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def _forward_side(gm: fx.GraphModule, forward_outputs: int) -> set[fx.Node]:
+    """The nodes the joint graph's first ``forward_outputs`` outputs depend on."""
+    out = gm.graph.output_node().args[0]
+    todo = [a for a in list(out)[:forward_outputs] if isinstance(a, fx.Node)]
+    seen: set[fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(node.all_input_nodes)
+    return seen
+
+
+def _vectors_fit(node: fx.Node) -> bool:
+    """Vectors are built for eigh and for the thin (or square) SVD; a full SVD of a non-square matrix would need a
+    completion of its basis."""
+    if node.target is not aten._linalg_svd.default:
+        return True
+    a = node.args[0].meta.get("val")
+    full = node.args[1] if len(node.args) > 1 else node.kwargs.get("full_matrices", False)  # the schema's default
+    return not full or a.shape[-1] == a.shape[-2]
+
+
 def _decomposable(node: fx.Node) -> bool:
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (*node.args, *node.kwargs.values())]
     return _fits(vals[0]) and all(not isinstance(v, torch.Tensor) or v.dim() == 0 for v in vals[1:])
 
 
-def _splice(gm: fx.GraphModule, node: fx.Node) -> None:
-    """``node`` replaced by the ops of its decomposition (values only for an svd / eigh), traced apart."""
+def _splice(gm: fx.GraphModule, node: fx.Node, vectors: bool) -> None:
+    """``node`` replaced by the ops of its decomposition (an svd / eigh: values only unless ``vectors``), traced
+    apart."""
     from neuron_compile.lowering.decomp_vjp import splice_traced
     from neuron_compile.lowering.decompositions import decompositions
 
     rule = SPECTRAL[node.target]
 
     def decomposed(*args: Any, **kwargs: Any) -> Any:
-        if node.target in _VECTORS:  # (A, full_matrices / UPLO, compute_uv / compute_v): values only
+        if node.target in _VECTORS:  # (A, full_matrices / UPLO, compute_uv / compute_v)
             schema = node.target._schema.arguments
             args = tuple(args[i] if i < len(args) else kwargs.pop(schema[i].name, schema[i].default_value)
-                         for i in range(2)) + (False,)
+                         for i in range(2)) + (vectors,)
             kwargs.pop(schema[2].name, None)
         return rule(*args, **kwargs)
 
@@ -311,9 +362,13 @@ def spectral_problem(node: fx.Node) -> str:
                 f"sweeps over at most {MAX_ORDER} columns (and {MAX_ROWS} rows); run larger ones eagerly (outside "
                 "the compiled region)")
     what = "singular vectors" if node.target is aten._linalg_svd.default else "eigenvectors"
-    return (f"its {what} are used (returned, or saved for a backward), and they are unique only up to sign "
+    hint = ""
+    if node.target is aten._linalg_svd.default and a is not None and a.shape[-1] != a.shape[-2]:
+        hint = " (in training, a non-square svd compiles with full_matrices=False when only its values are used)"
+    return (f"its {what} are read by the forward (returned or computed with), and they are unique only up to sign "
             "(LAPACK's choice, which a NeuronCore can't reproduce); eigenvalues, singular values, pinv and the "
-            "Hermitian square root compile. Run this one eagerly (outside the compiled region)")
+            f"Hermitian square root compile, in training too{hint}. Run this one eagerly (outside the compiled "
+            "region)")
 
 
 register_declined(spectral_problem, *SPECTRAL)

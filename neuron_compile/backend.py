@@ -141,16 +141,17 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: 
         return _compile_aten_graph(gm, example_inputs, kind)
 
 
-def _normalized(gm: fx.GraphModule) -> fx.GraphModule:
+def _normalized(gm: fx.GraphModule, forward_outputs: int | None = None) -> fx.GraphModule:
     """``gm`` (changed in place) as every ATen graph is lowered: conds inlined, effectful checks as assertions,
-    scalar ops folded, eigenvalues / SVDs / pinv as Jacobi sweeps. The joint graph goes
-    through it too, so a training graph is refused as it will compile."""
+    scalar ops folded, eigenvalues / SVDs / pinv as Jacobi sweeps. The joint graph goes through it too (with the
+    number of its outputs that are the forward's), so a training graph is refused as it will compile, and an
+    eigh / svd whose vectors only the backward reads is decomposed there."""
     from neuron_compile.lowering.decomp_cond import inline_cond
     from neuron_compile.lowering.decomp_linalg import effectful_checks_as_asserts
     from neuron_compile.lowering.decomp_spectral import spectral_ops
     from neuron_compile.lowering.graph_passes import fold_scalar_ops
 
-    return spectral_ops(fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm))))
+    return spectral_ops(fold_scalar_ops(effectful_checks_as_asserts(inline_cond(gm))), forward_outputs)
 
 
 def _compile_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
@@ -347,7 +348,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
         with config.patch(**overrides):
             strict = config.fallback != "eager"  # eager fallback: each graph is split when compiled
         # as the forward and backward compilers will (the partition keeps the constants and the checks)
-        _normalized(joint)
+        _normalized(joint, kwargs.get("num_fwd_outputs"))
         if strict:
             from neuron_compile.lowering.complex_pairs import as_real_pairs
             from neuron_compile.lowering.decomp_hash import returned_hashes

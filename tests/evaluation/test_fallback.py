@@ -11,7 +11,7 @@ import neuron_compile
 from neuron_compile.errors import ConfigError, UnsupportedOpError
 
 # Why an eigendecomposition whose vectors are read is refused (the start of the reason the lowering gives).
-ITERATIVE = "its eigenvectors are used (returned, or saved for a backward), and they are unique only up to sign"
+ITERATIVE = "its eigenvectors are read by the forward (returned or computed with), and they are unique only up to sign"
 
 
 def middle_eig(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

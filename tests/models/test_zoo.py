@@ -1,8 +1,9 @@
 """The model zoo compiled strict, forward and backward, compared with eager (fp32 and bf16 autocast).
 
 Each model is small and randomly initialised (no downloads). Inference compares the main output;
-training takes one backward pass of a weighted sum of that output (dropout off, so eager and compiled
-see the same function) and compares every parameter gradient, relative to its largest magnitude.
+training takes one backward pass of a weighted sum of that output (dropout off; training with dropout, which
+draws eager's masks, is tests/backend/test_random.py's) and compares every parameter gradient, relative to its
+largest magnitude.
 A model that still can't be lowered is an explicit xfail listing its ops (``Entry.xfail``).
 """
 
