@@ -450,9 +450,9 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_scatter import SCATTER  # scatter family, EmbeddingBag, long topk
 
     table.update(SCATTER)
-    from neuron_compile.lowering.ops.random import NORMAL
+    from neuron_compile.lowering.ops.random import RANDOM_DECOMPOSITIONS
 
-    table.update(NORMAL)
+    table.update(RANDOM_DECOMPOSITIONS)
     from neuron_compile.lowering.decomp_conv import conv_decompositions
 
     table.update(conv_decompositions())

@@ -130,9 +130,11 @@ def draw(spec: RandomSpec) -> torch.Tensor:
 
 # -- samplers whose draws depend on the values -----------------------------------------------------------------
 
+_HALF = (torch.bfloat16, torch.float16)
 _VALUE_DEPENDENT = {
     aten.poisson.default: "each sample's draws depend on its rate",
-    aten.multinomial.default: "the draws depend on the probabilities",
+    aten.multinomial.default: "drawing several samples with replacement compares uniform draws with each row's "
+                              "cumulative distribution (one sample, or float32 samples without replacement, compile)",
     aten.binomial.default: "each sample's draws depend on its count and probability",
     aten._standard_gamma.default: "each sample's draws depend on its shape parameter (rejection sampling)",
     aten._sample_dirichlet.default: "each sample's draws depend on its concentration (rejection sampling)",
@@ -141,6 +143,12 @@ _VALUE_DEPENDENT = {
 
 
 def _value_dependent(node: fx.Node) -> str:
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    replacement = node.args[2] if len(node.args) > 2 else node.kwargs.get("replacement", False)
+    if node.target is aten.multinomial.default and not replacement and val is not None and val.dtype in _HALF:
+        return (f"several samples without replacement from {val.dtype} probabilities: their keys tie often in 16 "
+                "bits, and eager's topk orders ties its own way; draw them from float32 probabilities (or run this "
+                "op eagerly)")
     return (f"{_VALUE_DEPENDENT[node.target]}, so the host can't draw them ahead of the kernels as eager would; "
             "run this op eagerly (outside the compiled region)")
 
@@ -164,8 +172,41 @@ def _normal_float_tensor(mean: float, std: torch.Tensor, *, generator: Any = Non
     return aten.normal_functional(std.new_empty(std.shape), 0.0, 1.0) * std + mean
 
 
-NORMAL = {
+def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Any:
+    """torch.multinomial as eager's CPU kernel draws one sample, or samples without replacement (Categorical's
+    ``sample()``): ``argmax`` / ``topk`` of ``probs / q`` with ``q`` an ``exponential_(1)`` of ``probs``' shape and
+    dtype (the Gumbel-max trick), after eager's checks of the probabilities, on the device. Declined (refused by
+    name): several samples with replacement (eager searches each row's cumulative distribution), and several
+    samples from 16-bit probabilities (ties, which eager's topk orders its own way)."""
+    if replacement and num_samples > 1:
+        return NotImplemented
+    if probs.dim() not in (1, 2) or not probs.is_floating_point() or probs.numel() == 0 or num_samples <= 0:
+        return NotImplemented  # eager's own errors: run it eagerly
+    if num_samples > 1 and probs.dtype in _HALF:
+        return NotImplemented  # ties (refused by name)
+    if num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    finite = probs.abs() < float("inf")  # False for inf and NaN
+    aten._assert_async.msg((finite & (probs >= 0)).all(), "probability tensor contains either `inf`, `nan` or "
+                           "element < 0")
+    aten._assert_async.msg((probs.sum(-1) != 0).all(), "invalid multinomial distribution (sum of probabilities <= 0)")
+    if num_samples > 1:  # past the nonzero ones, eager's topk picks among tied zeros in its own order
+        aten._assert_async.msg(((probs > 0).sum(-1) >= num_samples).all(), "torch.multinomial without replacement: "
+                               f"a row has fewer than {num_samples} categories of nonzero probability, and eager fills "
+                               "the rest with zero-probability categories in an order the compiled kernel can't "
+                               "reproduce; draw fewer samples, or run this op eagerly")
+    noise = aten.exponential(probs, 1.0)
+    q = probs / noise
+    if probs.dtype in _HALF:  # eager rounds the quotients to that dtype, and argmax takes the first of a tie
+        q = (probs.float() / noise.float()).to(probs.dtype).float()
+    if num_samples == 1:
+        return q.argmax(-1, keepdim=True)
+    return q.topk(num_samples).indices
+
+
+RANDOM_DECOMPOSITIONS = {
     aten.normal.Tensor_Tensor: _normal_tensor_tensor,
     aten.normal.Tensor_float: _normal_tensor_float,
     aten.normal.float_Tensor: _normal_float_tensor,
+    aten.multinomial.default: _multinomial,
 }

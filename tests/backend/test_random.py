@@ -9,6 +9,7 @@ float32) wherever the random ops run in eager's order.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -163,8 +164,9 @@ def test_normal_with_tensor_mean_and_std_trains() -> None:
 
 @pytest.mark.parametrize(("fn", "op", "why"), [
     (lambda x: torch.poisson(x.abs()), "aten.poisson.default", "each sample's draws depend on its rate"),
-    (lambda x: torch.multinomial(x.softmax(-1), 2), "aten.multinomial.default",
-     "the draws depend on the probabilities"),
+    (lambda x: torch.multinomial(x.softmax(-1), 2, replacement=True), "aten.multinomial.default",
+     "drawing several samples with replacement compares uniform draws with each row's cumulative distribution (one "
+     "sample, or float32 samples without replacement, compile)"),
     (lambda x: F.rrelu(x, training=True), "aten.rrelu_with_noise_functional.default",
      "eager draws a slope only for each negative element"),
     (lambda x: torch._standard_gamma(x.abs() + 1), "aten._standard_gamma.default",
@@ -178,3 +180,62 @@ def test_value_dependent_samplers_are_refused_by_name(fn: Callable[..., Any], op
     message = str(unsupported(info.value))
     assert f"- {op}(float32[4, 5]" in message
     assert f"{why}, so the host can't draw them ahead of the kernels as eager would; run this op eagerly" in message
+
+
+MULTINOMIAL = {
+    "categorical": lambda x: torch.distributions.Categorical(logits=x).sample(),
+    "one_sample_with_replacement": lambda x: torch.multinomial(x.softmax(-1), 1, replacement=True),
+    "three_without_replacement": lambda x: torch.multinomial(x.softmax(-1), 3),
+    "one_row": lambda x: torch.multinomial(x[0].exp(), 4),
+    "bf16_one_sample": lambda x: torch.multinomial(x.softmax(-1).bfloat16(), 1),
+    "zero_probabilities": lambda x: torch.multinomial(torch.relu(x) + 1e-3 * (torch.arange(7) == 0), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(MULTINOMIAL))
+def test_multinomial_draws_eagers_samples(name: str) -> None:
+    """One sample, or samples without replacement: eager's Gumbel-max draw (exponential noise of the
+    probabilities' shape), so 2000 rows' samples equal eager's, ties included (bf16 keys tie often)."""
+    f = MULTINOMIAL[name]
+    x = torch.randn(2000, 7)
+    torch.manual_seed(5)
+    ref = f(x)
+    torch.manual_seed(5)
+    out = torch.compile(f, backend="neuron", dynamic=False)(x)
+    assert out.dtype == torch.int64 and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize(("probs", "message"), [
+    (torch.tensor([[0.5, -0.1, 0.2]]), "probability tensor contains either `inf`, `nan` or element < 0"),
+    (torch.tensor([[1.0, float("nan"), 1.0]]), "probability tensor contains either `inf`, `nan` or element < 0"),
+    (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), "invalid multinomial distribution (sum of probabilities <= 0)"),
+])
+def test_multinomial_checks_its_probabilities_as_eager(probs: torch.Tensor, message: str) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.multinomial(probs, 1)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.compile(lambda p: torch.multinomial(p, 1), backend="neuron", dynamic=False)(probs)
+
+
+def test_multinomial_samples_past_the_nonzero_probabilities_raise() -> None:
+    """Eager takes the samples past a row's nonzero probabilities from tied zeros in its topk's own order: the
+    compiled kernel raises there instead of returning another order."""
+    probs = torch.tensor([[0.2, 0.0, 0.5, 0.3], [0.0, 0.4, 0.0, 0.0]])
+    f = torch.compile(lambda p: torch.multinomial(p, 2), backend="neuron", dynamic=False)
+    with pytest.raises(RuntimeError, match=re.escape("torch.multinomial without replacement: a row has fewer than 2 "
+                                                     "categories of nonzero probability")):
+        f(probs)
+    probs[1, 3] = 0.1
+    torch.manual_seed(0)
+    ref = torch.multinomial(probs, 2)
+    torch.manual_seed(0)
+    assert torch.equal(f(probs), ref)
+
+
+def test_multinomial_several_16_bit_samples_are_refused_by_name() -> None:
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: torch.multinomial(x.softmax(-1).half(), 2), backend="neuron", dynamic=False)(
+            torch.randn(4, 5))
+    assert ("- aten.multinomial.default(float16[4, 5], 2): several samples without replacement from torch.float16 "
+            "probabilities: their keys tie often in 16 bits, and eager's topk orders ties its own way") in \
+        str(unsupported(info.value))
