@@ -133,8 +133,6 @@ def draw(spec: RandomSpec) -> torch.Tensor:
 _HALF = (torch.bfloat16, torch.float16)
 _VALUE_DEPENDENT = {
     aten.poisson.default: "each sample's draws depend on its rate",
-    aten.multinomial.default: "drawing several samples with replacement compares uniform draws with each row's "
-                              "cumulative distribution (one sample, or float32 samples without replacement, compile)",
     aten.binomial.default: "each sample's draws depend on its count and probability",
     aten._standard_gamma.default: "each sample's draws depend on its shape parameter (rejection sampling)",
     aten._sample_dirichlet.default: "each sample's draws depend on its concentration (rejection sampling)",
@@ -143,17 +141,23 @@ _VALUE_DEPENDENT = {
 
 
 def _value_dependent(node: fx.Node) -> str:
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    replacement = node.args[2] if len(node.args) > 2 else node.kwargs.get("replacement", False)
-    if node.target is aten.multinomial.default and not replacement and val is not None and val.dtype in _HALF:
-        return (f"several samples without replacement from {val.dtype} probabilities: their keys tie often in 16 "
-                "bits, and eager's topk orders ties its own way; draw them from float32 probabilities (or run this "
-                "op eagerly)")
+    if node.target is aten.multinomial.default:
+        return _multinomial_declined(node)
     return (f"{_VALUE_DEPENDENT[node.target]}, so the host can't draw them ahead of the kernels as eager would; "
             "run this op eagerly (outside the compiled region)")
 
 
-register_declined(_value_dependent, *_VALUE_DEPENDENT)
+def _multinomial_declined(node: fx.Node) -> str:
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype in _HALF and val.dim() in (1, 2) and val.numel():
+        return (f"several samples without replacement from {val.dtype} probabilities: their keys tie often in 16 "
+                "bits, and eager's topk orders ties its own way; draw them from float32 probabilities (or run this "
+                "op eagerly)")
+    return ("compiled for non-empty 1-D or 2-D floating-point probabilities and at least one sample (eager rejects "
+            "the rest); run this op eagerly to see eager's error")
+
+
+register_declined(_value_dependent, *_VALUE_DEPENDENT, aten.multinomial.default)
 
 
 def _normal_tensor_tensor(mean: torch.Tensor, std: torch.Tensor, *, generator: Any = None) -> torch.Tensor:
@@ -173,15 +177,17 @@ def _normal_float_tensor(mean: float, std: torch.Tensor, *, generator: Any = Non
 
 
 def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Any:
-    """torch.multinomial as eager's CPU kernel draws one sample, or samples without replacement (Categorical's
-    ``sample()``): ``argmax`` / ``topk`` of ``probs / q`` with ``q`` an ``exponential_(1)`` of ``probs``' shape and
-    dtype (the Gumbel-max trick), after eager's checks of the probabilities, on the device. Declined (refused by
-    name): several samples with replacement (eager searches each row's cumulative distribution), and several
-    samples from 16-bit probabilities (ties, which eager's topk orders its own way)."""
-    if replacement and num_samples > 1:
-        return NotImplemented
+    """torch.multinomial as eager's CPU kernel draws it, after its checks of the probabilities (on the device).
+
+    One sample, or samples without replacement (Categorical's ``sample()``): ``argmax`` / ``topk`` of
+    ``probs / q`` with ``q`` an ``exponential_(1)`` of ``probs``' shape and dtype (the Gumbel-max trick). Several
+    samples with replacement: one float64 uniform per sample, row by row, placed in the row's normalised
+    cumulative distribution (:func:`_with_replacement`). Declined (refused by name): several samples without
+    replacement from 16-bit probabilities, whose keys tie often (eager's topk orders ties its own way)."""
     if probs.dim() not in (1, 2) or not probs.is_floating_point() or probs.numel() == 0 or num_samples <= 0:
         return NotImplemented  # eager's own errors: run it eagerly
+    if replacement and num_samples > 1:
+        return _with_replacement(probs, num_samples)
     if num_samples > 1 and probs.dtype in _HALF:
         return NotImplemented  # ties (refused by name)
     if num_samples > probs.shape[-1]:
@@ -202,6 +208,25 @@ def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = Fals
     if num_samples == 1:
         return q.argmax(-1, keepdim=True)
     return q.topk(num_samples).indices
+
+
+def _with_replacement(probs: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Eager's kernel: per row, the running sum of the probabilities (float for 16-bit ones) divided by the total,
+    the last entry taken as 1; per sample, a ``uniform_real_distribution<double>`` draw (what a float64
+    ``uniform_`` draws, in the same order), and the sample is the first entry not below it."""
+    rows = (probs if probs.dim() == 2 else probs.unsqueeze(0)).float() if probs.dtype in _HALF else \
+        (probs if probs.dim() == 2 else probs.unsqueeze(0))
+    aten._assert_async.msg(~((rows < 0) | (rows != rows)).any(),
+                           "invalid multinomial distribution (encountering probability entry < 0)")
+    aten._assert_async.msg(~(rows.abs() == float("inf")).any(),
+                           "invalid multinomial distribution (encountering probability entry = infinity or NaN)")
+    running = torch.cumsum(rows, -1)
+    total = running[:, -1:]
+    aten._assert_async.msg((total > 0).all(), "invalid multinomial distribution (sum of probabilities <= 0)")
+    cdf = (running / total)[:, :-1]
+    u = aten.uniform(torch.empty((rows.shape[0], num_samples), dtype=torch.float64), 0.0, 1.0)
+    picks = (cdf.unsqueeze(1) < u.unsqueeze(-1)).sum(-1)
+    return picks if probs.dim() == 2 else picks.squeeze(0)
 
 
 RANDOM_DECOMPOSITIONS = {

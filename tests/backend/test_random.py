@@ -164,9 +164,6 @@ def test_normal_with_tensor_mean_and_std_trains() -> None:
 
 @pytest.mark.parametrize(("fn", "op", "why"), [
     (lambda x: torch.poisson(x.abs()), "aten.poisson.default", "each sample's draws depend on its rate"),
-    (lambda x: torch.multinomial(x.softmax(-1), 2, replacement=True), "aten.multinomial.default",
-     "drawing several samples with replacement compares uniform draws with each row's cumulative distribution (one "
-     "sample, or float32 samples without replacement, compile)"),
     (lambda x: F.rrelu(x, training=True), "aten.rrelu_with_noise_functional.default",
      "eager draws a slope only for each negative element"),
     (lambda x: torch._standard_gamma(x.abs() + 1), "aten._standard_gamma.default",
@@ -189,6 +186,10 @@ MULTINOMIAL = {
     "one_row": lambda x: torch.multinomial(x[0].exp(), 4),
     "bf16_one_sample": lambda x: torch.multinomial(x.softmax(-1).bfloat16(), 1),
     "zero_probabilities": lambda x: torch.multinomial(torch.relu(x) + 1e-3 * (torch.arange(7) == 0), 1),
+    "five_with_replacement": lambda x: torch.multinomial(x.softmax(-1), 5, replacement=True),
+    "with_replacement_zeros": lambda x: torch.multinomial(torch.relu(x) + 1e-3 * (torch.arange(7) == 0), 9, True),
+    "with_replacement_one_row": lambda x: torch.multinomial(x[0].exp(), 50, replacement=True),
+    "with_replacement_bf16": lambda x: torch.multinomial(x.softmax(-1).bfloat16(), 3, replacement=True),
 }
 
 
@@ -205,16 +206,23 @@ def test_multinomial_draws_eagers_samples(name: str) -> None:
     assert out.dtype == torch.int64 and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize(("probs", "message"), [
-    (torch.tensor([[0.5, -0.1, 0.2]]), "probability tensor contains either `inf`, `nan` or element < 0"),
-    (torch.tensor([[1.0, float("nan"), 1.0]]), "probability tensor contains either `inf`, `nan` or element < 0"),
-    (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), "invalid multinomial distribution (sum of probabilities <= 0)"),
+@pytest.mark.parametrize(("probs", "samples", "message"), [
+    (torch.tensor([[0.5, -0.1, 0.2]]), 1, "probability tensor contains either `inf`, `nan` or element < 0"),
+    (torch.tensor([[1.0, float("nan"), 1.0]]), 1, "probability tensor contains either `inf`, `nan` or element < 0"),
+    (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), 1, "invalid multinomial distribution (sum of probabilities <= 0)"),
+    (torch.tensor([[0.5, -0.1, 0.2]]), 3, "invalid multinomial distribution (encountering probability entry < 0)"),
+    (torch.tensor([[1.0, float("inf")]]), 3,
+     "invalid multinomial distribution (encountering probability entry = infinity or NaN)"),
+    (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), 3, "invalid multinomial distribution (sum of probabilities <= 0)"),
 ])
-def test_multinomial_checks_its_probabilities_as_eager(probs: torch.Tensor, message: str) -> None:
+def test_multinomial_checks_its_probabilities_as_eager(probs: torch.Tensor, samples: int, message: str) -> None:
+    """One sample (the Gumbel-max path) and several with replacement (eager's other kernel, other messages)."""
     with pytest.raises(RuntimeError, match=re.escape(message)):
-        torch.multinomial(probs, 1)
+        torch.multinomial(probs, samples, replacement=True)
+    compiled = torch.compile(lambda p: torch.multinomial(p, samples, replacement=True), backend="neuron",
+                             dynamic=False)
     with pytest.raises(RuntimeError, match=re.escape(message)):
-        torch.compile(lambda p: torch.multinomial(p, 1), backend="neuron", dynamic=False)(probs)
+        compiled(probs)
 
 
 def test_multinomial_samples_past_the_nonzero_probabilities_raise() -> None:
