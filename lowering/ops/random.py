@@ -160,6 +160,9 @@ def _multinomial_declined(node: fx.Node) -> str:
 register_declined(_value_dependent, *_VALUE_DEPENDENT, aten.multinomial.default)
 
 
+# -- decompositions into the samplers above (AOTAutograd's table: lowering.decompositions) -----------------------
+
+
 def _normal_tensor_tensor(mean: torch.Tensor, std: torch.Tensor, *, generator: Any = None) -> torch.Tensor:
     """torch.normal(mean, std) as eager's CPU kernel computes it: standard normal noise, times std, plus mean."""
     shape = torch.broadcast_shapes(mean.shape, std.shape)
@@ -214,8 +217,9 @@ def _with_replacement(probs: torch.Tensor, num_samples: int) -> torch.Tensor:
     """Eager's kernel: per row, the running sum of the probabilities (float for 16-bit ones) divided by the total,
     the last entry taken as 1; per sample, a ``uniform_real_distribution<double>`` draw (what a float64
     ``uniform_`` draws, in the same order), and the sample is the first entry not below it."""
-    rows = (probs if probs.dim() == 2 else probs.unsqueeze(0)).float() if probs.dtype in _HALF else \
-        (probs if probs.dim() == 2 else probs.unsqueeze(0))
+    rows = probs if probs.dim() == 2 else probs.unsqueeze(0)
+    if rows.dtype in _HALF:
+        rows = rows.float()
     aten._assert_async.msg(~((rows < 0) | (rows != rows)).any(),
                            "invalid multinomial distribution (encountering probability entry < 0)")
     aten._assert_async.msg(~(rows.abs() == float("inf")).any(),
