@@ -196,7 +196,7 @@ def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch
         return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
     if not x.dtype.is_floating_point:
         raise RuntimeError("result type Float can't be cast to the desired output type Long")
-    noise = aten.div.Tensor(aten.bernoulli.p(x, 1.0 - p), 1.0 - p)
+    noise = aten.div.Tensor(aten.bernoulli.p(x, 1.0 - p), 1.0 - p)  # drawn in x's layout (lowering/ops/random.py)
     return x * noise, noise != 0
 
 

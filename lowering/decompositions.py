@@ -135,7 +135,7 @@ def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 
     return out if beta == 0 else aten.add.Tensor(out, x if beta == 1 else aten.mul.Tensor(x, beta))
 
 
-def _dense_order(t: torch.Tensor) -> list[int] | None:
+def dense_order(t: torch.Tensor) -> list[int] | None:
     """The dims of ``t`` from outermost to innermost when its strides are a dense layout in that order, else None."""
     order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
     expected = 1
@@ -151,7 +151,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     as eager's copy is (a clone of ``dst`` written over): later views of it (autograd's among them) see the same
     strides. A ``dst`` with gaps between its elements comes back contiguous."""
     out = aten.expand.default(src.to(dst.dtype), list(dst.shape))
-    order = _dense_order(dst)
+    order = dense_order(dst)
     if order is None or order == sorted(order):
         return aten.clone.default(out, memory_format=torch.contiguous_format)
     laid = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
@@ -235,7 +235,13 @@ def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwar
 
 
 def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
-    return _zeros(x.shape, dtype, x)
+    """Zeros laid out like ``x`` when ``x`` is dense (eager's ``empty_like`` keeps such a layout), so that a sampler
+    filling it in place draws in eager's order (lowering/ops/random.py)."""
+    order = dense_order(x) if kwargs.get("memory_format") in (None, torch.preserve_format) else None
+    if order is None or order == sorted(order):
+        return _zeros(x.shape, dtype, x)
+    laid = _zeros([x.shape[d] for d in order], dtype, x)
+    return laid.permute([order.index(d) for d in range(x.dim())])
 
 
 # Euclid's steps never exceed 46 for magnitudes below 2**31 (integers compute in int32 on a NeuronCore): the

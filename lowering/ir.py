@@ -441,6 +441,8 @@ class RandomSpec:
     params: tuple[float, ...]
     numel: int
     torch_dtype: str
+    shape: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()  # the layout eager fills when not contiguous (its memory order is the draw order)
 
 
 @dataclass(frozen=True)

@@ -91,26 +91,58 @@ def lower_random(gl: Any, node: fx.Node) -> None:
     (deterministic under torch.manual_seed, and eager's own draws)."""
     val = node.meta["val"]
     shape = node_shape(node)
-    strides = tuple(int(s) for s in val.stride()) if val.dim() else ()
     numel = max(math.prod(shape), 1)
-    if strides and sorted(zip(strides, shape, strict=True)) != sorted(zip(contiguous_strides(shape), shape,
-                                                                          strict=True)):
-        strides = contiguous_strides(shape)
+    # The layout eager fills, whose memory order is the draw order (and picks normal_'s algorithm): the tensor an
+    # in-place sampler writes (functionalized: its first argument) or a *_like factory's empty_like; a factory's and
+    # the functional torch.bernoulli(x, p)'s results are contiguous (as their values here are).
+    filled = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) \
+        and not _functional_bernoulli(node) else None
+    strides = _dense_strides(filled if isinstance(filled, torch.Tensor) and filled.shape == val.shape else val)
     sampler = _SAMPLERS[node.target][0]
-    spec = RandomSpec(sampler, _params(node), numel, str(val.dtype).replace("torch.", ""))
+    spec = RandomSpec(sampler, _params(node), numel, str(val.dtype).replace("torch.", ""), tuple(shape),
+                      strides if strides != contiguous_strides(shape) else ())
     gl.randoms.append(spec)
     buf = gl._buffer(BufferRef("random", len(gl.randoms) - 1, 0, numel, storage_dtype(val.dtype) or "float32"))
-    gl.views[node] = View(buf, shape, strides or contiguous_strides(shape), 0, val.dtype)
+    gl.views[node] = View(buf, shape, strides, 0, val.dtype)
+
+
+def _functional_bernoulli(node: fx.Node) -> bool:
+    """``torch.bernoulli(x, p)`` / ``x.bernoulli(p)`` (a new contiguous tensor), not ``t.bernoulli_(p)`` (filling
+    ``t`` in its layout): the same functional op here, told apart by the call Dynamo recorded."""
+    stack = node.meta.get("source_fn_stack") or []
+    return node.target is aten.bernoulli.p and bool(stack) and stack[-1][1] in (torch.bernoulli, "bernoulli")
+
+
+def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s strides when they lay it out densely (each dim's stride the size of the dims inside it), else
+    contiguous ones."""
+    shape = tuple(int(d) for d in t.shape)
+    strides = tuple(int(s) for s in t.stride()) if t.dim() else ()
+    expected = 1
+    for d in sorted(range(len(shape)), key=lambda d: (strides[d], shape[d])):  # innermost first
+        if shape[d] != 1 and strides[d] != expected:
+            return contiguous_strides(shape)
+        expected *= shape[d]
+    return strides
 
 
 def draw(spec: RandomSpec) -> torch.Tensor:
-    """One random buffer (flat, storage order), drawn as eager draws it."""
+    """One random buffer (flat, storage order), drawn as eager draws it: into a tensor of the layout eager fills
+    (``spec.strides``), since the draw order, and for ``normal_`` the algorithm, follow the memory layout."""
     dtype = getattr(torch, spec.torch_dtype)
+    if spec.strides:
+        out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
+        return _fill(out, spec).as_strided((spec.numel,), (1,))
     if spec.sampler == "randint":
         return torch.randint(int(spec.params[0]), int(spec.params[1]), (spec.numel,), dtype=dtype)
     if spec.sampler == "randperm":
         return torch.randperm(int(spec.params[0]), dtype=dtype)
-    out = torch.empty(spec.numel, dtype=dtype)
+    return _fill(torch.empty(spec.numel, dtype=dtype), spec)
+
+
+def _fill(out: torch.Tensor, spec: RandomSpec) -> torch.Tensor:
+    if spec.sampler == "randint":
+        return out.random_(int(spec.params[0]), int(spec.params[1]))
     if spec.sampler == "uniform":
         return out.uniform_(*spec.params)
     if spec.sampler == "normal":

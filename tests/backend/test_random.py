@@ -247,3 +247,48 @@ def test_multinomial_several_16_bit_samples_are_refused_by_name() -> None:
     assert ("- aten.multinomial.default(float16[4, 5], 2): several samples without replacement from torch.float16 "
             "probabilities: their keys tie often in 16 bits, and eager's topk orders ties its own way") in \
         str(unsupported(info.value))
+
+
+LAYOUTS = {  # eager fills these in memory order (normal_ of a non-contiguous tensor: by another algorithm too)
+    "dropout_transposed": lambda x: F.dropout(x.t() * 2, 0.3),
+    "randn_like_transposed": lambda x: torch.randn_like(x.t()) + x.t(),
+    "rand_like_transposed": lambda x: torch.rand_like(x.t()) * x.t(),
+    "normal__transposed": lambda x: torch.empty_like(x.t()).normal_() + x.t(),
+    "bernoulli__transposed": lambda x: torch.empty_like(x.t()).bernoulli_(0.4) + x.t(),
+    "functional_bernoulli_transposed": lambda x: torch.bernoulli(x.t(), 0.3),  # a contiguous result
+    "tensor_bernoulli_transposed": lambda x: x.t().bernoulli(0.3),
+    "randint_like_transposed": lambda x: torch.randint_like(x.t(), 0, 9) + x.t(),
+    "exponential__transposed": lambda x: torch.empty_like(x.t()).exponential_() * x.t(),
+    "randn_like_channels_last": lambda x: torch.randn_like(x.view(1, 6, 5, 1).to(memory_format=torch.channels_last)),
+    "dropout_channels_last": lambda x: F.dropout(x.view(1, 6, 5, 1).to(memory_format=torch.channels_last) * 2, 0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_draws_follow_the_layout_eager_fills(name: str) -> None:
+    f = LAYOUTS[name]
+    x = torch.randn(6, 5)
+    torch.manual_seed(0)
+    ref = f(x)
+    torch.manual_seed(0)
+    out = torch.compile(f, backend="neuron", dynamic=False)(x)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_transformer_encoder_layer_trains_with_dropout_as_eager() -> None:
+    """nn.TransformerEncoderLayer in training: attention dropout inside SDPA, and dropout1 on the attention output,
+    which batch_first MultiheadAttention returns transposed (eager draws its noise in that layout)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True).train()
+    twin = copy.deepcopy(layer)
+    compiled = torch.compile(twin, backend="neuron", dynamic=False)
+    x = torch.randn(2, 6, 32)
+    results = []
+    for m, params in ((layer, layer), (compiled, twin)):
+        torch.manual_seed(3)
+        out = m(x)
+        results.append((out.detach(), torch.autograd.grad(out.pow(2).mean(), list(params.parameters()))))
+    (ref, gref), (out, gout) = results
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gref, gout, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -118,7 +118,7 @@ def test_one_rank_failing_to_compile_fails_every_rank_with_its_error(job: Job) -
         assert err is not None, f"rank {rank} compiled although rank 1 could not"
         assert err["chain"][:2] == ["BackendCompilerFailed", "DistributedCompileError"], err["chain"]
         assert "failed on rank 1 of 2: UnsupportedOpError" in err["message"]
-        assert "aten._linalg_eigh.default(float32[2, 2]): its eigenvectors are used" in err["message"]
+        assert "aten._linalg_eigh.default(float32[2, 2]): its eigenvectors are read by the forward" in err["message"]
         assert "worker.py" in err["message"]  # the failing rank's source line
         assert "none waits forever on a collective" in err["message"]
         assert [f.split(":")[0] for f in err["failures"]] == ["rank 1"]
