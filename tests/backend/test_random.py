@@ -35,6 +35,15 @@ def _both(fn: Callable[..., Any], x: torch.Tensor, seed: int = 7) -> tuple[Any, 
     return runs[0], runs[1]
 
 
+def _seeded(fn: Callable[..., Any], *args: Any, seed: int = 5) -> tuple[Any, Any, Callable[..., Any]]:
+    """(eager result, compiled result, the compiled function): each call from ``torch.manual_seed(seed)``."""
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    torch.manual_seed(seed)
+    ref = fn(*args)
+    torch.manual_seed(seed)
+    return ref, compiled(*args), compiled
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("shape", [(6, 40), (2, 3, 5, 7), (1000,)])
 def test_dropout_equals_eager_bit_for_bit(p: float, shape: tuple[int, ...]) -> None:
@@ -138,13 +147,8 @@ SAMPLERS = {
 
 @pytest.mark.parametrize("name", list(SAMPLERS))
 def test_sampler_draws_eagers_values(name: str) -> None:
-    f = SAMPLERS[name]
     x = torch.randn(6, 11)
-    torch.manual_seed(5)
-    ref = f(x)
-    compiled = torch.compile(f, backend="neuron", dynamic=False)
-    torch.manual_seed(5)
-    out = compiled(x)
+    ref, out, compiled = _seeded(SAMPLERS[name], x)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     assert not torch.equal(compiled(x), out)  # a fresh draw on every call
 
@@ -197,12 +201,7 @@ MULTINOMIAL = {
 def test_multinomial_draws_eagers_samples(name: str) -> None:
     """One sample, or samples without replacement: eager's Gumbel-max draw (exponential noise of the
     probabilities' shape), so 2000 rows' samples equal eager's, ties included (bf16 keys tie often)."""
-    f = MULTINOMIAL[name]
-    x = torch.randn(2000, 7)
-    torch.manual_seed(5)
-    ref = f(x)
-    torch.manual_seed(5)
-    out = torch.compile(f, backend="neuron", dynamic=False)(x)
+    ref, out, _ = _seeded(MULTINOMIAL[name], torch.randn(2000, 7))
     assert out.dtype == torch.int64 and torch.equal(out, ref)
 
 
@@ -234,10 +233,8 @@ def test_multinomial_samples_past_the_nonzero_probabilities_raise() -> None:
                                                      "categories of nonzero probability")):
         f(probs)
     probs[1, 3] = 0.1
-    torch.manual_seed(0)
-    ref = torch.multinomial(probs, 2)
-    torch.manual_seed(0)
-    assert torch.equal(f(probs), ref)
+    ref, out, _ = _seeded(lambda p: torch.multinomial(p, 2), probs)
+    assert torch.equal(out, ref)
 
 
 def test_multinomial_several_16_bit_samples_are_refused_by_name() -> None:
@@ -266,12 +263,7 @@ LAYOUTS = {  # eager fills these in memory order (normal_ of a non-contiguous te
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_draws_follow_the_layout_eager_fills(name: str) -> None:
-    f = LAYOUTS[name]
-    x = torch.randn(6, 5)
-    torch.manual_seed(0)
-    ref = f(x)
-    torch.manual_seed(0)
-    out = torch.compile(f, backend="neuron", dynamic=False)(x)
+    ref, out, _ = _seeded(LAYOUTS[name], torch.randn(6, 5))
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
 
 
