@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma, which Dynamo emits for addcmul_ & co.)
+from neuron_compile.lowering.views import dense
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
@@ -135,15 +136,11 @@ def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 
     return out if beta == 0 else aten.add.Tensor(out, x if beta == 1 else aten.mul.Tensor(x, beta))
 
 
-def dense_order(t: torch.Tensor) -> list[int] | None:
+def _dense_order(t: torch.Tensor) -> list[int] | None:
     """The dims of ``t`` from outermost to innermost when its strides are a dense layout in that order, else None."""
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
-    expected = 1
-    for d in reversed(order):
-        if t.shape[d] != 1 and t.stride(d) != expected:
-            return None
-        expected *= t.shape[d]
-    return order
+    if not dense(t.shape, t.stride()):
+        return None
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -151,7 +148,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     as eager's copy is (a clone of ``dst`` written over): later views of it (autograd's among them) see the same
     strides. A ``dst`` with gaps between its elements comes back contiguous."""
     out = aten.expand.default(src.to(dst.dtype), list(dst.shape))
-    order = dense_order(dst)
+    order = _dense_order(dst)
     if order is None or order == sorted(order):
         return aten.clone.default(out, memory_format=torch.contiguous_format)
     laid = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
@@ -237,7 +234,7 @@ def _new_empty(x: torch.Tensor, size: Any, *args: Any, dtype: Any = None, **kwar
 def _empty_like(x: torch.Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> torch.Tensor:
     """Zeros laid out like ``x`` when ``x`` is dense (eager's ``empty_like`` keeps such a layout), so that a sampler
     filling it in place draws in eager's order (lowering/ops/random.py)."""
-    order = dense_order(x) if kwargs.get("memory_format") in (None, torch.preserve_format) else None
+    order = _dense_order(x) if kwargs.get("memory_format") in (None, torch.preserve_format) else None
     if order is None or order == sorted(order):
         return _zeros(x.shape, dtype, x)
     laid = _zeros([x.shape[d] for d in order], dtype, x)

@@ -47,7 +47,7 @@ from neuron_compile.lowering.ir import (
 from neuron_compile.lowering.ops.movement import algebra_step
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
 from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides, dense, storage_dtype
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
@@ -135,7 +135,7 @@ class GraphLowering:
                 nd = storage_dtype(val.dtype)
                 shape = tuple(int(s) for s in val.shape)
                 strides = tuple(int(s) for s in val.stride())
-                if not _dense(shape, strides):
+                if not dense(shape, strides):
                     strides = contiguous_strides(shape)  # the runner passes a contiguous copy
                 numel = _storage_extent(shape, strides)
                 self.inputs.append(InputSpec(shape, strides, str(val.dtype).replace("torch.", ""), nd or "float32",
@@ -654,17 +654,6 @@ def _short(g: Group) -> str:
         if base not in names:
             names.append(base)
     return "_".join(names[:3]) or g.kind
-
-
-def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Non-overlapping and dense (a permutation of a contiguous layout)."""
-    pairs = sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz != 1)
-    expected = 1
-    for st, sz in pairs:
-        if st != expected:
-            return False
-        expected *= sz
-    return True
 
 
 def _storage_extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:

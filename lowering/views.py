@@ -49,6 +49,17 @@ class View:
         return self.strides == contiguous_strides(self.shape) or self.numel <= 1
 
 
+def dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Non-overlapping and dense: a permutation of a contiguous layout (each dim's stride the size of the dims
+    inside it; a size-1 dim's stride is free)."""
+    expected = 1
+    for st, sz in sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz != 1):
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     out = []
     acc = 1

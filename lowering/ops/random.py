@@ -19,7 +19,7 @@ import torch
 from neuron_compile.lowering.ir import BufferRef, RandomSpec
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_declined, register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides, dense, storage_dtype
 from torch import fx
 
 aten = torch.ops.aten
@@ -97,7 +97,10 @@ def lower_random(gl: Any, node: fx.Node) -> None:
     # the functional torch.bernoulli(x, p)'s results are contiguous (as their values here are).
     filled = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) \
         and not _functional_bernoulli(node) else None
-    strides = _dense_strides(filled if isinstance(filled, torch.Tensor) and filled.shape == val.shape else val)
+    layout = filled if isinstance(filled, torch.Tensor) and filled.shape == val.shape else val
+    strides = tuple(int(st) for st in layout.stride())
+    if not dense(shape, strides):
+        strides = contiguous_strides(shape)
     sampler = _SAMPLERS[node.target][0]
     spec = RandomSpec(sampler, _params(node), numel, str(val.dtype).replace("torch.", ""), tuple(shape),
                       strides if strides != contiguous_strides(shape) else ())
@@ -113,34 +116,20 @@ def _functional_bernoulli(node: fx.Node) -> bool:
     return node.target is aten.bernoulli.p and bool(stack) and stack[-1][1] in (torch.bernoulli, "bernoulli")
 
 
-def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
-    """``t``'s strides when they lay it out densely (each dim's stride the size of the dims inside it), else
-    contiguous ones."""
-    shape = tuple(int(d) for d in t.shape)
-    strides = tuple(int(s) for s in t.stride()) if t.dim() else ()
-    expected = 1
-    for d in sorted(range(len(shape)), key=lambda d: (strides[d], shape[d])):  # innermost first
-        if shape[d] != 1 and strides[d] != expected:
-            return contiguous_strides(shape)
-        expected *= shape[d]
-    return strides
-
-
 def draw(spec: RandomSpec) -> torch.Tensor:
     """One random buffer (flat, storage order), drawn as eager draws it: into a tensor of the layout eager fills
     (``spec.strides``), since the draw order, and for ``normal_`` the algorithm, follow the memory layout."""
     dtype = getattr(torch, spec.torch_dtype)
+    if spec.sampler == "randperm":
+        return torch.randperm(int(spec.params[0]), dtype=dtype)
     if spec.strides:
         out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
         return _fill(out, spec).as_strided((spec.numel,), (1,))
-    if spec.sampler == "randint":
-        return torch.randint(int(spec.params[0]), int(spec.params[1]), (spec.numel,), dtype=dtype)
-    if spec.sampler == "randperm":
-        return torch.randperm(int(spec.params[0]), dtype=dtype)
     return _fill(torch.empty(spec.numel, dtype=dtype), spec)
 
 
 def _fill(out: torch.Tensor, spec: RandomSpec) -> torch.Tensor:
+    """``out`` filled in place by the sampler (torch.randint is ``random_(low, high)`` of a new tensor too)."""
     if spec.sampler == "randint":
         return out.random_(int(spec.params[0]), int(spec.params[1]))
     if spec.sampler == "uniform":
@@ -173,8 +162,6 @@ _VALUE_DEPENDENT = {
 
 
 def _value_dependent(node: fx.Node) -> str:
-    if node.target is aten.multinomial.default:
-        return _multinomial_declined(node)
     return (f"{_VALUE_DEPENDENT[node.target]}, so the host can't draw them ahead of the kernels as eager would; "
             "run this op eagerly (outside the compiled region)")
 
@@ -189,7 +176,8 @@ def _multinomial_declined(node: fx.Node) -> str:
             "the rest); run this op eagerly to see eager's error")
 
 
-register_declined(_value_dependent, *_VALUE_DEPENDENT, aten.multinomial.default)
+register_declined(_value_dependent, *_VALUE_DEPENDENT)
+register_declined(_multinomial_declined, aten.multinomial.default)
 
 
 # -- decompositions into the samplers above (AOTAutograd's table: lowering.decompositions) -----------------------
@@ -237,9 +225,10 @@ def _multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = Fals
                                "the rest with zero-probability categories in an order the compiled kernel can't "
                                "reproduce; draw fewer samples, or run this op eagerly")
     noise = aten.exponential(probs, 1.0)
-    q = probs / noise
     if probs.dtype in _HALF:  # eager rounds the quotients to that dtype, and argmax takes the first of a tie
         q = (probs.float() / noise.float()).to(probs.dtype).float()
+    else:
+        q = probs / noise
     if num_samples == 1:
         return q.argmax(-1, keepdim=True)
     return q.topk(num_samples).indices
