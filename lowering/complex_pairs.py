@@ -215,7 +215,7 @@ class _Rewriter:
                                ("scalar", a[1]))
         if t == aten.mul.Scalar and isinstance(a[1], complex):
             return self.times_complex_scalar(x(), is_complex(a[0]), a[1])
-        if t == aten.neg.default:
+        if t in (aten.neg.default, aten._neg_view.default):
             return self.emit(aten.neg.default, x())
         if t == aten.reciprocal.default:  # eager's 1 / z: (1 + 0i) / z
             return self.divide(("scalar", 1.0), ("complex", x()))
@@ -224,6 +224,14 @@ class _Rewriter:
         if t in (aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor) and len(a) == 2 \
                 and kw.get("alpha", 1) == 1:
             return self.binary(t, operand(a[0]), operand(a[1]))
+        if t in (aten.add.Tensor, aten.sub.Tensor) and len(a) == 2:  # x + alpha * y: eager scales y first
+            alpha = kw["alpha"]
+            if not isinstance(a[1], fx.Node):
+                return self.binary(t, operand(a[0]), operand(a[1] * alpha))
+            if not is_complex(a[1]) and not isinstance(alpha, complex):
+                return self.binary(t, operand(a[0]), ("real", self.emit(aten.mul.Tensor, x(1), alpha)))
+            scaled = self.binary(aten.mul.Tensor, operand(a[1]), operand(alpha))
+            return self.binary(t, operand(a[0]), ("complex", scaled))
         if t in (aten.add.Scalar, aten.sub.Scalar) and len(a) == 2 and kw.get("alpha", 1) == 1:  # the same kernel
             return self.binary(aten.add.Tensor if t == aten.add.Scalar else aten.sub.Tensor, operand(a[0]),
                                operand(a[1]))
@@ -386,7 +394,7 @@ class _Rewriter:
         if t == aten.mul.Tensor and {lk, rk} <= {"complex", "real", "scalar"}:
             return self.times_real(*((lv, (rk, rv)) if lk == "complex" else (rv, (lk, lv))))
         if t in (aten.add.Tensor, aten.sub.Tensor) and {lk, rk} <= {"complex", "real", "scalar", "scalar_c"} \
-                and "complex" in (lk, rk):
+                and ("complex" in (lk, rk) or {lk, rk} == {"real", "scalar_c"}):
             # eager adds alpha * y, alpha = 1 + 0i, by a complex product: y's parts gain y's other part times 0 (NaN
             # where that part is inf or NaN); x only promotes (x + 0i)
             xr, xi = self.parts(lhs)
@@ -394,8 +402,10 @@ class _Rewriter:
             yr, yi = self.arith("-", yr, self.arith("*", yi, 0.0)), self.arith("+", self.arith("*", yr, 0.0), yi)
             op = "+" if t == aten.add.Tensor else "-"
             re, im = self.arith(op, xr, yr), self.arith(op, xi, yi)
-            return self.pair(*(v if isinstance(v, fx.Node) else self.emit(aten.full_like.default, self.part(
-                lv if lk == "complex" else rv, 0), v) for v in (re, im)))
+            like = lv if lk == "complex" else rv if rk == "complex" else re  # real + c: re is the real side + c.real
+            return self.pair(*(v if isinstance(v, fx.Node) else self.emit(aten.full_like.default, self.part(like, 0)
+                                                                          if like is not re else re, v)
+                               for v in (re, im)))
         raise _Unsupported(f"{t} of {lk} and {rk}")
 
 

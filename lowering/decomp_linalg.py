@@ -385,6 +385,10 @@ def linalg_problem(node: fx.Node) -> str | None:
     if any(v.is_complex() for v in shapes):
         return "complex matrices are not compiled; run this op eagerly"
     if any(v.dtype not in DTYPES for v in shapes):
+        if node.target == aten.linalg_matrix_exp.default and shapes[0].dtype in (torch.float16, torch.bfloat16):
+            return ("matrix_exp of a 16-bit matrix: eager computes it in that dtype with float32's scaling thresholds, "
+                    "and its result is unreliable (NaN or ~1e30 for 16-bit matrices of norm ~1), so there is "
+                    "nothing to match; cast the matrix to float32")
         return "LAPACK-style ops take float32/float64 matrices (eager refuses other dtypes too)"
     big = max((max(v.shape[-2:], default=0) for v in shapes), default=0)
     if big > MAX_ORDER:

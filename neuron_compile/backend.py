@@ -61,6 +61,27 @@ def _validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return {OPTIONS[k]: v for k, v in options.items()}
 
 
+# torch.compile's modes, as a model written for another backend passes them. They name Inductor's trade-offs, which
+# this backend has no switch for: kernel configurations are always chosen by the cost model (what max-autotune
+# searches for by timing), and reduce-overhead's CUDA graphs have no counterpart here. So each compiles as the
+# default, with one warning saying so; a mode torch does not know is refused.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_modes_warned: set[str] = set()
+
+
+def _check_mode(mode: str | None) -> None:
+    if mode in (None, "default"):
+        return
+    if mode not in MODES:
+        raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): unknown mode; torch.compile's modes are "
+                          f"{', '.join(repr(m) for m in MODES)} (backend settings go in options=...)")
+    if mode not in _modes_warned:
+        _modes_warned.add(mode)
+        warnings.warn(f"torch.compile(backend='neuron', mode={mode!r}) compiles as mode='default': the neuron "
+                      "backend always picks kernel configurations with its cost model and has no CUDA graphs, so the "
+                      "mode changes nothing", stacklevel=2)
+
+
 def symbolic_dims(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
     """Placeholders with symbolic sizes, described with their source line."""
     dims = []
@@ -318,8 +339,7 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     gm = rewrite_flex_attention(gm)  # a higher-order op with no ATen decomposition: its dense math, before AOT
     if backend_id is not None:
         gm._backend_id = backend_id
-    if mode not in (None, "default"):
-        raise ConfigError(f"torch.compile(backend='neuron', mode={mode!r}): modes are not supported; use options=")
+    _check_mode(mode)
     _check_devices(example_inputs, names)
     _warn_float64(example_inputs)
 

@@ -274,9 +274,10 @@ def lower_relu_sign(ctx, node, x):
     return b.binary("subtract", b.binary("greater", x, 0), b.binary("less", x, 0))
 
 
-@register_lowering(aten.neg.default, family="elementwise")
+@register_lowering(aten.neg.default, aten._neg_view.default, family="elementwise")
 def lower_neg(ctx, node, x):
-    """aten.neg: ``x * -1`` on VectorE (integers: int32 tensor_tensor, exact)."""
+    """aten.neg (and ``_neg_view``, the lazily negated view ``z.conj().imag`` reads): ``x * -1`` on VectorE
+    (integers: int32 tensor_tensor, exact)."""
     return ctx.b.binary("multiply", x, -1.0)
 
 
@@ -466,7 +467,8 @@ def lower_to_copy(ctx, node, x, *args, **kwargs):
 
 
 @register_lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
-                   family="elementwise")
+                   aten.resolve_neg.default, aten.resolve_conj.default, family="elementwise")
 def lower_clone(ctx, node, x, *args, **kwargs):
-    """aten.clone/alias/detach: the value itself (materialized only if used outside the kernel)."""
+    """aten.clone/alias/detach/resolve_neg/resolve_conj: the value itself (materialized only if used outside the
+    kernel)."""
     return x

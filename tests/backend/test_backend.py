@@ -344,3 +344,27 @@ def test_torch_logs_shows_per_op_decisions(started):
     assert "mul (aten.mul.Tensor): starts kernel group 0" in res.stderr
     assert "nisa.tensor_reduce(" in res.stderr  # the rendered kernel at DEBUG
     assert "neuron: inference graph" in res.stderr  # the INFO line per compiled graph
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_torch_compile_modes_compile_as_default_with_a_warning(mode, monkeypatch):
+    """A model written for Inductor keeps its ``mode=``: the graph compiles as the default and says so once."""
+    from neuron_compile import backend
+
+    monkeypatch.setattr(backend, "_modes_warned", set())
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.exp() + 1, backend="neuron", mode=mode)
+    x = torch.randn(3, 4)
+    with pytest.warns(UserWarning, match=f"mode='{mode}'\\) compiles as mode='default'"):
+        torch.testing.assert_close(f(x), x.exp() + 1)
+
+
+def test_unknown_mode_is_refused_with_the_known_ones():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="neuron", mode="fastest")
+    with pytest.raises(Exception) as info:
+        f(torch.randn(2))
+    err = _cause(info.value, ConfigError)
+    assert str(err) == ("torch.compile(backend='neuron', mode='fastest'): unknown mode; torch.compile's modes are "
+                        "'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs' (backend settings "
+                        "go in options=...)")

@@ -78,6 +78,34 @@ def test_rope_gradients_match_eager():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+_REAL_MEETS_COMPLEX = {
+    "real_plus_complex_scalar": lambda r, i, z: r + (1 + 2j),
+    "complex_scalar_minus_real": lambda r, i, z: 2j - r,
+    "int_plus_imaginary": lambda r, i, z: i + 2j,
+    "double_plus_imaginary": lambda r, i, z: r.double() + 1j,
+    "add_with_complex_alpha": lambda r, i, z: torch.add(r, 1j, alpha=2),
+    "complex_plus_alpha_real": lambda r, i, z: torch.add(z, r, alpha=2),
+    "complex_minus_alpha_complex": lambda r, i, z: torch.sub(z, z * 1j, alpha=-1.5),
+    "real_plus_complex_alpha_complex": lambda r, i, z: torch.add(r, z, alpha=2 + 1j),
+    "imag_of_conj": lambda r, i, z: z.conj().imag,  # a negated view (aten._neg_view)
+    "neg_view_real": lambda r, i, z: torch._neg_view(r) * 2,
+    "resolved_views": lambda r, i, z: r.resolve_neg() + z.conj().imag.resolve_conj(),
+    "neg_view_complex": lambda r, i, z: torch.view_as_real(z.conj().imag * 1 + 0j),
+}
+
+
+@pytest.mark.parametrize("name", list(_REAL_MEETS_COMPLEX))
+def test_real_tensors_meet_complex_scalars_and_negated_views(name):
+    fn = _REAL_MEETS_COMPLEX[name]
+    g = torch.Generator().manual_seed(5)
+    r = torch.randn(4, 3, generator=g)
+    r[0, 0], r[1, 1] = float("inf"), float("nan")  # eager's NaN parts from 0 * inf in the promoted operand
+    i, z = torch.randint(-5, 5, (4, 3), generator=g), torch.randn(4, 3, dtype=torch.complex64, generator=g)
+    got, want = _compile(fn)(r, i, z), fn(r, i, z)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_a_complex_op_without_a_real_form_is_refused_by_name():
     f = lambda x: torch.view_as_real(torch.logcumsumexp(torch.view_as_complex(x.reshape(4, -1, 2)), 0))  # noqa: E731
     with pytest.raises(Exception) as info:

@@ -216,6 +216,21 @@ def test_matrix_exp_gradient_and_decay() -> None:
     assert torch.equal(_compile(torch.linalg.matrix_exp)(decay), torch.linalg.matrix_exp(decay))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matrix_exp_of_a_16_bit_matrix_is_refused_with_the_reason(dtype: torch.dtype) -> None:
+    a = (torch.randn(5, 5, generator=_gen(0)) * 0.1).to(dtype)
+    assert not torch.linalg.matrix_exp(a).double().sub(torch.linalg.matrix_exp(a.double())).abs().max() < 1
+    with pytest.raises(Exception) as info:
+        _compile(torch.linalg.matrix_exp)(a)
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None
+    assert (f"aten.linalg_matrix_exp.default({str(dtype).removeprefix('torch.')}[5, 5]): matrix_exp of a 16-bit "
+            "matrix: eager computes it in that dtype with float32's scaling thresholds") in str(exc)
+    assert "cast the matrix to float32" in str(exc)
+
+
 @pytest.mark.parametrize("shape", [(6, 6), (8, 5)])
 def test_orthogonal_parametrization_compiles(shape: tuple[int, int]) -> None:
     """torch.nn.utils.parametrizations.orthogonal: matrix_exp for square weights, Householder products otherwise;
