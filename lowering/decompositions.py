@@ -35,6 +35,7 @@ EXTRA = [
     aten.as_strided_copy, aten.as_strided_scatter, aten.ldexp, aten.narrow_copy,
     aten.unbind_copy, aten.gcd, aten.lcm, aten.grid_sampler_2d,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.batch_norm_backward,
+    aten.rrelu_with_noise_backward,
 ]
 # Ops we lower ourselves even though a decomposition exists.
 KEEP = {aten.gelu.default, aten.silu.default, aten.mean.dim, aten.mean.default, aten.var.correction,

@@ -157,7 +157,7 @@ _VALUE_DEPENDENT = {
     aten.binomial.default: "each sample's draws depend on its count and probability",
     aten._standard_gamma.default: "each sample's draws depend on its shape parameter (rejection sampling)",
     aten._sample_dirichlet.default: "each sample's draws depend on its concentration (rejection sampling)",
-    aten.rrelu_with_noise_functional.default: "eager draws a slope only for each negative element",
+    aten.rrelu_with_noise_functional.default: "training RReLU: eager draws a slope only for each negative element",
 }
 
 
@@ -254,7 +254,16 @@ def _with_replacement(probs: torch.Tensor, num_samples: int) -> torch.Tensor:
     return picks if probs.dim() == 2 else picks.squeeze(0)
 
 
+def _rrelu_with_noise(x: torch.Tensor, noise: torch.Tensor, lower: float = 0.125, upper: float = 1 / 3,
+                      training: bool = False, generator: Any = None) -> Any:
+    """RReLU outside training draws nothing: eager's leaky_relu with the mean slope, noise returned as it came."""
+    if training:
+        return NotImplemented  # declined above: eager's draws depend on the values
+    return aten.leaky_relu(x, (lower + upper) / 2), noise.clone()
+
+
 RANDOM_DECOMPOSITIONS = {
+    aten.rrelu_with_noise_functional.default: _rrelu_with_noise,
     aten.normal.Tensor_Tensor: _normal_tensor_tensor,
     aten.normal.Tensor_float: _normal_tensor_float,
     aten.normal.float_Tensor: _normal_float_tensor,

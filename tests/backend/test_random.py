@@ -169,7 +169,7 @@ def test_normal_with_tensor_mean_and_std_trains() -> None:
 @pytest.mark.parametrize(("fn", "op", "why"), [
     (lambda x: torch.poisson(x.abs()), "aten.poisson.default", "each sample's draws depend on its rate"),
     (lambda x: F.rrelu(x, training=True), "aten.rrelu_with_noise_functional.default",
-     "eager draws a slope only for each negative element"),
+     "training RReLU: eager draws a slope only for each negative element"),
     (lambda x: torch._standard_gamma(x.abs() + 1), "aten._standard_gamma.default",
      "each sample's draws depend on its shape parameter (rejection sampling)"),
     (lambda x: torch.binomial(torch.full_like(x, 5.0), x.sigmoid()), "aten.binomial.default",
@@ -181,6 +181,19 @@ def test_value_dependent_samplers_are_refused_by_name(fn: Callable[..., Any], op
     message = str(unsupported(info.value))
     assert f"- {op}(float32[4, 5]" in message
     assert f"{why}, so the host can't draw them ahead of the kernels as eager would; run this op eagerly" in message
+
+
+def test_rrelu_outside_training_trains_through_its_mean_slope() -> None:
+    """RReLU in eval mode draws nothing (eager's leaky_relu with slope (lower + upper) / 2), gradients included."""
+    layer = torch.nn.RReLU(0.1, 0.3).eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for f in (layer, torch.compile(layer, backend="neuron", dynamic=False)):
+        leaf = x.clone().requires_grad_(True)
+        out = f(leaf)
+        grads.append((out.detach(), torch.autograd.grad(out.pow(2).sum(), leaf)[0]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a)
 
 
 MULTINOMIAL = {
