@@ -194,14 +194,14 @@ def lower_sort_stable(gl: Any, node: fx.Node) -> None:
 
 
 def _check_topk(node: fx.Node) -> str | None:
-    from neuron_compile.lowering.decomp_sort import TOPK_LONG_MAX_K
+    from neuron_compile.lowering.decomp_sort import long_topk_max_k
 
     x = _val(node.args[0])
     dim = int(_arg(node, 2, "dim", -1))
     n = x.shape[dim % x.dim()] if x is not None and x.dim() else 1
     if n > SORT_MAX_N:  # long rows reach lowering only when the chunked topk (decomp_sort.py) could not apply
         return (f"aten.topk with k={node.args[1]} of rows of {n} elements is not supported: rows longer than "
-                f"{SORT_MAX_N} are reduced chunk by chunk, which keeps at most k={TOPK_LONG_MAX_K}; take a smaller "
+                f"{SORT_MAX_N} are reduced chunk by chunk, which keeps at most k={long_topk_max_k()}; take a smaller "
                 f"k or run this op eagerly (options={{'fallback': 'eager'}})")
     return _sort_check(node, dim, "aten.topk")
 

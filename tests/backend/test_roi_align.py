@@ -1,0 +1,164 @@
+"""torchvision's roi_align (the R-CNN box and mask heads) compiles as tensor math (lowering/decomp_roi.py).
+
+Without torchvision (the torch 2.13 leg: PyPI's torchvision does not load beside the CPU wheel), the compiled
+decomposition is checked against a per-sample loop written from torchvision's documented kernel; with it (the
+torch 2.14 leg installs torchvision 0.29.1), ``torchvision.ops.roi_align`` itself is compiled and checked against
+eager, gradients included, and the adaptive grid is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from neuron_compile.lowering.decomp_roi import roi_align
+
+from neuron_compile.errors import UnsupportedOpError
+
+try:
+    import torchvision
+    from torchvision.ops import MultiScaleRoIAlign
+except Exception:  # not installed, or PyPI's build beside a CPU torch ('operator torchvision::nms does not exist')
+    torchvision = None
+
+needs_torchvision = pytest.mark.skipif(torchvision is None, reason="torchvision is not importable here (the torch "
+                                       "2.14 CI leg installs torchvision 0.29.1 and runs these)")
+
+BOXES = torch.tensor([[0, 1.0, 1.0, 5.0, 6.0],  # inside the map
+                      [1, 2.0, 0.5, 11.0, 9.5],  # reaching the last row and column
+                      [0, -3.0, -2.0, 4.0, 3.0],  # starting outside (samples in [-1, 0) clamp to the border)
+                      [1, 8.0, 7.0, 30.0, 25.0],  # ending far outside (samples beyond the map read 0)
+                      [0, 3.0, 3.0, 3.2, 3.1],  # thinner than a pixel
+                      [1, -20.0, -20.0, -15.0, -15.0]])  # wholly outside
+
+
+def _features(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 3, 10, 12, generator=torch.Generator().manual_seed(seed))
+
+
+def _bilinear(plane: torch.Tensor, y: float, x: float) -> torch.Tensor:
+    height, width = plane.shape[-2:]
+    if y < -1.0 or y > height or x < -1.0 or x > width:
+        return torch.zeros(plane.shape[0], dtype=torch.float64)
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = int(y), int(x)
+    if y0 >= height - 1:
+        y0 = y1 = height - 1
+        y = float(y0)
+    else:
+        y1 = y0 + 1
+    if x0 >= width - 1:
+        x0 = x1 = width - 1
+        x = float(x0)
+    else:
+        x1 = x0 + 1
+    ly, lx = y - y0, x - x0
+    hy, hx = 1 - ly, 1 - lx
+    return hy * hx * plane[:, y0, x0] + hy * lx * plane[:, y0, x1] + ly * hx * plane[:, y1, x0] + ly * lx * plane[:, y1, x1]
+
+
+def _reference(x: torch.Tensor, rois: torch.Tensor, scale: float, ph: int, pw: int, grid: int,
+               aligned: bool) -> torch.Tensor:
+    """One sample at a time, in float64, as torchvision documents its kernel."""
+    x = x.double()
+    out = torch.zeros(rois.shape[0], x.shape[1], ph, pw, dtype=torch.float64)
+    shift = 0.5 if aligned else 0.0
+    for k, (b, x1, y1, x2, y2) in enumerate(rois.double().tolist()):
+        x1, y1, x2, y2 = (v * scale - shift for v in (x1, y1, x2, y2))
+        w, h = x2 - x1, y2 - y1
+        if not aligned:
+            w, h = max(w, 1.0), max(h, 1.0)
+        for i in range(ph):
+            for j in range(pw):
+                acc = torch.zeros(x.shape[1], dtype=torch.float64)
+                for iy in range(grid):
+                    for ix in range(grid):
+                        yy = y1 + i * h / ph + (iy + 0.5) * (h / ph) / grid
+                        xx = x1 + j * w / pw + (ix + 0.5) * (w / pw) / grid
+                        acc += _bilinear(x[int(b)], yy, xx)
+                out[k, :, i, j] = acc / max(grid * grid, 1)
+    return out
+
+
+@pytest.mark.parametrize("grid", [1, 2, 3])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_compiled_roi_align_matches_the_documented_kernel(grid: int, aligned: bool) -> None:
+    x = _features()
+    f = torch.compile(lambda x, r: roi_align(x, r, 0.5 if grid == 2 else 1.0, 3, 4, grid, aligned), backend="neuron",
+                      dynamic=False)
+    want = _reference(x, BOXES, 0.5 if grid == 2 else 1.0, 3, 4, grid, aligned)
+    torch.testing.assert_close(f(x, BOXES).double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_roi_align_gradient_is_the_scatter_of_its_bilinear_weights() -> None:
+    """d(sum of out * g)/dx at one pixel is the sum of the weights with which every sample read it, times g."""
+    x, grad_out = _features(1), torch.randn(6, 3, 3, 4, generator=torch.Generator().manual_seed(2))
+    leaf = x.clone().requires_grad_(True)
+    out = torch.compile(lambda x, r: roi_align(x, r, 1.0, 3, 4, 2, True), backend="neuron", dynamic=False)(leaf, BOXES)
+    (got,) = torch.autograd.grad(out, leaf, grad_out)
+    probe = x.double().clone().requires_grad_(True)  # the loop reference is linear in x: its gradient is exact
+    (want,) = torch.autograd.grad(_reference(probe, BOXES, 1.0, 3, 4, 2, True), probe, grad_out.double())
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_no_boxes_gives_an_empty_result() -> None:
+    x = _features()
+    got = torch.compile(lambda x, r: roi_align(x, r, 1.0, 2, 2, 2, False), backend="neuron", dynamic=False)(
+        x, BOXES[:0])
+    assert got.shape == (0, 3, 2, 2)
+
+
+def _compiled_and_eager(fn: Any, *args: torch.Tensor) -> tuple[Any, Any]:
+    results = []
+    for f in (fn, torch.compile(fn, backend="neuron", dynamic=False)):
+        leaves = [a.clone().requires_grad_(a.is_floating_point() and a.dim() == 4) for a in args]
+        out = f(*leaves)
+        grads = torch.autograd.grad(out.square().sum(), [a for a in leaves if a.requires_grad])
+        results.append((out.detach(), grads))
+    return results[1], results[0]
+
+
+@needs_torchvision
+@pytest.mark.parametrize(("scale", "grid", "aligned"), [(1.0, 2, False), (0.5, 2, True), (0.25, 1, True),
+                                                        (1.0, 3, False)])
+def test_torchvision_roi_align_matches_eager(scale: float, grid: int, aligned: bool) -> None:
+    def f(x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        return torchvision.ops.roi_align(x, rois, (3, 4), scale, grid, aligned)
+
+    got, want = _compiled_and_eager(f, _features(3), BOXES)
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+
+
+@needs_torchvision
+def test_multi_scale_roi_align_of_a_feature_pyramid_matches_eager() -> None:
+    """Faster/Mask R-CNN's box head: boxes pooled from the FPN level their size picks (sampling_ratio 2)."""
+    pool = MultiScaleRoIAlign(["p2", "p3"], 7, 2)
+    g = torch.Generator().manual_seed(4)
+    feats = {"p2": torch.randn(1, 4, 32, 40, generator=g), "p3": torch.randn(1, 4, 16, 20, generator=g)}
+    boxes = [torch.tensor([[4.0, 6.0, 60.0, 50.0], [10.0, 12.0, 150.0, 120.0], [0.0, 0.0, 159.0, 127.0]])]
+    sizes = [(128, 160)]
+
+    def f(p2: torch.Tensor, p3: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return pool({"p2": p2, "p3": p3}, [b], sizes)
+
+    got, want = _compiled_and_eager(f, feats["p2"], feats["p3"], boxes[0])
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@needs_torchvision
+def test_an_adaptive_sampling_grid_is_refused_by_name() -> None:
+    f = torch.compile(lambda x, r: torchvision.ops.roi_align(x, r, (3, 4), 1.0, -1, True), backend="neuron",
+                      dynamic=False)
+    with pytest.raises(Exception) as info:
+        f(_features(), BOXES)
+    exc = info.value
+    while exc is not None and not isinstance(exc, UnsupportedOpError):
+        exc = exc.__cause__ or exc.__context__
+    assert exc is not None
+    assert ("- torchvision.roi_align.default(float32[2, 3, 10, 12], float32[6, 5], 1.0, 3, 4, -1, True): an adaptive "
+            "sampling grid (sampling_ratio <= 0) takes ceil(box size / bins) samples per bin, a count the box values "
+            "decide; pass a fixed sampling_ratio > 0") in str(exc)
