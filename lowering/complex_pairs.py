@@ -402,9 +402,11 @@ class _Rewriter:
             yr, yi = self.arith("-", yr, self.arith("*", yi, 0.0)), self.arith("+", self.arith("*", yr, 0.0), yi)
             op = "+" if t == aten.add.Tensor else "-"
             re, im = self.arith(op, xr, yr), self.arith(op, xi, yi)
-            like = lv if lk == "complex" else rv if rk == "complex" else re  # real + c: re is the real side + c.real
-            return self.pair(*(v if isinstance(v, fx.Node) else self.emit(aten.full_like.default, self.part(like, 0)
-                                                                          if like is not re else re, v)
+
+            def like() -> fx.Node:  # a part's shape for a part that came out a number (real +- c: re is a node)
+                return self.part(lv if lk == "complex" else rv, 0) if "complex" in (lk, rk) else re
+
+            return self.pair(*(v if isinstance(v, fx.Node) else self.emit(aten.full_like.default, like(), v)
                                for v in (re, im)))
         raise _Unsupported(f"{t} of {lk} and {rk}")
 
