@@ -5,7 +5,7 @@ On CPU, ``F.scaled_dot_product_attention`` reaches AOTAutograd as
 softmax), but autograd records the fused ``..._backward`` op, which no NeuronCore kernel implements
 (and whose saved "logsumexp" is, after the forward decomposition, really the attention matrix).
 :func:`sdpa_flash_cpu_backward` recomputes the probabilities from q, k, v (causal or additive/bool
-mask, scale) and applies the standard softmax-attention gradients in fp32, so both passes lower
+mask, scale; a fully masked row's are 0) and applies the standard softmax-attention gradients in fp32, so both passes lower
 through the ordinary matmul / reduction / elementwise rules.
 
 The forward itself goes through torch's math decomposition, whose second output is the attention
@@ -76,7 +76,10 @@ def sdpa_flash_cpu_backward(grad_out: torch.Tensor, query: torch.Tensor, key: to
     rep, q, k, v = _fp32_heads(query, key, value)
     g = grad_out.to(torch.float32)
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    p = torch.softmax(_scores(q, k, s, is_causal, attn_mask), dim=-1)
+    scores = _scores(q, k, s, is_causal, attn_mask)
+    # a row whose every score is -inf (a padded query under a sliding window, say) attends to nothing: its
+    # probabilities are 0, as the forward's guard and the CPU kernel give, not softmax's NaN
+    p = torch.where((scores == -math.inf).all(dim=-1, keepdim=True), 0.0, torch.softmax(scores, dim=-1))
     dv = torch.matmul(p.transpose(-2, -1), g)
     dp = torch.matmul(g, v.transpose(-2, -1))
     ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))

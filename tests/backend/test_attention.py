@@ -122,6 +122,32 @@ def test_mask_with_fully_masked_rows_and_finfo_min() -> None:
     _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
 
 
+@pytest.mark.parametrize("kind", ["bool", "additive", "gqa_causal"])
+def test_gradients_with_fully_masked_rows_match_eager(kind: str) -> None:
+    """A padded query under a sliding window attends to nothing: eager's CPU kernel gives that row 0 probability,
+    forward and backward, so its gradients are finite (the recomputed softmax's NaN must not leak into them)."""
+    q, k, v = _qkv(2, 4, 12, 12, 16)
+    if kind == "gqa_causal":
+        k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    rows, cols = torch.arange(12).unsqueeze(1), torch.arange(12).unsqueeze(0)
+    keep = ((rows - cols).abs() < 3) & (cols < 9) & (rows < 9)  # window 3 over 9 real tokens of 12
+    keep = keep.expand(2, 1, 12, 12).clone()
+    keep[0, :, 2] = False
+    mask = keep if kind != "additive" else torch.where(keep, 0.0, -math.inf)
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=kind == "gqa_causal")
+
+    grads = []
+    for fn in (f, torch.compile(f, backend="neuron", dynamic=False)):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves, mask)
+        grads.append((out.detach(), *torch.autograd.grad(out.square().sum(), leaves)))
+    for want, got in zip(*grads, strict=True):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("case", ["causal", "mask", "gqa_bf16"])
 def test_flash_cpu_op_called_directly_returns_eager_logsumexp(case: str) -> None:
     """``aten._scaled_dot_product_flash_attention_for_cpu`` returns (output, logsumexp); torch's own decomposition
