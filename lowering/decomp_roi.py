@@ -11,8 +11,16 @@ The sampling follows torchvision's CPU kernel: box ``k`` covers ``[x1, x2] x [y1
 bin averages ``g x g`` bilinear samples at ``start + p * bin + (i + 0.5) * bin / g``. A sample beyond one pixel
 outside the map reads 0; one in the border pixel clamps to it.
 
-Only a fixed grid (``sampling_ratio > 0``, the torchvision detection models' 2) compiles: an adaptive grid
-(``<= 0``) takes ``ceil(box size / bins)`` samples, a count the box values decide, so it is refused by name.
+A fixed grid (``sampling_ratio > 0``, the R-CNN box heads' 2) gathers the four pixels of every sample. An adaptive
+grid (``<= 0``: Mask R-CNN's mask targets, Detectron2's ROIAlignV2) takes ``g = ceil(box size / bins)`` samples
+per bin, a count the box values decide, so it is computed without enumerating samples: bilinear sampling is
+separable, so a bin's average is ``Wy @ image @ Wx^T / (gy * gx)``, where ``Wy[p, r]`` sums the weights the bin's
+row samples give pixel row ``r``. Samples are at most a pixel apart once there are two or more (``g > 1`` means
+``bin / g`` is above 1/2), so at most five of them weigh on a row, found from the row's position: a fixed window of
+samples per row, however many the bin has.
+
+Sample positions use eager's quotients exactly (:func:`ieee_divide`): which samples a bin has and which land inside
+the map are decided by them, and integer boxes hit those edges exactly.
 """
 
 from __future__ import annotations
@@ -24,13 +32,33 @@ from neuron_compile.lowering.registry import register_declined
 from torch import fx
 
 
+def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Veltkamp's split of fp32 ``x`` into ``hi + lo``, each of 12 significant bits (their products are exact)."""
+    c = x * 4097.0
+    hi = c - (c - x)
+    return hi, x - hi
+
+
+def ieee_divide(a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
+    """``a / b`` rounded as IEEE division rounds it. Which samples a box has, and which fall inside the map, hang
+    on eager's quotients (``ceil(56 / 28)`` is 2; 56 times the reciprocal of 28 is a hair above 2, whose ceil is 3),
+    and a NeuronCore divides by multiplying with a reciprocal, an ulp or two off. So the reciprocal's quotient is
+    corrected once by its exact residual ``a - q * b`` (Dekker's product, no fused multiply-add needed)."""
+    q = a / b
+    p = q * b
+    qh, ql = _split(q)
+    bh, bl = _split(b) if isinstance(b, torch.Tensor) else (float(b), 0.0)  # an int bin count is exact in 12 bits
+    err = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl  # q * b == p + err exactly
+    return q + ((a - p) - err) / b
+
+
 def _sample_axis(start: torch.Tensor, size: torch.Tensor, bins: int, grid: int, extent: int) -> tuple[Any, ...]:
     """One axis of every box's sample grid [K, bins * grid]: the low and high pixel, their weights, and whether
     the sample reads the map at all (torchvision: not beyond -1 or ``extent``)."""
-    bin_size = size / bins
+    bin_size = ieee_divide(size, bins)
     p = torch.arange(bins, dtype=start.dtype).repeat_interleave(grid)  # bin of each sample
     i = torch.arange(grid, dtype=start.dtype).repeat(bins) + 0.5  # place in its bin
-    pos = start[:, None] + p * bin_size[:, None] + i * bin_size[:, None] / grid
+    pos = start[:, None] + p * bin_size[:, None] + ieee_divide(i * bin_size[:, None], grid)  # eager's order
     inside = (pos >= -1.0) & (pos <= extent)
     pos = pos.clamp(min=0)
     low = pos.floor()
@@ -52,6 +80,8 @@ def roi_align(x: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_
     w, h = x2 - x1, y2 - y1
     if not aligned:  # the legacy boxes are at least one pixel
         w, h = w.clamp(min=1.0), h.clamp(min=1.0)
+    if g <= 0:
+        return _roi_align_adaptive(x, rois, pooled_height, pooled_width, x1, y1, w, h)
     y_lo, y_hi, y_wlo, y_whi, y_in = _sample_axis(y1, h, pooled_height, g, height)
     x_lo, x_hi, x_wlo, x_whi, x_in = _sample_axis(x1, w, pooled_width, g, width)
     channels_last = x.permute(0, 2, 3, 1)  # [N, H, W, C]: one gather per corner reads whole pixels
@@ -71,6 +101,40 @@ def roi_align(x: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_
     return val.permute(0, 3, 1, 2)
 
 
+def _row_weights(start: torch.Tensor, size: torch.Tensor, bins: int, extent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One axis of an adaptive grid: ``W`` [K, bins, extent], the summed bilinear weight every bin's samples give
+    each pixel row, and the per-box sample count ``g`` [K] (``ceil(size / bins)``, 0 for an empty box)."""
+    bin_size = ieee_divide(size, bins)  # [K]
+    g = torch.ceil(bin_size)
+    step = torch.where(g > 0, bin_size / g.clamp(min=1), 1.0)[:, None, None, None]
+    first = (start[:, None] + torch.arange(bins, dtype=start.dtype) * bin_size[:, None])[:, :, None, None]  # bin's 0
+    r = torch.arange(extent, dtype=start.dtype)[None, None, :, None]
+    lowest = torch.where(r == 0, -1.0, r - 1)  # the first position that weighs on row r (-1 clamps to row 0)
+    i0 = (torch.floor((lowest - first) / step - 0.5) - 1).clamp(min=0)  # one sample early, for rounding
+    i = i0 + torch.arange(_WINDOW, dtype=start.dtype)  # [K, bins, extent, window]
+    pos = first + ieee_divide((i + 0.5) * bin_size[:, None, None, None], g.clamp(min=1)[:, None, None, None])
+    used = (i < g[:, None, None, None]) & (pos >= -1.0) & (pos <= extent)
+    tent = (1.0 - (pos.clamp(0, extent - 1) - r).abs()).clamp(min=0)
+    return torch.where(used, tent, 0.0).sum(-1), g
+
+
+_WINDOW = 7  # samples whose weight on one row can be non-zero: at most 5 (1/2 apart over 2 pixels), plus rounding
+
+
+def _roi_align_adaptive(x: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
+                        x1: torch.Tensor, y1: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The adaptive grid as ``Wy @ image @ Wx^T / count`` per box, one image of the batch at a time."""
+    wy, gy = _row_weights(y1, h, pooled_height, x.shape[2])  # [K, PH, H]
+    wx, gx = _row_weights(x1, w, pooled_width, x.shape[3])  # [K, PW, W]
+    batch = rois[:, 0].long()
+    out = x.new_zeros(rois.shape[0], x.shape[1], pooled_height, pooled_width)
+    for b in range(x.shape[0]):
+        rows = torch.einsum("kpr,crw->kcpw", wy, x[b])
+        pooled = torch.einsum("kcpw,kqw->kcpq", rows, wx)
+        out = torch.where((batch == b)[:, None, None, None], pooled, out)
+    return out / (gy * gx).clamp(min=1)[:, None, None, None]
+
+
 def _roi_align_targets() -> dict[Any, Any]:
     ops = getattr(torch.ops, "torchvision", None)
     if ops is None or not hasattr(ops, "roi_align"):
@@ -78,25 +142,24 @@ def _roi_align_targets() -> dict[Any, Any]:
     return {ops.roi_align: roi_align, ops.roi_align.default: roi_align}
 
 
-def _adaptive_grid(node: fx.Node) -> str:
-    return ("an adaptive sampling grid (sampling_ratio <= 0) takes ceil(box size / bins) samples per bin, a count "
-            "the box values decide; pass a fixed sampling_ratio > 0 (torchvision's detection models use 2), or run "
-            "this op eagerly")
+def _unrecognised_call(node: fx.Node) -> str:
+    return ("compiled when called with positional arguments and an int sampling_ratio (as torchvision.ops.roi_align "
+            "calls it); call torchvision.ops.roi_align, or run this op eagerly")
 
 
 def rewrite_roi_align(gm: fx.GraphModule) -> fx.GraphModule:
-    """Point the Dynamo graph's fixed-grid ``torchvision.roi_align`` calls at :func:`roi_align` (in place)."""
+    """Point the Dynamo graph's ``torchvision.roi_align`` calls at :func:`roi_align` (in place)."""
     targets = _roi_align_targets()
     if not targets:
         return gm
-    register_declined(_adaptive_grid, torchvision_op := torch.ops.torchvision.roi_align.default)
+    register_declined(_unrecognised_call, torchvision_op := torch.ops.torchvision.roi_align.default)
     changed = False
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in targets:
             continue
         ratio = node.args[5] if len(node.args) > 5 else node.kwargs.get("sampling_ratio")
-        fixed = isinstance(ratio, int) and ratio > 0 and not node.kwargs
-        node.target = roi_align if fixed else torchvision_op  # the overload is refused by name, with why
+        plain = isinstance(ratio, int) and not node.kwargs
+        node.target = roi_align if plain else torchvision_op  # the overload is refused by name, with why
         changed = True
     if changed:
         gm.recompile()

@@ -3,18 +3,17 @@
 Without torchvision (the torch 2.13 leg: PyPI's torchvision does not load beside the CPU wheel), the compiled
 decomposition is checked against a per-sample loop written from torchvision's documented kernel; with it (the
 torch 2.14 leg installs torchvision 0.29.1), ``torchvision.ops.roi_align`` itself is compiled and checked against
-eager, gradients included, and the adaptive grid is refused by name.
+eager, gradients included, for fixed and adaptive sampling grids.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
-from neuron_compile.lowering.decomp_roi import roi_align
-
-from neuron_compile.errors import UnsupportedOpError
+from neuron_compile.lowering.decomp_roi import ieee_divide, roi_align
 
 try:
     import torchvision
@@ -60,7 +59,8 @@ def _bilinear(plane: torch.Tensor, y: float, x: float) -> torch.Tensor:
 
 def _reference(x: torch.Tensor, rois: torch.Tensor, scale: float, ph: int, pw: int, grid: int,
                aligned: bool) -> torch.Tensor:
-    """One sample at a time, in float64, as torchvision documents its kernel."""
+    """One sample at a time, in float64, as torchvision documents its kernel (``grid <= 0``: ceil(size / bins)
+    samples per bin along each axis)."""
     x = x.double()
     out = torch.zeros(rois.shape[0], x.shape[1], ph, pw, dtype=torch.float64)
     shift = 0.5 if aligned else 0.0
@@ -69,19 +69,20 @@ def _reference(x: torch.Tensor, rois: torch.Tensor, scale: float, ph: int, pw: i
         w, h = x2 - x1, y2 - y1
         if not aligned:
             w, h = max(w, 1.0), max(h, 1.0)
+        gy, gx = (grid, grid) if grid > 0 else (math.ceil(h / ph), math.ceil(w / pw))
         for i in range(ph):
             for j in range(pw):
                 acc = torch.zeros(x.shape[1], dtype=torch.float64)
-                for iy in range(grid):
-                    for ix in range(grid):
-                        yy = y1 + i * h / ph + (iy + 0.5) * (h / ph) / grid
-                        xx = x1 + j * w / pw + (ix + 0.5) * (w / pw) / grid
+                for iy in range(gy):
+                    for ix in range(gx):
+                        yy = y1 + i * h / ph + (iy + 0.5) * (h / ph) / gy
+                        xx = x1 + j * w / pw + (ix + 0.5) * (w / pw) / gx
                         acc += _bilinear(x[int(b)], yy, xx)
-                out[k, :, i, j] = acc / max(grid * grid, 1)
+                out[k, :, i, j] = acc / max(gy * gx, 1)
     return out
 
 
-@pytest.mark.parametrize("grid", [1, 2, 3])
+@pytest.mark.parametrize("grid", [1, 2, 3, 0])
 @pytest.mark.parametrize("aligned", [False, True])
 def test_compiled_roi_align_matches_the_documented_kernel(grid: int, aligned: bool) -> None:
     x = _features()
@@ -91,14 +92,16 @@ def test_compiled_roi_align_matches_the_documented_kernel(grid: int, aligned: bo
     torch.testing.assert_close(f(x, BOXES).double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_roi_align_gradient_is_the_scatter_of_its_bilinear_weights() -> None:
+@pytest.mark.parametrize("grid", [2, -1])
+def test_roi_align_gradient_is_the_scatter_of_its_bilinear_weights(grid: int) -> None:
     """d(sum of out * g)/dx at one pixel is the sum of the weights with which every sample read it, times g."""
     x, grad_out = _features(1), torch.randn(6, 3, 3, 4, generator=torch.Generator().manual_seed(2))
     leaf = x.clone().requires_grad_(True)
-    out = torch.compile(lambda x, r: roi_align(x, r, 1.0, 3, 4, 2, True), backend="neuron", dynamic=False)(leaf, BOXES)
+    out = torch.compile(lambda x, r: roi_align(x, r, 1.0, 3, 4, grid, True), backend="neuron", dynamic=False)(
+        leaf, BOXES)
     (got,) = torch.autograd.grad(out, leaf, grad_out)
     probe = x.double().clone().requires_grad_(True)  # the loop reference is linear in x: its gradient is exact
-    (want,) = torch.autograd.grad(_reference(probe, BOXES, 1.0, 3, 4, 2, True), probe, grad_out.double())
+    (want,) = torch.autograd.grad(_reference(probe, BOXES, 1.0, 3, 4, grid, True), probe, grad_out.double())
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -150,15 +153,31 @@ def test_multi_scale_roi_align_of_a_feature_pyramid_matches_eager() -> None:
 
 
 @needs_torchvision
-def test_an_adaptive_sampling_grid_is_refused_by_name() -> None:
-    f = torch.compile(lambda x, r: torchvision.ops.roi_align(x, r, (3, 4), 1.0, -1, True), backend="neuron",
-                      dynamic=False)
-    with pytest.raises(Exception) as info:
-        f(_features(), BOXES)
-    exc = info.value
-    while exc is not None and not isinstance(exc, UnsupportedOpError):
-        exc = exc.__cause__ or exc.__context__
-    assert exc is not None
-    assert ("- torchvision.roi_align.default(float32[2, 3, 10, 12], float32[6, 5], 1.0, 3, 4, -1, True): an adaptive "
-            "sampling grid (sampling_ratio <= 0) takes ceil(box size / bins) samples per bin, a count the box values "
-            "decide; pass a fixed sampling_ratio > 0") in str(exc)
+@pytest.mark.parametrize("seed", range(6))
+def test_random_boxes_match_eager_to_the_sample(seed: int) -> None:
+    """Integer boxes put samples exactly on the map's far edge and make box sizes exact multiples of the bins
+    (56 / 28): which samples count there follows eager's IEEE quotients, so both grids match eager everywhere."""
+    g = torch.Generator().manual_seed(seed)
+    height, width = ((10, 12), (16, 16), (40, 50))[seed % 3]
+    corner = torch.randint(-8, max(height, width), (12, 2), generator=g).float()
+    size = torch.randint(0, 3 * max(height, width) // 2, (12, 2), generator=g).float()
+    boxes = torch.cat([torch.randint(0, 2, (12, 1), generator=g).float(), corner, corner + size], 1)
+    grid, aligned, scale, out = (-1, 0, 2)[seed % 3], seed % 2 == 0, (1.0, 0.5)[seed % 2], ((7, 7), (14, 14))[seed % 2]
+
+    def f(x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        return torchvision.ops.roi_align(x, rois, out, scale, grid, aligned)
+
+    got, want = _compiled_and_eager(f, torch.randn(2, 3, height, width, generator=g), boxes)
+    torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=1e-4)
+
+
+def test_ieee_quotients_from_a_reciprocal() -> None:
+    """The decomposition's division rounds as IEEE division does, bit for bit, though compiled as a reciprocal."""
+    g = torch.Generator().manual_seed(7)
+    a = torch.cat([torch.randint(0, 2000, (4000,), generator=g).float(), torch.rand(4000, generator=g) * 300])
+    b = torch.cat([torch.randint(1, 60, (4000,), generator=g).float(), torch.rand(4000, generator=g) * 30 + 0.5])
+    got = torch.compile(ieee_divide, backend="neuron", dynamic=False)(a, b)
+    assert torch.equal(got, a / b)
+    ints = torch.compile(lambda a: ieee_divide(a, 28), backend="neuron", dynamic=False)(a)
+    assert torch.equal(ints, a / 28)
