@@ -101,6 +101,8 @@ class LoopRenderer:
         self.part_dim = k.n_outer
         self.free_dim = n - 1
         self.red_outer = [d for d in k.reduce_dims if d != self.free_dim]
+        # loops over reduced dims: "rd", not "r", which names the kernel's row values (r1, r2, ...)
+        self.red_vars = [f"rd{j}" for j in range(len(self.red_outer))]
         self.ops = {op.out: op for op in k.ops}
         self.kinds = {op.out: op.kind for op in k.ops}
         self.dtypes = {op.out: op.dtype for op in k.ops}
@@ -281,7 +283,7 @@ class LoopRenderer:
         if with_part:
             terms.append(("p0", strides[self.part_dim]))
         if with_red:
-            terms += [(f"r{j}", strides[d]) for j, d in enumerate(self.red_outer)]
+            terms += [(v, strides[d]) for v, d in zip(self.red_vars, self.red_outer, strict=True)]
         if with_free:
             terms.append(("f0", strides[self.free_dim]))
         return terms
@@ -307,7 +309,7 @@ class LoopRenderer:
                 and not isinstance(op.args[2], str):
             d["bias_tile"] = True  # NC-v2 takes activation bias only as a (P, 1) tile
         if op.opcode == "reduce":
-            conds = [f"{v} == 0" for v in [f"r{j}" for j in range(len(self.red_outer))] + ["f0"]]
+            conds = [f"{v} == 0" for v in [*self.red_vars, "f0"]]
             d["first"] = " and ".join(conds) if not self.resident else "True"
             if attrs.get("op") == "moments":  # bn_stats per chunk of at most bn_stats_fmax elements
                 d["var"] = attrs["var"]
@@ -426,8 +428,8 @@ class LoopRenderer:
                 continue
             reds = [op for op in body if op.opcode == "reduce"]
             ph["reductions"] = ls.reduction_tiles(reds)
-            ph["red_loops"] = [{"var": f"r{j}", "start": 0, "stop": k.space[d], "step": None, "split": False}
-                               for j, d in enumerate(self.red_outer)]
+            ph["red_loops"] = [{"var": v, "start": 0, "stop": k.space[d], "step": None, "split": False}
+                               for v, d in zip(self.red_vars, self.red_outer, strict=True)]
             fused = ls.fuse_act_reduce(body)
             act_res = {a: r for r, a in fused.items()}
             for op in body:

@@ -368,3 +368,14 @@ def test_unknown_mode_is_refused_with_the_known_ones():
     assert str(err) == ("torch.compile(backend='neuron', mode='fastest'): unknown mode; torch.compile's modes are "
                         "'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs' (backend settings "
                         "go in options=...)")
+
+
+def test_a_reduction_over_several_dims_beside_a_row_value_matches_eager():
+    """A reduction kernel loops over its reduced dims outside the free one; those loops once took the names of the
+    kernel's row values (``for r1 in range(10)`` shadowed the tile ``r1`` computed before it: an AttributeError in
+    OpInfo's special.chebyshev_polynomial_w). tests/codegen/static_checks.py now refuses such a kernel."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 1, 5, generator=g)
+    n = torch.randint(-2, 6, (10, 5), generator=g).float()
+    f = torch.special.chebyshev_polynomial_w
+    torch.testing.assert_close(torch.compile(f, backend="neuron", dynamic=False)(x, n), f(x, n), equal_nan=True)

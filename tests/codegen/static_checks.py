@@ -199,14 +199,20 @@ def check_kernel_rules(source: str) -> list[str]:
 def hygiene_problems(tree: ast.AST) -> list[str]:
     """Habits the real compiler may not share with the simulator: ``del`` statements (NKI frees tiles by
     scope and liveness, not by deleting names), ``nl.while_loop`` bodies that return anything but their
-    own register (the documented form loads or moves the next condition into it and returns it), and
+    own register (the documented form loads or moves the next condition into it and returns it), loop variables
+    named like a tile (the loop shadows it), and
     ``.ap(vector_offset=...)`` patterns whose indirect pair stride is not the base's row stride (our HBM
     arguments are flat, so 1: the documented element start is ``offset + idx * prod(shape[1:])``)."""
     problems: list[str] = []
     bodies: dict[str, ast.FunctionDef] = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    tiles = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _attr_name(getattr(n.value, "func", None))
+             == "ndarray" for t in n.targets if isinstance(t, ast.Name)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Delete):
             problems.append(f"line {node.lineno}: del statement (tile lifetimes follow NKI's scoping)")
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id in tiles:
+            problems.append(f"line {node.lineno}: loop variable {node.target.id} is also a tile's name (it shadows "
+                            "the tile inside the loop)")
         if not isinstance(node, ast.Call):
             continue
         if _attr_name(node.func) == "while_loop" and len(node.args) == 2 and isinstance(node.args[1], ast.Name):
