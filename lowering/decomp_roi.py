@@ -71,9 +71,17 @@ def _sample_axis(start: torch.Tensor, size: torch.Tensor, bins: int, grid: int, 
 
 def roi_align(x: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int, pooled_width: int,
               sampling_ratio: int, aligned: bool) -> torch.Tensor:
-    """``torchvision.ops.roi_align`` for ``x`` [N, C, H, W] and ``rois`` [K, 5] (batch index, x1, y1, x2, y2)."""
+    """``torchvision.ops.roi_align`` for ``x`` [N, C, H, W] and ``rois`` [K, 5] (batch index, x1, y1, x2, y2), in
+    float32 with autocast off (torchvision's autocast rule runs it in float32 and casts the result back)."""
+    with torch.autocast("cpu", enabled=False):
+        out = _roi_align_fp32(x.float(), rois.detach().float(), spatial_scale, pooled_height, pooled_width,
+                              sampling_ratio, aligned)
+    return out.to(x.dtype)
+
+
+def _roi_align_fp32(x: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                    pooled_width: int, sampling_ratio: int, aligned: bool) -> torch.Tensor:
     _, channels, height, width = x.shape
-    rois = rois.detach().to(x.dtype)
     g = int(sampling_ratio)
     shift = 0.5 if aligned else 0.0
     x1, y1, x2, y2 = (rois[:, c] * spatial_scale - shift for c in (1, 2, 3, 4))

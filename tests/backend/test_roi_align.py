@@ -181,3 +181,22 @@ def test_ieee_quotients_from_a_reciprocal() -> None:
     assert torch.equal(got, a / b)
     ints = torch.compile(lambda a: ieee_divide(a, 28), backend="neuron", dynamic=False)(a)
     assert torch.equal(ints, a / 28)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("grid", [2, -1])
+def test_under_autocast_roi_align_runs_in_float32_as_torchvision_does(grid: int) -> None:
+    """torchvision's autocast rule runs roi_align in float32 and casts back: the decomposition's gathers and
+    matmuls must not drop to bfloat16 inside a mixed-precision region."""
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(3, 3, 1, 1, generator=g)
+
+    def f(x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torchvision.ops.roi_align(torch.nn.functional.conv2d(x, weight), rois, (7, 7), 1.0, grid, True)
+
+    one_image = BOXES * torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0])
+    got, want = _compiled_and_eager(f, torch.randn(1, 3, 16, 16, generator=g), one_image)
+    assert got[0].dtype == want[0].dtype == torch.bfloat16
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=1e-2, rtol=1.6e-2)
