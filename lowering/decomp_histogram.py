@@ -7,8 +7,9 @@ edges and ``hi - step * (bins - i)`` for the upper half, each rounded once (torc
 the sum together); on device that single rounding is recovered with an exact product split and a compensated sum.
 With ``range``, the edges are computed at compile time by torch's own ``linspace``.
 
-Each element falls in the bin whose edges hold it (``searchsorted(edges, x, right=True) - 1``), the last edge
-itself in the last bin; elements outside the edges (and NaNs) are dropped. (Eager refuses data whose range is
+With a bin count each element's bin is eager's: its linear guess ``(x - lo) * bins / (hi - lo)``, corrected against
+the edges of the neighbouring bins only; with bin tensors, a search of every edge. The last edge itself is in the
+last bin; elements outside the edges (and NaNs) are dropped. (Eager refuses data whose range is
 not finite; here its edges are NaN and no element is counted.) The counts (or summed weights) are one
 ``scatter_add`` into the bins plus a spare bin for the dropped elements. ``density`` divides by the total and then
 by each bin's width (per dimension), in eager's order.
@@ -21,43 +22,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from neuron_compile.lowering.exact_float import ieee_divide, two_product, two_sum
 
 aten = torch.ops.aten
 
 
-def _product(step: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``step * i`` as an fp32 product and its exact rounding error (Dekker; ``i`` holds at most 12 bits)."""
-    split = step * 4097.0
-    hi = split - (split - step)
-    lo = step - hi
-    p = step * i
-    return p, (hi * i - p) + lo * i
-
-
-def _sum_rounded_once(a: torch.Tensor, p: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
-    """``a + (p + err)`` rounded (nearly always) once: the sum's own rounding error is added back."""
-    s = a + p
-    v = s - a
-    e = (a - (s - v)) + (p - v)
-    return s + (e + err)
-
-
-def _divide_rounded(d: torch.Tensor, n: int) -> torch.Tensor:
-    """``d / n`` correctly rounded (nearly always): a NeuronCore divides by multiplying with a reciprocal, so the
-    quotient is corrected once by its exact remainder ``d - q * n``."""
-    q = d * (1.0 / n)
-    p, err = _product(q, torch.full((), float(n), dtype=d.dtype))
-    return q + ((d - p) - err) * (1.0 / n)
+def _add_rounded_once(a: torch.Tensor, p: torch.Tensor, p_err: torch.Tensor) -> torch.Tensor:
+    """``a + (p + p_err)`` rounded (nearly always) once, as torch's linspace rounds ``a + step * i``."""
+    s, err = two_sum(a, p)
+    return s + (err + p_err)
 
 
 def _linspace(lo: torch.Tensor, hi: torch.Tensor, bins: int) -> torch.Tensor:
     """Eager's ``linspace(lo, hi, bins + 1)`` for 0-d tensor endpoints."""
     idx = torch.arange(bins + 1, dtype=lo.dtype)
-    step = _divide_rounded(hi - lo, bins)
-    up, up_err = _product(step, idx)
-    down, down_err = _product(step, float(bins) - idx)
-    lower = _sum_rounded_once(lo, up, up_err)
-    upper = _sum_rounded_once(hi, -down, -down_err)
+    step = ieee_divide(hi - lo, bins)
+    lower = _add_rounded_once(lo, *two_product(step, idx))
+    upper = _add_rounded_once(hi, *two_product(-step, float(bins) - idx))
     return torch.where(idx < (bins + 1) // 2, lower, upper)
 
 
@@ -73,7 +54,7 @@ def _outer_edges(column: torch.Tensor, limits: Sequence[float] | None) -> tuple[
     return torch.where(same, lo - 0.5, lo), torch.where(same, hi + 0.5, hi)
 
 
-MAX_BINS = 4095  # data-dependent edges: the exact product split holds for edge indices of up to 12 bits
+MAX_BINS = 2**24 - 1  # data-dependent edges: the edge index must be exact in float32
 
 
 def _too_many(bins: Sequence[int], range: Sequence[float] | None) -> bool:  # noqa: A002 (torch's name)
@@ -87,22 +68,35 @@ def _edges(column: torch.Tensor, bins: int, limits: Sequence[float] | None) -> t
     return _linspace(lo, hi, bins)
 
 
-def _bin(column: torch.Tensor, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each element's bin, whether it is inside the outer edges)."""
-    bins = edges.shape[0] - 1
-    pos = torch.clamp(torch.searchsorted(edges, column, right=True) - 1, 0, bins - 1)
-    return pos, (column >= edges[0]) & (column <= edges[-1])
+def _bin(column: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Each element's bin among arbitrary sorted ``edges`` (eager's binary search)."""
+    return torch.searchsorted(edges, column, right=True) - 1
+
+
+def _bin_linear(column: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Each element's bin among linspace ``edges``, as eager finds it: the bin its distance from the first edge
+    predicts, corrected by comparing it with the edges of that bin's neighbours only. Where the bins are narrower
+    than the data's spacing (repeated edges), that local search, not a search of every edge, decides."""
+    count = edges.shape[0]
+    guess = ieee_divide((column - edges[0]) * float(count - 1), edges[-1] - edges[0])
+    guess = guess.nan_to_num().clamp(0, count - 1).trunc().long()  # outside the edges (dropped) or inside
+    neighbour = guess[:, None] + torch.arange(-1, 2)  # [N, 3]
+    held = (neighbour >= 0) & (neighbour < count) & (edges[neighbour.clamp(0, count - 1)] <= column[:, None])
+    return guess.clamp(min=1) - 2 + held.sum(1)
 
 
 def _count(points: torch.Tensor, edges: list[torch.Tensor], weight: torch.Tensor | None, density: bool,
-           dtype: torch.dtype) -> torch.Tensor:
-    """The histogram of ``points`` ``[N, D]`` over per-dimension ``edges``."""
+           dtype: torch.dtype, linear: bool = False) -> torch.Tensor:
+    """The histogram of ``points`` ``[N, D]`` over per-dimension ``edges`` (``linear``: linspace edges)."""
     sizes = [e.shape[0] - 1 for e in edges]
     total = math.prod(sizes)
     flat = torch.zeros(points.shape[0], dtype=torch.int64)
     inside = torch.ones(points.shape[0], dtype=torch.bool)
     for d, e in enumerate(edges):
-        pos, ok = _bin(points[:, d].contiguous(), e)
+        column = points[:, d].contiguous()
+        bins = e.shape[0] - 1
+        pos = (_bin_linear if linear else _bin)(column, e).clamp(0, bins - 1)  # the last edge is in the last bin
+        ok = (column >= e[0]) & (column <= e[-1])
         flat = flat + pos * math.prod(sizes[d + 1:])
         inside = inside & ok
     flat = torch.where(inside, flat, total)  # the spare bin
@@ -123,7 +117,7 @@ def histogram_bin_ct(x: torch.Tensor, bins: int = 100, *, range: Sequence[float]
         return NotImplemented
     column = x.reshape(-1)
     edges = _edges(column, int(bins), range)
-    return _count(column.unsqueeze(1), [edges], weight, density, x.dtype), edges
+    return _count(column.unsqueeze(1), [edges], weight, density, x.dtype, linear=True), edges
 
 
 def histogram_bins_tensor(x: torch.Tensor, bins: torch.Tensor, *, weight: torch.Tensor | None = None,
@@ -156,7 +150,7 @@ def histogramdd_from_bin_cts(x: torch.Tensor, bins: Sequence[int], *, range: Seq
     if _too_many(bins, range):
         return NotImplemented
     points = _points(x)
-    return _count(points, _dd_edges(points, bins, range), weight, density, x.dtype)
+    return _count(points, _dd_edges(points, bins, range), weight, density, x.dtype, linear=True)
 
 
 def histogramdd_from_bin_tensors(x: torch.Tensor, bins: Sequence[torch.Tensor], *, weight: torch.Tensor | None = None,

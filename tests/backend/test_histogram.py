@@ -62,3 +62,21 @@ def test_histogramdd() -> None:
         torch.testing.assert_close(got.hist, want.hist)
         for g, e in zip(got.bin_edges, want.bin_edges, strict=True):
             assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("bins", [1000, 12345])
+def test_narrow_data_and_many_bins_match_eagers_local_search(bins: int) -> None:
+    """Data spread over a few ulps of its magnitude gives bins narrower than the data's spacing, so many edges
+    repeat, and eager's bin is its linear guess corrected against the neighbouring edges only (not a search of
+    every edge). With more than 4096 bins the edge index no longer fits the 12 bits a plain product split holds."""
+    gen = torch.Generator().manual_seed(bins)
+    fn = _compiled(lambda t: torch.histogram(t, bins))
+    for trial in range(6):
+        offset, spread = 6.5 * (trial - 2.5), 10.0 ** (trial - 4)
+        x = offset + spread * torch.randn(2048, generator=gen)
+        got, want = fn(x), torch.histogram(x, bins)
+        assert torch.equal(got.bin_edges, want.bin_edges), trial
+        assert torch.equal(got.hist, want.hist), (trial, (got.hist != want.hist).sum())
+    pts = torch.stack([x, -2 * x + 1e-3 * torch.randn(2048, generator=gen)], 1)
+    got, want = _compiled(lambda p: torch.histogramdd(p, [bins // 10, 7]))(pts), torch.histogramdd(pts, [bins // 10, 7])
+    assert torch.equal(got.hist, want.hist)
