@@ -19,7 +19,7 @@ row samples give pixel row ``r``. Samples are at most a pixel apart once there a
 ``bin / g`` is above 1/2), so at most five of them weigh on a row, found from the row's position: a fixed window of
 samples per row, however many the bin has.
 
-Sample positions use eager's quotients exactly (:func:`ieee_divide`): which samples a bin has and which land inside
+Sample positions use eager's quotients exactly (:func:`~neuron_compile.lowering.exact_float.ieee_divide`): which samples a bin has and which land inside
 the map are decided by them, and integer boxes hit those edges exactly.
 """
 
@@ -28,28 +28,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from neuron_compile.lowering.exact_float import ieee_divide
 from neuron_compile.lowering.registry import register_declined
 from torch import fx
-
-
-def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Veltkamp's split of fp32 ``x`` into ``hi + lo``, each of 12 significant bits (their products are exact)."""
-    c = x * 4097.0
-    hi = c - (c - x)
-    return hi, x - hi
-
-
-def ieee_divide(a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
-    """``a / b`` rounded as IEEE division rounds it. Which samples a box has, and which fall inside the map, hang
-    on eager's quotients (``ceil(56 / 28)`` is 2; 56 times the reciprocal of 28 is a hair above 2, whose ceil is 3),
-    and a NeuronCore divides by multiplying with a reciprocal, an ulp or two off. So the reciprocal's quotient is
-    corrected once by its exact residual ``a - q * b`` (Dekker's product, no fused multiply-add needed)."""
-    q = a / b
-    p = q * b
-    qh, ql = _split(q)
-    bh, bl = _split(b) if isinstance(b, torch.Tensor) else (float(b), 0.0)  # an int bin count is exact in 12 bits
-    err = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl  # q * b == p + err exactly
-    return q + ((a - p) - err) / b
 
 
 def _sample_axis(start: torch.Tensor, size: torch.Tensor, bins: int, grid: int, extent: int) -> tuple[Any, ...]:
@@ -129,18 +110,29 @@ def _row_weights(start: torch.Tensor, size: torch.Tensor, bins: int, extent: int
 _WINDOW = 7  # samples whose weight on one row can be non-zero: at most 5 (1/2 apart over 2 pixels), plus rounding
 
 
+_GATHER_LIMIT = 1 << 24  # elements of per-box image copies always worth gathering
+
+
 def _roi_align_adaptive(x: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
                         x1: torch.Tensor, y1: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The adaptive grid as ``Wy @ image @ Wx^T / count`` per box, one image of the batch at a time."""
-    wy, gy = _row_weights(y1, h, pooled_height, x.shape[2])  # [K, PH, H]
-    wx, gx = _row_weights(x1, w, pooled_width, x.shape[3])  # [K, PW, W]
+    """The adaptive grid as ``Wy @ image @ Wx^T / count`` per box. With one image every box reads it; when a copy
+    of each box's image is no bigger than the batch (Mask R-CNN's mask targets: one box per mask) or small, the
+    images are gathered; otherwise each box's row weights are spread over the batch (zero outside its own image) and
+    one contraction over (image, row) reads the batch once, at the cost of multiplying by the zeros."""
+    n, c, height, width = x.shape
+    k = rois.shape[0]
+    wy, gy = _row_weights(y1, h, pooled_height, height)  # [K, PH, H]
+    wx, gx = _row_weights(x1, w, pooled_width, width)  # [K, PW, W]
     batch = rois[:, 0].long()
-    out = x.new_zeros(rois.shape[0], x.shape[1], pooled_height, pooled_width)
-    for b in range(x.shape[0]):
-        rows = torch.einsum("kpr,crw->kcpw", wy, x[b])
-        pooled = torch.einsum("kcpw,kqw->kcpq", rows, wx)
-        out = torch.where((batch == b)[:, None, None, None], pooled, out)
-    return out / (gy * gx).clamp(min=1)[:, None, None, None]
+    if n == 1:
+        rows = torch.einsum("kpr,crw->kcpw", wy, x[0])
+    elif k * c * height * width <= max(2 * x.numel(), _GATHER_LIMIT):
+        rows = torch.einsum("kpr,kcrw->kcpw", wy, x[batch])
+    else:
+        own = (batch[:, None] == torch.arange(n))[:, None, :, None]  # [K, 1, N, 1]
+        rows = torch.einsum("kpnr,ncrw->kcpw", torch.where(own, wy[:, :, None, :], 0.0), x)
+    pooled = torch.einsum("kcpw,kqw->kcpq", rows, wx)
+    return pooled / (gy * gx).clamp(min=1)[:, None, None, None]
 
 
 def _roi_align_targets() -> dict[Any, Any]:

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from neuron_compile.lowering.decomp_roi import ieee_divide, roi_align
+from neuron_compile.lowering import decomp_roi
+from neuron_compile.lowering.decomp_roi import roi_align
+from neuron_compile.lowering.exact_float import ieee_divide
 
 try:
     import torchvision
@@ -103,6 +105,31 @@ def test_roi_align_gradient_is_the_scatter_of_its_bilinear_weights(grid: int) ->
     probe = x.double().clone().requires_grad_(True)  # the loop reference is linear in x: its gradient is exact
     (want,) = torch.autograd.grad(_reference(probe, BOXES, 1.0, 3, 4, grid, True), probe, grad_out.double())
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["one image", "gathered images", "weights spread over the batch"])
+def test_adaptive_grid_routes_match_the_documented_kernel(route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adaptive grid reads each box's image by one of three routes (one image; a gathered copy per box, as
+    for Mask R-CNN's mask targets, one box per mask; row weights spread over the batch when copies would be
+    large): each gives the documented kernel's values and gradients."""
+    x, boxes = _features(3), BOXES
+    if route == "one image":
+        x, boxes = x[:1], torch.cat([torch.zeros(6, 1), BOXES[:, 1:]], 1)
+    elif route == "gathered images":  # one mask per box, the mask-target pattern
+        x = torch.randn(6, 1, 10, 12, generator=torch.Generator().manual_seed(5))
+        boxes = torch.cat([torch.arange(6.0)[:, None], BOXES[:, 1:]], 1)
+    else:
+        monkeypatch.setattr(decomp_roi, "_GATHER_LIMIT", 0)  # 6 box copies of 2 images: spread
+    leaf = x.clone().requires_grad_(True)
+    out = torch.compile(lambda x, r: roi_align(x, r, 1.0, 3, 4, -1, True), backend="neuron", dynamic=False)(
+        leaf, boxes)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    (got,) = torch.autograd.grad(out, leaf, grad_out)
+    probe = x.double().clone().requires_grad_(True)
+    want = _reference(probe, boxes, 1.0, 3, 4, -1, True)
+    torch.testing.assert_close(out.detach().double(), want.detach(), atol=1e-5, rtol=1e-5)
+    (want_grad,) = torch.autograd.grad(want, probe, grad_out.double())
+    torch.testing.assert_close(got.double(), want_grad, atol=1e-5, rtol=1e-5)
 
 
 def test_no_boxes_gives_an_empty_result() -> None:
