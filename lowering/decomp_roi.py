@@ -29,8 +29,6 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.exact_float import ieee_divide
-from neuron_compile.lowering.registry import register_declined
-from torch import fx
 
 
 def _sample_axis(start: torch.Tensor, size: torch.Tensor, bins: int, grid: int, extent: int) -> tuple[Any, ...]:
@@ -133,34 +131,3 @@ def _roi_align_adaptive(x: torch.Tensor, rois: torch.Tensor, pooled_height: int,
         rows = torch.einsum("kpnr,ncrw->kcpw", torch.where(own, wy[:, :, None, :], 0.0), x)
     pooled = torch.einsum("kcpw,kqw->kcpq", rows, wx)
     return pooled / (gy * gx).clamp(min=1)[:, None, None, None]
-
-
-def _roi_align_targets() -> dict[Any, Any]:
-    ops = getattr(torch.ops, "torchvision", None)
-    if ops is None or not hasattr(ops, "roi_align"):
-        return {}
-    return {ops.roi_align: roi_align, ops.roi_align.default: roi_align}
-
-
-def _unrecognised_call(node: fx.Node) -> str:
-    return ("compiled when called with positional arguments and an int sampling_ratio (as torchvision.ops.roi_align "
-            "calls it); call torchvision.ops.roi_align, or run this op eagerly")
-
-
-def rewrite_roi_align(gm: fx.GraphModule) -> fx.GraphModule:
-    """Point the Dynamo graph's ``torchvision.roi_align`` calls at :func:`roi_align` (in place)."""
-    targets = _roi_align_targets()
-    if not targets:
-        return gm
-    register_declined(_unrecognised_call, torchvision_op := torch.ops.torchvision.roi_align.default)
-    changed = False
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in targets:
-            continue
-        ratio = node.args[5] if len(node.args) > 5 else node.kwargs.get("sampling_ratio")
-        plain = isinstance(ratio, int) and not node.kwargs
-        node.target = roi_align if plain else torchvision_op  # the overload is refused by name, with why
-        changed = True
-    if changed:
-        gm.recompile()
-    return gm

@@ -332,13 +332,13 @@ def _neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: 
     compile_record.dynamo_graph(gm)
     from neuron_compile.lowering.decomp_conv import rewrite_interpolate
     from neuron_compile.lowering.decomp_flex import rewrite_flex_attention
-    from neuron_compile.lowering.decomp_roi import rewrite_roi_align
+    from neuron_compile.lowering.torchvision_ops import rewrite_torchvision_ops
 
     backend_id = getattr(gm, "_backend_id", None)  # names the graph in a Dynamo package (neuron_compile.warm_frames)
     names = input_names(gm)  # Dynamo's sources of the inputs, for messages (the rewrites below drop them)
     gm = rewrite_interpolate(gm)  # PyTorch decomposes upsample ops above autograd: replace them before AOT
     gm = rewrite_flex_attention(gm)  # a higher-order op with no ATen decomposition: its dense math, before AOT
-    gm = rewrite_roi_align(gm)  # torchvision's C++ op (own autograd): its tensor math, before AOT
+    gm = rewrite_torchvision_ops(gm)  # roi_align, deform_conv2d: C++ ops (own autograd): tensor math, before AOT
     if backend_id is not None:
         gm._backend_id = backend_id
     _check_mode(mode)
