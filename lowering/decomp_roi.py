@@ -1,8 +1,7 @@
 """torchvision's ``roi_align`` (Mask/Faster/Keypoint R-CNN's box heads, ``MultiScaleRoIAlign``) as tensor math.
 
-``torch.ops.torchvision.roi_align`` is a C++ custom op with its own autograd, so, like ``F.interpolate``
-(:func:`neuron_compile.lowering.decomp_conv.rewrite_interpolate`), the Dynamo graph's call is replaced before
-AOTAutograd traces it: by :func:`roi_align`, which samples each box's bins with bilinear gathers and whose
+``torch.ops.torchvision.roi_align`` is a C++ custom op with its own autograd, so the Dynamo graph's call is replaced
+before AOTAutograd traces it (:mod:`neuron_compile.lowering.torchvision_ops`): by :func:`roi_align`, which samples each box's bins with bilinear gathers and whose
 gradient (a scatter-add into the feature map) AOTAutograd derives. The box coordinates get no gradient, as in
 torchvision.
 
@@ -19,8 +18,8 @@ row samples give pixel row ``r``. Samples are at most a pixel apart once there a
 ``bin / g`` is above 1/2), so at most five of them weigh on a row, found from the row's position: a fixed window of
 samples per row, however many the bin has.
 
-Sample positions use eager's quotients exactly (:func:`~neuron_compile.lowering.exact_float.ieee_divide`): which samples a bin has and which land inside
-the map are decided by them, and integer boxes hit those edges exactly.
+Sample positions use eager's quotients exactly (:func:`~neuron_compile.lowering.exact_float.ieee_divide`): which
+samples a bin has and which land inside the map are decided by them, and integer boxes hit those edges exactly.
 """
 
 from __future__ import annotations
