@@ -31,12 +31,22 @@ log = logging.getLogger(__name__)
 _SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                            torch.int16, torch.int8, torch.uint8, torch.bool}
 
+_FP8_ADVICE = ("NeuronCores multiply float8_e5m2 (and float8_e4m3fn on trn3), but this backend's kernels take no "
+               "8-bit floats: dequantize to bfloat16 outside the compiled region, or run this op eagerly")
+
+
+def _is_fp8(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point and dtype.itemsize == 1 or "float4" in str(dtype)
+
+
 def _dtype_advice(dtype: torch.dtype) -> str:
     """What to cast an input of an unsupported dtype to."""
     if dtype in (torch.uint16, torch.uint32, torch.uint64):
         return "NeuronCores have no unsigned integers wider than 8 bits; cast it to int32, or int64 for values of 2**31 and up"
     if dtype.is_complex:
         return "complex values compile as pairs of reals only when every op on them has a real form, and an op here has none"
+    if _is_fp8(dtype):
+        return _FP8_ADVICE
     if dtype.is_floating_point:
         return "cast it to bfloat16 or float32"
     return "cast it to int32, float32 or bfloat16"
@@ -115,7 +125,9 @@ def unsupported_nodes(gm: fx.GraphModule, rewritten: Container[fx.Node] = ()) ->
         if reason is None:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                reason = f"produces dtype {val.dtype}, which NeuronCores do not support"
+                reason = f"produces dtype {val.dtype}, " + (
+                    f"which neuron-compile does not compile yet ({_FP8_ADVICE})" if _is_fp8(val.dtype)
+                    else "which NeuronCores do not support")
         if reason is not None:
             line = f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}"
             (on_complex if complex_only else problems).append(line)
