@@ -71,7 +71,9 @@ def _native_layer_norm(x: torch.Tensor, normalized_shape: Any, weight: Any, bias
     if x.device.type == "cpu":
         params = [t.dtype for t in (weight, bias) if t is not None]
         stats = params[0] if params and params[0] != x.dtype else x.dtype
-    return out.to(x.dtype), mean.to(stats), rstd.to(stats)
+    # eager's kernel writes a contiguous result whatever the input's layout (a transposed attention output): the
+    # strides decide the paths of what follows (linear folds a contiguous 3-D input into one addmm)
+    return out.to(x.dtype).contiguous(), mean.to(stats), rstd.to(stats)
 
 
 def _integral_scalars(t: torch.Tensor, *scalars: Any) -> tuple[Any, ...]:

@@ -101,6 +101,38 @@ def test_native_layer_norm_statistics_come_back_in_eagers_dtypes(affine):
         torch.testing.assert_close(g, e, atol=2e-2, rtol=2e-2)
 
 
+class _TransposedNormHead(torch.nn.Module):
+    """SigLIP's attention-pooling head as PaliGemma returns it: LayerNorm of a transposed attention output, a
+    projection, and the projection returned twice (``.to`` of its own dtype is the same tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.proj = torch.nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.norm(x.transpose(0, 1))
+        y = self.proj(h)
+        return y.to(torch.float32), y, h
+
+
+def test_layer_norm_output_is_contiguous_as_eagers_so_training_graphs_alias_as_in_eager():
+    """A strided LayerNorm result sent linear down its matmul + in-place bias path, and AOTAutograd lost the base
+    of the aliased outputs (a TypeError in its output wrapper while training)."""
+    torch.manual_seed(0)
+    model = _TransposedNormHead()
+    x = torch.randn(4, 2, 8)
+    got, want = [], []
+    for fn, results in ((torch.compile(model, backend="neuron", dynamic=False), got), (model, want)):
+        leaf = x.clone().requires_grad_(True)
+        outs = fn(leaf)
+        grads = torch.autograd.grad(sum(o.square().sum() for o in outs), [leaf, *model.parameters()])
+        results.extend([*(o.detach() for o in outs), *grads])
+    assert got[2].stride() == want[2].stride() == (32, 8, 1)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 2, 0), (0, 1, 2, 3)], ids=["swap", "reverse", "same"])
 def test_copy_into_a_buffer_keeps_the_buffers_layout_for_later_views(perm):
     # copy_ into a fresh buffer (functionalized into aten.copy) must come out laid out like the buffer, not like the
