@@ -49,6 +49,27 @@ def test_batchnorm_training_updates_running_stats():
     assert int(m.num_batches_tracked) == int(ref.num_batches_tracked) == 2
 
 
+def test_batchnorm_gradients_of_a_transposed_input_match_float64():
+    """CLAP's audio encoder normalises mel bins with BatchNorm2d on ``x.transpose(1, 3)`` ([B, mels, T, 1]): that
+    input is channels-last strided while the gradient reaching it is contiguous. The weight and bias gradients are
+    checked against float64 autograd of the formula, not eager: torch 2.13's and 2.14's CPU batch_norm backward
+    mixes the two layouts there (its gradients are off by more than their own size; the same values laid out
+    contiguously give the right ones). The compiled graph's decomposition computes them on the logical values."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(16)
+    torch.nn.init.uniform_(bn.weight, 0.5, 1.5)
+    x, probe = torch.randn(2, 1, 16, 16), torch.randn(2, 16, 16, 1)
+    y = _compile(lambda t: bn(t.transpose(1, 3)))(x)
+    got = torch.autograd.grad((y * probe).sum(), [bn.weight, bn.bias])
+    xd = x.double().transpose(1, 3)
+    mean, var = xd.mean((0, 2, 3), keepdim=True), xd.var((0, 2, 3), unbiased=False, keepdim=True)
+    w, b = bn.weight.detach().double().requires_grad_(True), bn.bias.detach().double().requires_grad_(True)
+    yd = (xd - mean) / (var + bn.eps).sqrt() * w[:, None, None] + b[:, None, None]
+    want = torch.autograd.grad((yd * probe.double()).sum(), [w, b])
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-5)
+
+
 def test_batchnorm_eval_uses_running_stats():
     m = torch.nn.BatchNorm1d(6).eval()
     m.running_mean.uniform_(-1, 1)
