@@ -14,7 +14,9 @@ renders, in order). Output, all used by the renderer only (the IR stays unchange
   read the tile a second time.
 - :func:`use_moments`: a row's sum and its sum of squared deviations from the mean (LayerNorm, var)
   become one VectorE statistics pass (``bn_stats`` per 512 elements + ``bn_aggr``) instead of a reduce,
-  a centring pass and a square-and-sum pass over the resident row.
+  a centring pass and a square-and-sum pass over the resident row. The template takes the statistics of
+  the row shifted by its first element (ScalarE, a chunk ahead), so the variance keeps its precision
+  where the mean dwarfs the spread.
 """
 
 from __future__ import annotations
@@ -291,7 +293,14 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
     VectorE hop (a write-back wait) in every row's statistics chain; the values are bn_aggr's without the
     multiply-and-divide round trip (one fp32 rounding fewer each). Attrs ``as_mean`` / ``as_var`` of the moments
     op: it writes the mean / variance itself, as a view of its ``bn_aggr`` tile where the kernel allocates the
-    result for it (:func:`reduction_tiles`), else by a copy into the tile it is given (a row group's column)."""
+    result for it (:func:`reduction_tiles`), else by a copy into the tile it is given (a row group's column).
+
+    Attr ``shift``: take the statistics of ``x0 - x`` (x0 the row's first element). bn_stats keeps fp32 means, so
+    where |mean| >> spread the raw row's variance loses digits to ulps of the mean (1e4 + randn over 8 elements:
+    7e-4 relative; eager: 6e-8); shifted, it keeps the spread's precision, for one ScalarE pass over the row. A
+    normalisation (the mean only centres rows, the variance only feeds a (r)sqrt) skips it: its result's error is
+    already set by the fp32 rounding of the mean, as in eager's kernels, and the statistics' error is of that
+    order; GPT-2's LayerNorms cannot spare ScalarE the pass."""
     def readers(name: str) -> list[TileOp]:
         return [op for op in ops if name in op.args and op.opcode != "moments_var"]
 
@@ -304,12 +313,13 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
     var_view = bool(scaled) and all(u.opcode == "activation" and u.kind == "row" and len(u.args) == 3
                                     and u.args[0] == q and q not in u.args[1:] and isinstance(u.args[1], float)
                                     and abs(u.args[1] * count - 1.0) < 1e-6 for u in scaled)
-    if not (mean_view or var_view):
-        return ops
+    normalises = mean_view and bool(scaled) and all(u.opcode == "activation" and u.kind == "row"
+                                                    and u.attr("func") in ("sqrt", "rsqrt") for u in scaled)
     out: list[TileOp] = []
     for op in ops:
         if op.out == s and op.attr("op") == "moments":
-            op = replace(op, attrs=op.attrs + (("as_mean", mean_view), ("as_var", var_view)))
+            op = replace(op, attrs=op.attrs + (("as_mean", mean_view), ("as_var", var_view),
+                                               ("shift", not normalises)))
         elif mean_view and op.out == nm:
             continue
         elif mean_view and nm in op.args:

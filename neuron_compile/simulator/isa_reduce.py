@@ -215,7 +215,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None, **removed
         cnt = part.shape[1]
         rec[:, 3 * j] = cnt
         if cnt:
-            mean = part.mean(axis=1, dtype=F32)
+            mean = part.mean(axis=1, dtype=np.float64).astype(F32)  # a running mean: no overflow of a sum
             rec[:, 3 * j + 1] = mean
             rec[:, 3 * j + 2] = np.square(part - mean[:, None]).sum(axis=1, dtype=F32)
     C.write(dst, rec)

@@ -3,8 +3,9 @@ instead of a reduce, a centring pass and a square-and-sum pass (codegen/loop_sch
 DMAs on separate queues (loads from ScalarE's, stores from SyncE's).
 
 The rewrite is checked on the tile program (what it matches, what it refuses) and end to end on the simulator
-against eager PyTorch and a float64 reference, including rows far from zero mean and widths that are not a
-multiple of the 512 elements one ``bn_stats`` reads.
+against eager PyTorch and a float64 reference, including rows far from zero mean (the statistics are of the row
+shifted by its first element, so the variance keeps its precision) and widths that are not a multiple of the 512
+elements one ``bn_stats`` reads.
 """
 
 from __future__ import annotations
@@ -119,6 +120,34 @@ def test_layernorm_statistics_match_eager_far_from_zero_mean(rows: int, width: i
         ref64 = torch.nn.functional.layer_norm(x.double(), (width,), m.weight.double(), m.bias.double(), m.eps)
         torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-4)
     assert (got.double() - ref64).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("width", [8, 64, 1000])
+@pytest.mark.parametrize("offset", [10.0, 1e3, 1e4])
+def test_variance_keeps_its_precision_far_from_zero_mean(width: int, offset: float) -> None:
+    """torch.var over a resident row runs as bn_stats/bn_aggr; their fp32 record means lose the spread to ulps of
+    the mean (1e4 + randn: 7e-4 relative before the shift by the row's first element; eager: 6e-8)."""
+    torch.manual_seed(0)
+    x = offset + torch.randn(64, width)
+
+    def var(t: torch.Tensor) -> torch.Tensor:
+        return torch.var(t, 1, correction=0)
+
+    got, sources = _compile(var, x)
+    (src,) = sources
+    assert "nisa.bn_stats(" in src and check_source_against_api(src) == []
+    ref = var(x.double())
+    assert ((got.double() - ref).abs() / ref).max() < 5e-7  # eager: 6e-8; two fp32 roundings of the shift and mean
+
+
+def test_variance_of_rows_with_inf_nan_and_huge_values_matches_eager() -> None:
+    x = torch.randn(5, 700)
+    x[0, 0] = float("inf")  # the shift itself
+    x[1, 5] = float("inf")
+    x[2, 0] = float("nan")
+    x[3, 0] = 3e38  # the squares overflow: inf, not the nan of an overflowed sum in the statistics
+    got, _ = _compile(lambda t: torch.var(t, 1), x)
+    torch.testing.assert_close(got, torch.var(x, 1), equal_nan=True)
 
 
 def test_streamed_rows_keep_their_reductions() -> None:
