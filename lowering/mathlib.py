@@ -102,13 +102,14 @@ def trunc(b: ProgramBuilder, x: TileVal) -> TileVal:
 
 
 def log(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """Natural log over the whole fp32 range (ScalarE log is valid on [2^-64, 2^64] only)."""
+    """Natural log over the whole fp32 range, subnormals included (ScalarE log is valid on [2^-64, 2^64] only)."""
     big = b.binary("greater", x, 2.0**63)
     small = b.binary("less", x, 2.0**-63)
-    scale = b.select(big, 2.0**-64, b.select(small, 2.0**64, b.fill(1.0, x.kind)))
+    tiny = b.binary("less", x, 2.0**-126)  # subnormals down to 2^-149 land in [2^-49, 2^-26)
+    scale = b.select(big, 2.0**-64, b.select(tiny, 2.0**100, b.select(small, 2.0**64, b.fill(1.0, x.kind))))
     xs = b.binary("multiply", x, scale)
     xs = b.binary("minimum", b.binary("maximum", xs, 2.0**-64), 2.0**64)  # 0, negatives, inf: fixed below
-    offset = b.select(big, 64 * LN2, b.select(small, -64 * LN2, b.fill(0.0, x.kind)))
+    offset = b.select(big, 64 * LN2, b.select(tiny, -100 * LN2, b.select(small, -64 * LN2, b.fill(0.0, x.kind))))
     y = b.binary("add", b.activation("log", xs), offset)
     y = b.select(b.binary("equal", x, 0.0), -INF, y)
     y = b.select(b.binary("equal", x, INF), INF, y)
@@ -461,7 +462,7 @@ def erfc_cf(b: ProgramBuilder, a: TileVal) -> TileVal:
 def erfc(b: ProgramBuilder, x: TileVal) -> TileVal:
     """erfc over the whole line: 1 - erf(|x|) below 1, the continued fraction above; 2 - erfc(-x) for x < 0."""
     a = absval(b, x)
-    ac = b.binary("maximum", a, 1.0)
+    ac = b.binary("minimum", b.binary("maximum", a, 1.0), 11.0)  # erfc(11) = 1e-54: 0 in fp32, as beyond (inf too)
     tail = b.divide(exp_neg_sq(b, ac), b.binary("multiply", erfc_cf(b, ac), _SQRT_PI))  # type: ignore[arg-type]
     r = b.select(b.binary("less", a, 1.0), b.binary("subtract", 1.0, b.activation("erf", a)), tail)
     r = b.select(b.binary("less", x, 0.0), b.binary("subtract", 2.0, r), r)
@@ -475,6 +476,7 @@ def erfcx(b: ProgramBuilder, x: TileVal) -> TileVal:
     e2 = b.reciprocal(exp_neg_sq(b, b.binary("minimum", x, 1.0)))  # type: ignore[arg-type]
     body = b.binary("multiply", e2, erfc(b, b.binary("minimum", x, 1.0)))  # type: ignore[arg-type]
     r = b.select(b.binary("less", x, 1.0), body, tail)
+    r = b.select(b.binary("less", x, -9.5), INF, r)  # 2 e^(x^2) > fp32 max (and no inf * 0 at -inf)
     return keep_nan(b, x, r)  # type: ignore[arg-type]
 
 
@@ -560,6 +562,10 @@ def lgamma(b: ProgramBuilder, x: TileVal) -> TileVal:
     s = absval(b, sinpi(b, x))
     lr = b.binary("subtract", b.binary("subtract", math.log(math.pi), log(b, s)), lg)
     r = b.select(refl, lr, lg)
+    # |x| < 2^-40: -log|x| (the rest, -0.577 x, is below an ulp); sin(pi x) of a subnormal x has lost its digits
+    r = b.select(b.binary("less", absval(b, x), 2.0**-40), neg(b, log(b, absval(b, x))), r)
+    pole = b.binary("logical_and", b.binary("equal", x, floor(b, x)), b.binary("less_equal", x, 0.0))
+    r = b.select(pole, INF, r)  # 0, -1, -2, ... and every float beyond -2^23 (all integers): inf, as eager
     r = b.select(b.binary("equal", absval(b, x), INF), INF, r)
     return keep_nan(b, x, r)
 
@@ -610,9 +616,10 @@ def bessel_i(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal
     for k in range(1, 8):
         term = b.binary("multiply", term, b.binary("multiply", inv8a, -(mu - (2 * k - 1) ** 2) / k))  # type: ignore[assignment]
         total = b.binary("add", total, term)  # type: ignore[assignment]
-    asym = b.binary("multiply", total, b.reciprocal(sqrt(b, b.binary("multiply", big_a, 2 * math.pi))))
-    if not scaled:  # e^a as (e^(a/2))^2: finite up to a ~ 177 like eager's fp32 result
-        h = exp(b, big_a, scale=0.5)
+    # 1 / sqrt(2 pi a) as 1 / sqrt(a) times a constant: 2 pi a overflows for a > 5.4e37
+    asym = b.binary("multiply", total, b.binary("multiply", b.reciprocal(sqrt(b, big_a)), 1.0 / math.sqrt(2 * math.pi)))
+    if not scaled:  # e^a as (e^(a/2))^2: finite up to a ~ 177 like eager's fp32 result, inf beyond (not inf * 0)
+        h = exp(b, b.binary("minimum", big_a, 200.0), scale=0.5)
         asym = b.binary("multiply", b.binary("multiply", asym, h), h)
     r = b.select(b.binary("greater", a, 20.0), asym, series)
     if order == 1:

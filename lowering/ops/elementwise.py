@@ -456,6 +456,7 @@ def lower_to_copy(ctx, node, x, *args, **kwargs):
     if is_int_compute(node) or _dtype(node) in INTS:
         if isinstance(x, TileVal) and x.dtype == "float32":
             mode, ctx.b.int_mode = ctx.b.int_mode, False
+            x = _rounded(ctx, node.args[0], x)  # a bf16 intermediate truncates as the bf16 value eager holds
             x = ctx.b.cast(mathlib.trunc(ctx.b, x), "int32")
             ctx.b.int_mode = mode
         elif not isinstance(x, TileVal):

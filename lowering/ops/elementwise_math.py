@@ -143,10 +143,20 @@ def lower_zeta(ctx: Any, node: fx.Node, x: Any, q: Any) -> Any:
 # -- rounding --------------------------------------------------------------------------------------
 
 
+def _held(ctx: Any, node: fx.Node, *vals: Any) -> list[Any]:
+    """The operands as eager holds them: a bf16/fp16 intermediate computed in the kernel (fp32 tiles) rounded to its
+    dtype first, so a step function (floor, fmod, ...) steps where eager's does (floor(2.9995) is 2, of its bf16
+    value 3)."""
+    from neuron_compile.lowering.ops.elementwise import _rounded
+
+    return [_rounded(ctx, a, v) for a, v in zip(node.args, vals, strict=False)]
+
+
 def _rounding(fn: Any, doc: str) -> Any:
     def rule(ctx: Any, node: fx.Node, x: Any, *args: Any, **kwargs: Any) -> Any:
         if is_int_compute(node):
             return x  # integers are their own floor/ceil/round
+        (x,) = _held(ctx, node, x)
         return fn(ctx.b, ctx.b.cast(x, "float32"))  # a constant operand comes as a fill tile (the emitter's rule)
 
     rule.__doc__ = doc
@@ -167,7 +177,7 @@ register_lowering(aten.round.default, family="elementwise")(
 def lower_round_decimals(ctx: Any, node: fx.Node, x: Any, *, decimals: int = 0) -> Any:
     """aten.round(decimals=d): round(x * 10^d) / 10^d as torch computes it (10^-d scaling for d < 0)."""
     b = ctx.b
-    x = _tile(b, x)
+    x = _tile(b, *_held(ctx, node, x))
     if decimals >= 0:
         scale = 10.0 ** decimals
         return b.divide(m.rint(b, b.binary("multiply", x, scale)), scale)  # type: ignore[arg-type]
@@ -178,7 +188,7 @@ def lower_round_decimals(ctx: Any, node: fx.Node, x: Any, *, decimals: int = 0) 
 @register_lowering(aten.frac.default, family="elementwise", check=_float_out)
 def lower_frac(ctx: Any, node: fx.Node, x: Any) -> Any:
     """aten.frac: x - trunc(x)."""
-    x = _tile(ctx.b, x)
+    x = _tile(ctx.b, *_held(ctx, node, x))
     return ctx.b.binary("subtract", x, m.trunc(ctx.b, x))
 
 
@@ -382,6 +392,7 @@ def lower_fmod(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     if is_int_compute(node):
         return _int_divmod(b, *_int_operands(b, x, y), floor=False)[1]
     b.int_mode = False
+    x, y = _held(ctx, node, x, y)
     return _float_fmod(b, _tile(b, x, y), _tile(b, y, x))
 
 
@@ -392,6 +403,7 @@ def lower_remainder(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     if is_int_compute(node):
         return _int_divmod(b, *_int_operands(b, x, y), floor=True)[1]
     b.int_mode = False
+    x, y = _held(ctx, node, x, y)
     a, d = _tile(b, x, y), _tile(b, y, x)
     r = _float_fmod(b, a, d)
     fix = b.binary("logical_and", b.binary("not_equal", r, 0.0),
@@ -414,6 +426,7 @@ def lower_div_mode(ctx: Any, node: fx.Node, x: Any, y: Any, *, rounding_mode: st
         a, d = _int_operands(b, x, y)
         return _int_divmod(b, a, d, floor=rounding_mode == "floor")[0]
     b.int_mode = False
+    x, y = _held(ctx, node, x, y)
     a, d = _tile(b, x, y), _tile(b, y, x)
     if rounding_mode == "trunc":
         return m.trunc(b, b.divide(a, d))  # type: ignore[arg-type]
