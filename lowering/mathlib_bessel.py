@@ -81,7 +81,8 @@ def bessel_y(b: ProgramBuilder, x: TileVal, order: int) -> TileVal:
     """Y0 or Y1 of the second kind: NaN for x < 0, -inf at 0 (either sign), NaN at inf as eager."""
     s = b.binary("minimum", b.binary("maximum", x, 2.0**-149), tab.J_SPLIT)
     t = _in_square(b, s, tab.J_SPLIT)
-    log_half = b.binary("multiply", b.binary("subtract", log(b, s), math.log(2.0)), _TWO_OVER_PI)  # s / 2 of 2^-149: 0  # type: ignore[arg-type]
+    # log(s) - log 2, not log(s / 2): half the least subnormal rounds to 0
+    log_half = b.binary("multiply", b.binary("subtract", log(b, s), math.log(2.0)), _TWO_OVER_PI)  # type: ignore[arg-type]
     if order == 0:
         small = b.binary("add", clenshaw(b, t, tab.Y0_SMALL), b.binary("multiply", log_half, clenshaw(b, t, tab.J0_SMALL)))
     else:
@@ -101,7 +102,7 @@ def bessel_k(b: ProgramBuilder, x: TileVal, order: int, scaled: bool) -> TileVal
     """K0 or K1 (``scaled``: times e^x): NaN for x < 0, inf at 0, 0 at inf."""
     s = b.binary("minimum", b.binary("maximum", x, 2.0**-149), tab.K_SPLIT)
     t = _in_square(b, s, tab.K_SPLIT)
-    lg = b.binary("subtract", log(b, s), math.log(2.0))  # not log(s / 2): half the least subnormal rounds to 0  # type: ignore[arg-type]
+    lg = b.binary("subtract", log(b, s), math.log(2.0))  # type: ignore[arg-type]  # not log(s / 2), as bessel_y
     if order == 0:
         small = b.binary("subtract", clenshaw(b, t, tab.K0_SMALL), b.binary("multiply", lg, clenshaw(b, t, tab.I0_SMALL)))
     else:
