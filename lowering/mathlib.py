@@ -558,15 +558,17 @@ def lgamma(b: ProgramBuilder, x: TileVal) -> TileVal:
     zs = b.select(shift, b.binary("add", z, 8.0), z)
     lg = _stirling_lgamma(b, zs)
     lg = b.select(shift, b.binary("subtract", lg, log(b, prod)), lg)
-    # reflection: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x)
-    s = absval(b, sinpi(b, x))
-    lr = b.binary("subtract", b.binary("subtract", math.log(math.pi), log(b, s)), lg)
+    # reflection: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x); below |x| = 2^-40 as log(1 / |x|) (pi x of a
+    # subnormal x has lost its digits; the rest of lgamma, -0.577 x, is below an ulp there)
+    a = absval(b, x)
+    tiny = b.binary("less", a, 2.0**-40)
+    s = b.select(tiny, a, absval(b, sinpi(b, x)))
+    log_pi = b.select(tiny, 0.0, b.fill(math.log(math.pi), x.kind))
+    lr = b.binary("subtract", b.binary("subtract", log_pi, log(b, s)), lg)
     r = b.select(refl, lr, lg)
-    # |x| < 2^-40: -log|x| (the rest, -0.577 x, is below an ulp); sin(pi x) of a subnormal x has lost its digits
-    r = b.select(b.binary("less", absval(b, x), 2.0**-40), neg(b, log(b, absval(b, x))), r)
     pole = b.binary("logical_and", b.binary("equal", x, floor(b, x)), b.binary("less_equal", x, 0.0))
     r = b.select(pole, INF, r)  # 0, -1, -2, ... and every float beyond -2^23 (all integers): inf, as eager
-    r = b.select(b.binary("equal", absval(b, x), INF), INF, r)
+    r = b.select(b.binary("equal", a, INF), INF, r)
     return keep_nan(b, x, r)
 
 
