@@ -16,6 +16,7 @@ from neuron_compile.lowering import mathlib as m
 from neuron_compile.lowering import mathlib_bessel as mb
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
+from neuron_compile.lowering.ops.elementwise import _rounded
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -147,8 +148,6 @@ def _held(ctx: Any, node: fx.Node, *vals: Any) -> list[Any]:
     """The operands as eager holds them: a bf16/fp16 intermediate computed in the kernel (fp32 tiles) rounded to its
     dtype first, so a step function (floor, fmod, ...) steps where eager's does (floor(2.9995) is 2, of its bf16
     value 3)."""
-    from neuron_compile.lowering.ops.elementwise import _rounded
-
     return [_rounded(ctx, a, v) for a, v in zip(node.args, vals, strict=False)]
 
 
