@@ -104,7 +104,8 @@ class Operand:
     rs: int  # stride along the non-contraction dim (m for A, n for B)
     ks: int  # stride along K
     rows: int  # non-contraction size
-    dtype: str
+    dtype: str  # its tiles' dtype
+    src_dtype: str = ""  # the HBM tensor's, when a converting DMA loads it (FP8 into bfloat16 tiles)
 
     def transposable(self) -> bool:
         """Contraction dim contiguous, the other not: a PE transpose gives contiguous loads."""
@@ -118,7 +119,7 @@ def dma_transposable(op: Operand, K: int, target: str | None = None) -> bool:
     from neuron_compile.simulator.targets import LIMITS
 
     return (LIMITS[target or config.target].nc_version >= 3 and ITEMSIZE[op.dtype] == 2 and op.rows % 16 == 0
-            and K % PMAX == 0)
+            and K % PMAX == 0 and op.src_dtype in ("", op.dtype))  # a DMA transpose converts no dtype
 
 
 def geometry(k: LoopKernel) -> tuple[int, int, int]:
@@ -137,9 +138,9 @@ def operands(k: LoopKernel) -> tuple[Operand, Operand]:
     a_arg, a_off, a_st = mm.attr("a")
     b_arg, b_off, b_st = mm.attr("b")
     a = Operand(f"in{a_arg}", _offset(a_off, list(zip(outer, a_st[:k.n_outer], strict=True))), a_st[k.n_outer],
-                int(mm.attr("ak")), m, mm.attr("a_dtype"))
+                int(mm.attr("ak")), m, mm.attr("a_dtype"), k.inputs[a_arg].dtype)
     b = Operand(f"in{b_arg}", _offset(b_off, list(zip(outer, b_st[:k.n_outer], strict=True))), b_st[-1],
-                int(mm.attr("bk")), n, mm.attr("b_dtype"))
+                int(mm.attr("bk")), n, mm.attr("b_dtype"), k.inputs[b_arg].dtype)
     return a, b
 
 

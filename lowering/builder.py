@@ -236,8 +236,24 @@ class ProgramBuilder:
         return self.emit("iota", "full", (), {"coeffs": coeffs_name})
 
     def round_to(self, x: TileVal, dtype: str) -> TileVal:
-        """Round through ``dtype`` (bf16/fp16) and back, as eager does between ops of that dtype."""
-        return self.emit("round", x.kind, (self.cast(x, "float32"),), {"via": dtype})
+        """Round through ``dtype`` (bf16/fp16/fp8) and back, as eager does between ops of that dtype.
+
+        float8_e4m3fn has no infinity: torch saturates out-of-range values (inf too) to +-448, where a
+        conversion on write would give NaN, so the value is clamped first (NaN stays NaN)."""
+        x = self.cast(x, "float32")
+        if dtype == "float8_e4m3fn":
+            x = self.saturate_e4m3fn(x)
+        return self.emit("round", x.kind, (x,), {"via": dtype})
+
+    def saturate_e4m3fn(self, x: TileVal) -> TileVal:
+        """``x`` clamped to float8_e4m3fn's finite range (NaN stays NaN), as torch's conversion saturates."""
+        return self.binary("minimum", self.binary("maximum", self.cast(x, "float32"), -E4M3FN_MAX), E4M3FN_MAX)
+
+    def rounded_via(self, x: TileVal, dtype: str) -> bool:
+        """Whether ``x`` is the result of ``round_to(..., dtype)`` (or a load of a ``dtype`` value: stored as is)."""
+        producer = next((op for op in reversed(self.ops) if op.out == x.name), None)
+        return producer is not None and (producer.opcode == "round" and producer.attr("via") == dtype
+                                         or producer.opcode == "load" and producer.attr("src_dtype") == dtype)
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(self, op: str, x: TileVal, negate: bool = False) -> TileVal:
@@ -257,6 +273,9 @@ class ProgramBuilder:
             x = self.broadcast_to(x, "full")
         val = self.emit("reduce", "row", (x,), {"op": op, "negate": negate}, dtype=x.dtype, phase=x.phase)
         return TileVal(val.name, "row", val.dtype, x.phase + 1)
+
+
+E4M3FN_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
 def on_true_kind(kind: str, cond: TileVal) -> str:

@@ -437,6 +437,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     from neuron_compile.lowering.decomp_attention import ATTENTION
     from neuron_compile.lowering.decomp_bits import BITS
     from neuron_compile.lowering.decomp_fakequant import FAKEQUANT
+    from neuron_compile.lowering.decomp_fp8 import FP8_DECOMPOSITIONS
     from neuron_compile.lowering.decomp_igamma import IGAMMA
     from neuron_compile.lowering.decomp_index import INDEX
     from neuron_compile.lowering.decomp_intmm import INTMM
@@ -449,6 +450,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table.update(ATTENTION)
     table.update(BITS)
     table.update(FAKEQUANT)
+    table.update(FP8_DECOMPOSITIONS)
     table.update(IGAMMA)
     table.update(NN)
     table.update(INDEX)

@@ -154,6 +154,9 @@ class GraphLowering:
     def view_of(self, node: fx.Node) -> View:
         if node in self.views:
             return self.views[node]
+        if node in self.part.widened:  # an exact fp32 cast only matmuls read: they read its narrow source
+            src = self.view_of(node.args[0])
+            return View(src.buffer, src.shape, src.strides, src.offset, node_dtype(node))
         if is_tuple_item(node):
             raise LoweringError(f"{node.name}: item {node.args[1]} of {node.args[0].name} ({node.args[0].target}) "
                                 f"was not defined by its producer's lowering")
@@ -327,6 +330,10 @@ def _eager_layout(node: fx.Node, view: View) -> tuple[int, ...] | None:
     return strides
 
 
+# storage dtype -> the matmul operand tile it loads into exactly
+_NARROW_OPERAND = {"bfloat16": "bfloat16", "float16": "float16", "float8_e5m2": "bfloat16", "float8_e4m3fn": "bfloat16"}
+
+
 class LoopGroupEmitter:
     """Builds one LoopKernel from a pointwise / reduction / matmul group."""
 
@@ -493,8 +500,11 @@ class LoopGroupEmitter:
             if role == "full" and val.kind == "row" and any(strides[d] for d in g.red):
                 # a value constant along the reduced dims (computed from broadcast inputs) stored at full size
                 val = b.broadcast_to(val, "full")
-            b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides),
-                                               "dst_dtype": self.gl.buffers[buf].dtype}, phase=val.phase)
+            dst_dtype = self.gl.buffers[buf].dtype
+            if dst_dtype == "float8_e4m3fn" and isinstance(val, TileVal) and not b.rounded_via(val, dst_dtype):
+                val = b.saturate_e4m3fn(val)  # a value computed in fp32 (a matmul's): torch saturates it
+            b.emit("store", val.kind, (val,), {"access": (len(results) - 1, 0, strides), "dst_dtype": dst_dtype},
+                   phase=val.phase)
         for node, mark, why in guards:
             self._store_flag(node, mark, why, kernel_index, results)
         self._finish(kernel_index, results)
@@ -562,8 +572,19 @@ class LoopGroupEmitter:
         k = av.shape[-1]
         attrs = {"a": (self.args.index(av.buffer), av.offset, a_sp), "ak": av.strides[-1],
                  "b": (self.args.index(bv.buffer), bv.offset, b_sp), "bk": bv.strides[-2], "k": k,
-                 "a_dtype": storage_dtype(av.torch_dtype), "b_dtype": storage_dtype(bv.torch_dtype)}
+                 **self._operand_dtypes(av, bv)}
         return self.b.emit("matmul", "full", (), attrs, phase=0)
+
+    def _operand_dtypes(self, av: View, bv: View) -> dict[str, str | None]:
+        """The operands' tile dtypes: their storage dtypes, FP8 loaded as bfloat16 (a converting DMA, exact: every
+        FP8 value is a bfloat16 one), so TensorE transposes and DMA transposes keep their 16-bit forms; TensorE
+        multiplies both at one rate (cFP8 = BF16 on trn2; trn3's 2x FP8 needs double-row tiles). A narrow buffer
+        read as fp32 (``mm(a.float(), w.float())``) keeps its narrow dtype when the other operand's matches (TensorE
+        pairs fp32 only with fp32)."""
+        narrow = [_NARROW_OPERAND.get(self.gl.buffers[v.buffer].dtype) for v in (av, bv)]
+        if narrow[0] is not None and narrow[0] == narrow[1]:
+            return {"a_dtype": narrow[0], "b_dtype": narrow[1]}
+        return {"a_dtype": storage_dtype(av.torch_dtype), "b_dtype": storage_dtype(bv.torch_dtype)}
 
     def _roles(self) -> tuple[list[str], str, str]:
         g = self.g

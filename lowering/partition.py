@@ -49,6 +49,7 @@ class Partition:
     group_of: dict[fx.Node, Group]
     absorbed: set[fx.Node]  # view nodes folded into their input's group
     inlined: dict[fx.Node, float] = field(default_factory=dict)  # scalar constants folded into consumers
+    widened: set[fx.Node] = field(default_factory=set)  # exact fp32 casts read by matmuls from their narrow source
 
 
 def reduce_dims_of(node: fx.Node) -> tuple[int, ...] | None:
@@ -71,6 +72,7 @@ class Partitioner:
         self.group_of: dict[fx.Node, Group] = {}
         self.absorbed: set[fx.Node] = set()
         self.inlined: dict[fx.Node, float] = {}
+        self.widened: set[fx.Node] = set()
 
     def run(self) -> Partition:
         for node in self.gm.graph.nodes:
@@ -81,6 +83,9 @@ class Partitioner:
             rule = lookup(node.target)
             assert rule is not None, f"unsupported node {node} reached the partitioner"
             kind = rule.kind
+            if self.fuse and widened_matmul_operand(node):
+                self.widened.add(node)  # no kernel: the matmuls load the narrow source (see the function)
+                continue
             value = self._inlinable_constant(node)
             if value is not None:
                 self.inlined[node] = value
@@ -98,7 +103,7 @@ class Partitioner:
                 self._new(node, kind, node_shape(node), reason=f"{kind} ops run as their own kernel")
             if log.isEnabledFor(logging.DEBUG):
                 self._log_decision(node)
-        return Partition(self.groups, self.group_of, self.absorbed, self.inlined)
+        return Partition(self.groups, self.group_of, self.absorbed, self.inlined, self.widened)
 
     def _log_decision(self, node: fx.Node) -> None:
         """One DEBUG line per node: which kernel group it went to, and why a new group started."""
@@ -311,6 +316,27 @@ class Partitioner:
 
 
 _aten = torch.ops.aten
+_NARROW_FLOATS = (torch.bfloat16, torch.float16, torch.float8_e5m2, torch.float8_e4m3fn)
+_CASTS = (_aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+_MATMULS = (_aten.mm.default, _aten.bmm.default)
+
+
+def widened_matmul_operand(node: fx.Node) -> bool:
+    """A cast of a bf16/fp16/fp8 value to fp32 read only as matmul operands (``mm(a.float(), w.float())``,
+    ``_scaled_mm``'s decomposition): the matmuls read the narrow value instead, with no cast kernel in between.
+    Exact: every such value is an fp32 value, and TensorE's products of two bf16 (or fp16) values are exact in
+    its fp32 accumulation, as eager's fp32 products of them are."""
+    src = node.args[0] if node.args else None
+    if node.target not in _CASTS or not isinstance(src, fx.Node) or set(node.kwargs) - {"dtype", "layout", "device"}:
+        return False
+    val, sval = node.meta.get("val"), src.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(sval, torch.Tensor) or val.dtype != torch.float32 \
+            or sval.dtype not in _NARROW_FLOATS or val.shape != sval.shape:
+        return False
+    return bool(node.users) and all(u.op == "call_function" and u.target in _MATMULS and node not in u.args[2:]
+                                    and not u.kwargs for u in node.users)
+
+
 _FILL_CONSTANTS = {_aten.full.default, _aten.scalar_tensor.default, _aten.full_like.default}
 MATMUL_ROW_MAX = 2048  # widest matmul output row a reduction may join (one N block, held in SBUF)
 _LAYOUT_VIEWS: set[object] = set()  # filled by lowering.ops.movement: reshape-like views (view, unsqueeze, ...)

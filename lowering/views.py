@@ -26,6 +26,8 @@ STORAGE_DTYPE: dict[torch.dtype, str] = {
     torch.int8: "int8",
     torch.uint8: "uint8",
     torch.bool: "uint8",
+    torch.float8_e5m2: "float8_e5m2",
+    torch.float8_e4m3fn: "float8_e4m3fn",  # NC-v4 (trn3) only: refused for older targets (see the pipeline)
 }
 
 

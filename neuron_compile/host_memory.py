@@ -32,7 +32,9 @@ _VIEW_DTYPES: dict[torch.dtype, tuple[Any, Any]] = {
     torch.float16: (np.float16, np.float16), torch.bfloat16: (np.int16, "bfloat16"),  # ml_dtypes', on first use
     torch.int64: (np.int64, np.int64), torch.int32: (np.int32, np.int32), torch.int16: (np.int16, np.int16),
     torch.int8: (np.int8, np.int8), torch.uint8: (np.uint8, np.uint8), torch.bool: (np.uint8, np.uint8),
+    torch.float8_e4m3fn: (np.uint8, "float8_e4m3fn"), torch.float8_e5m2: (np.uint8, "float8_e5m2"),
 }
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # NumPy types from ml_dtypes
 
 
 class _TensorMemory:
@@ -48,17 +50,17 @@ class _TensorMemory:
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
-    """A NumPy array sharing ``t``'s memory (bf16 as ``ml_dtypes.bfloat16``, bool as uint8), without
+    """A NumPy array sharing ``t``'s memory (bf16/fp8 as ``ml_dtypes`` types, bool as uint8), without
     marking ``t``'s storage non-resizable as ``Tensor.numpy()`` does."""
     if t.device.type != "cpu":
         raise ValueError(f"numpy_view needs a CPU tensor, got one on {t.device}")
     if t.dtype not in _VIEW_DTYPES:
         raise TypeError(f"numpy_view: dtype {t.dtype} has no NumPy equivalent here")
     raw, shown = _VIEW_DTYPES[t.dtype]
-    if shown == "bfloat16":  # ml_dtypes is imported only when a bf16 tensor is seen (its import costs seconds)
+    if shown in _ML_DTYPES:  # ml_dtypes is imported only when a bf16/fp8 tensor is seen (its import costs seconds)
         import ml_dtypes
 
-        shown = ml_dtypes.bfloat16
+        shown = getattr(ml_dtypes, shown)
     if t.numel() == 0:
         return np.empty(tuple(t.shape), dtype=shown)
     arr = np.asarray(_TensorMemory(t.detach(), raw))
@@ -66,9 +68,9 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
 
 
 def torch_copy(a: np.ndarray) -> torch.Tensor:
-    """A torch-owned CPU tensor (resizable storage) holding a copy of ``a`` (bf16 from ``ml_dtypes``)."""
-    if a.dtype.name == "bfloat16":  # ml_dtypes' bf16 (comparing by name imports nothing)
-        dtype = torch.bfloat16
+    """A torch-owned CPU tensor (resizable storage) holding a copy of ``a`` (bf16/fp8 from ``ml_dtypes``)."""
+    if a.dtype.name in _ML_DTYPES:  # ml_dtypes' types (comparing by name imports nothing)
+        dtype = getattr(torch, a.dtype.name)
     elif a.dtype == np.bool_:
         dtype = torch.bool
     else:

@@ -23,20 +23,29 @@ from typing import Any
 import torch
 from torch import fx
 
+from neuron_compile.config import config
 from neuron_compile.errors import UnsupportedOpError, source_line
 from neuron_compile.lowering.registry import qualified_name, unsupported_reason
 
 log = logging.getLogger(__name__)
 
 _SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                           torch.int16, torch.int8, torch.uint8, torch.bool}
+                           torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e5m2, torch.float8_e4m3fn}
 
-_FP8_ADVICE = ("NeuronCores multiply float8_e5m2 (and float8_e4m3fn on trn3), but this backend's kernels take no "
-               "8-bit floats: dequantize to bfloat16 outside the compiled region, or run this op eagerly")
+_E4M3FN_ADVICE = ("float8_e4m3fn is a NeuronCore-v4 (trn3) dtype: the Neuron compiler rejects it for trn1/trn2 "
+                  "(NCC_EVRF051); compile for trn3 (neuron_compile.config.target = 'trn3'), keep the tensor as "
+                  "float8_e5m2, or dequantize it to bfloat16 outside the compiled region")
+_FP8_ADVICE = ("NeuronCores store float8_e5m2 and (trn3) float8_e4m3fn, not this format: convert it to one of "
+               "those, or dequantize it to bfloat16 outside the compiled region")
 
 
 def _is_fp8(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point and dtype.itemsize == 1 or "float4" in str(dtype)
+
+
+def _target_lacks(dtype: torch.dtype) -> bool:
+    """A dtype the backend compiles that the configured target has not (float8_e4m3fn before trn3)."""
+    return dtype == torch.float8_e4m3fn and config.target in ("trn1", "trn2")
 
 
 def _dtype_advice(dtype: torch.dtype) -> str:
@@ -45,6 +54,8 @@ def _dtype_advice(dtype: torch.dtype) -> str:
         return "NeuronCores have no unsigned integers wider than 8 bits; cast it to int32, or int64 for values of 2**31 and up"
     if dtype.is_complex:
         return "complex values compile as pairs of reals only when every op on them has a real form, and an op here has none"
+    if dtype == torch.float8_e4m3fn:
+        return _E4M3FN_ADVICE
     if _is_fp8(dtype):
         return _FP8_ADVICE
     if dtype.is_floating_point:
@@ -95,8 +106,9 @@ def unsupported_nodes(gm: fx.GraphModule, rewritten: Container[fx.Node] = ()) ->
             if isinstance(val, torch.Tensor):
                 if val.is_sparse or getattr(val, "is_nested", False):
                     problems.append(f"input {node.name}: sparse/nested tensors are not supported")
-                elif val.dtype not in _SUPPORTED_INPUT_DTYPES:
-                    line = f"input {node.name}: dtype {val.dtype} is not supported ({_dtype_advice(val.dtype)})"
+                elif val.dtype not in _SUPPORTED_INPUT_DTYPES or _target_lacks(val.dtype):
+                    where = f" on {config.target}" if _target_lacks(val.dtype) else ""
+                    line = f"input {node.name}: dtype {val.dtype} is not supported{where} ({_dtype_advice(val.dtype)})"
                     (on_complex if val.is_complex() else problems).append(line)
                 elif node.meta.get("neuron_constant") and (why := _constant_beyond_int32(node, val)):
                     problems.append(why)
@@ -124,9 +136,10 @@ def unsupported_nodes(gm: fx.GraphModule, rewritten: Container[fx.Node] = ()) ->
                                          or (_is_complex(node) and reason in (None, "no lowering rule")))
         if reason is None:
             val = node.meta.get("val")
-            if isinstance(val, torch.Tensor) and val.dtype not in _SUPPORTED_INPUT_DTYPES:
+            if isinstance(val, torch.Tensor) and (val.dtype not in _SUPPORTED_INPUT_DTYPES or _target_lacks(val.dtype)):
                 reason = f"produces dtype {val.dtype}, " + (
-                    f"which neuron-compile does not compile yet ({_FP8_ADVICE})" if _is_fp8(val.dtype)
+                    f"which {config.target} cannot hold ({_dtype_advice(val.dtype)})" if _target_lacks(val.dtype)
+                    else f"which NeuronCores cannot hold ({_dtype_advice(val.dtype)})" if _is_fp8(val.dtype)
                     else "which NeuronCores do not support")
         if reason is not None:
             line = f"{qualified_name(node.target)}({describe_inputs(node)}): {reason} at {source_line(node)}"

@@ -66,7 +66,7 @@ def _np_dtype(name: str) -> Any:
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "int64": torch.int64, "bool": torch.bool,
-    "float64": torch.float64,
+    "float64": torch.float64, "float8_e5m2": torch.float8_e5m2, "float8_e4m3fn": torch.float8_e4m3fn,
 }
 
 

@@ -55,7 +55,8 @@ def _no_int_div(node: fx.Node) -> str | None:
 
 def _low_precision(node: fx.Node) -> str | None:
     d = _dtype(node)
-    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(d)  # type: ignore[arg-type]
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e5m2: "float8_e5m2",
+            torch.float8_e4m3fn: "float8_e4m3fn"}.get(d)  # type: ignore[arg-type]
 
 
 def _finish(ctx, node: fx.Node, val):

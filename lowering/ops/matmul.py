@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float64 runs as float32
+_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64,  # float64 runs as float32
+              torch.float8_e5m2, torch.float8_e4m3fn)
 
 
 def _mm_check(node: fx.Node) -> str | None:

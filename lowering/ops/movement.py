@@ -378,7 +378,7 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
 # dtypes a bitcast may move between: the same size and each stored as itself (int64 and float64 live as 32-bit
 # values, bool as uint8 0/1, so their bits are not torch's)
 BITCAST_SIZES = {torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int16: 2,
-                  torch.int8: 1, torch.uint8: 1}
+                  torch.int8: 1, torch.uint8: 1, torch.float8_e5m2: 1, torch.float8_e4m3fn: 1}
 
 
 def _bitcast_check(node: fx.Node) -> str | None:
@@ -387,7 +387,7 @@ def _bitcast_check(node: fx.Node) -> str | None:
     if src not in BITCAST_SIZES or dst not in BITCAST_SIZES:
         return (f"a bitcast from {src} to {dst} is not supported: int64/float64 are stored as 32-bit values and bool "
                 "as bytes, so their bits differ from torch's; bitcast between float32/int32, bfloat16/float16/int16 "
-                "or int8/uint8")
+                "or int8/uint8/float8")
     return None
 
 

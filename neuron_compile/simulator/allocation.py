@@ -27,6 +27,7 @@ from neuron_compile.simulator.tensor import (
     Storage,
     _contig,
     check_buffer,
+    check_dtype_target,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def allocate(shape: Sequence[int], dtype: Any, buffer: Any, name: str = "", api:
         raise SimulatorError(f"{api}: negative size in shape {shp}")
     info = _dt.info(dtype)
     label = name or f"{buf.value}_tensor"
+    check_dtype_target(info.name, api, label)
     nbytes_pp = 0
     pool = None
     if buf in ON_CHIP:

@@ -24,6 +24,7 @@ import numpy as np
 from neuron_compile.errors import RemovedAPIError, SimulatorConstraintError, SimulatorError
 from neuron_compile.simulator import dtypes as _dt
 from neuron_compile.simulator import state as _state
+from neuron_compile.simulator import targets as _targets
 
 log = logging.getLogger(__name__)
 
@@ -666,9 +667,19 @@ def _contig(shp: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def check_dtype_target(dtype: str, api: str, label: str) -> None:
+    """float8_e4m3fn (OCP FP8, no inf) exists on NeuronCore-v4 (trn3) only: the Neuron compiler rejects it for
+    trn1/trn2 (NCC_EVRF051), whose FP8 is the legacy float8_e4m3 (max 240) and float8_e5m2."""
+    if dtype == _dt.float8_e4m3fn and _targets.limits().nc_version < 4:
+        raise SimulatorConstraintError(api, label, dtype, "a dtype of the target: float8_e4m3fn is NeuronCore-v4 "
+                                       "(trn3) only; trn1/trn2 have float8_e4m3 and float8_e5m2",
+                                       f"target {_targets.limits().name}")
+
+
 def from_array(arr: np.ndarray, buffer: MemoryRegion = PRIVATE_HBM, name: str = "") -> NkiTensor:
     """An HBM tensor holding a copy of ``arr`` (dtype mapped to its NKI dtype)."""
     dt = _dt.info(_dt.from_numpy_dtype(arr.dtype))
+    check_dtype_target(dt.name, "kernel argument", name or "hbm_tensor")
     data = np.array(arr, dtype=dt.np_dtype, copy=True, order="C").reshape(-1)
     shp = tuple(int(x) for x in arr.shape)
     st = Storage(data, shp, buffer, dt, name or "hbm_tensor")

@@ -4,7 +4,6 @@ refused with a clear error of the documented type, never crash inside the librar
 from __future__ import annotations
 
 import math
-import re
 import warnings
 
 import pytest
@@ -109,19 +108,6 @@ def test_unsigned_wide_input_message_says_what_to_cast_to() -> None:
     with pytest.raises(BackendCompilerFailed, match=r"dtype torch\.uint16 is not supported \(NeuronCores have no unsigned "
                                         r"integers wider than 8 bits; cast it to int32"):
         _compile(lambda t: t + 1)(torch.zeros(3, dtype=torch.uint16))
-
-
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_float8_inputs_and_casts_are_refused_as_not_compiled_yet(dtype: torch.dtype) -> None:
-    """NeuronCores multiply FP8; this backend's kernels do not: the message says so (not "unsupported hardware")."""
-    fp8 = "NeuronCores multiply float8_e5m2 (and float8_e4m3fn on trn3), but this backend's kernels take no 8-bit floats"
-    name = str(dtype).replace("torch.", "")
-    with pytest.raises(BackendCompilerFailed, match=rf"dtype torch\.{name} is not supported \({re.escape(fp8)}"):
-        _compile(lambda q: q.float() * 2)(torch.ones(3).to(dtype))
-    torch._dynamo.reset()
-    with pytest.raises(BackendCompilerFailed, match=rf"produces dtype torch\.{name}, which neuron-compile does not "
-                                                    rf"compile yet \({re.escape(fp8)}"):
-        _compile(lambda t: (t * 2).to(dtype))(torch.ones(3))
 
 
 def test_detached_overlapping_slices_changed_in_place_match_eager_or_get_a_clear_error() -> None:
