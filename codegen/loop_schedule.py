@@ -29,6 +29,7 @@ from typing import Any
 from neuron_compile.lowering.ir import TileOp
 
 from neuron_compile import costmodel
+from neuron_compile.simulator.targets import LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -357,3 +358,10 @@ def _with_moments(ops: Sequence[TileOp], s: TileOp, q: TileOp, sq: TileOp, c: Ti
 
 
 _STAGES = {"add", "subtract", "multiply", "maximum", "minimum"}
+
+
+def hw_queue(src_dtype: str, dst_dtype: str, target: str) -> bool:
+    """Whether a ``dma_copy`` may name its issue queue (``engine=nisa.engine.sync`` / ``scalar``): only on the hardware
+    DGE (``dge_mode=nisa.dge_mode.hwdge``, NeuronCore-v3 and later), which moves bytes as they are, so only between
+    equal dtypes. A converting DMA (bf16 or FP8 in HBM into fp32 or bf16 tiles) leaves the queue to the compiler."""
+    return LIMITS[target].nc_version >= 3 and src_dtype == dst_dtype

@@ -453,6 +453,10 @@ class LoopRenderer:
         plan["row_stores"] = [self.view(op) for op in k.ops if op.opcode == "store" and op.kind == "row"]
         return plan
 
+    def _hw_load(self, op: TileOp, tile_dtype: str | None) -> bool:
+        """A row-group load into a tile of ``tile_dtype`` may take its own DMA queue (see ``hw_queue``)."""
+        return ls.hw_queue(op.attr("src_dtype"), tile_dtype or "", config.target)
+
     def _group_ap(self, op: TileOp) -> dict[str, Any]:
         """A row-group load/store's access: ``[[sp * R, P], [sp, R], [sf, F]]`` from ``offset``."""
         arg, base, strides = op.attr("access")
@@ -475,7 +479,8 @@ class LoopRenderer:
         plan = self._base_plan(grid)
         plan.update(rows=rows, hoisted=[self.view(op, hoisted=True) for op in self.hoisted],
                     row_tiles=list(row_tiles.items()), wide=list(wide.items()), phases=[],
-                    invariant=[{"buf": op.out, "ap": self._group_ap(op)} for op in k.ops if op.out in invariant])
+                    invariant=[{"buf": op.out, "ap": self._group_ap(op), "hw": self._hw_load(op, wide.get(op.out))}
+                               for op in k.ops if op.out in invariant])
 
         def block(views: list[dict[str, Any]]) -> dict[str, Any]:
             """Ops of row q, after row q's views of the group tiles they use (``(name, wide)``)."""
@@ -516,7 +521,8 @@ class LoopRenderer:
                     rename[op.out] = bufs.writes[pos]
                 elif op.opcode == "load":
                     rename[op.out] = bufs.writes[pos]
-                    loads.append({"buf": bufs.writes[pos], "ap": self._group_ap(op)})
+                    loads.append({"buf": bufs.writes[pos], "ap": self._group_ap(op),
+                                  "hw": self._hw_load(op, wide.get(bufs.writes[pos]))})
                 elif op.opcode == "store":
                     stores.append(op)
                 else:
@@ -540,7 +546,9 @@ class LoopRenderer:
                 pos += 1
             ph.update(block=block(views), loads=loads,
                       sub=self.store_rows if stores and self.store_rows < rows else rows,
-                      stores=[{"ap": self._group_ap(op), "src": rename.get(op.args[0], op.args[0])} for op in stores])
+                      stores=[{"ap": self._group_ap(op), "src": rename.get(op.args[0], op.args[0]),
+                               "hw": ls.hw_queue(wide.get(rename.get(op.args[0], op.args[0]), ""),
+                                                 op.attr("dst_dtype"), config.target)} for op in stores])
             done_row.update(op.out for op in body if op.opcode == "reduce")
         return plan
 

@@ -332,6 +332,7 @@ class MatmulPlanner(EpiloguePlanner):
             "outer": list(k.space[:k.n_outer]), "scratch": scratch, "a": a, "b": b, "direct": direct, "banks": banks,
             "hoisted": list(hoisted.values()), "evict": evict,
             "kinds": self.loop.kinds, "target": config.target,
+            "a_hw": ls.hw_queue(a.src_dtype or a.dtype, a.dtype, config.target),
             "grid": grid if split_m or split_n else 1, "split_m": split_m, "split_n": split_n,
             "psum_banks": n_acc * math.ceil(nt * 4 / PSUM_BANK_BYTES) + tp_banks, "pipe_a": pipe_a, "a_dma": a_dma, "b_once": b_once,
             "b_fill": b_fill,

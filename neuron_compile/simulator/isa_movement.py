@@ -76,6 +76,16 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
     if dst.size != src.size:
         raise SimulatorConstraintError(api, "src", f"{src.shape} ({src.size} elements)",
                                        f"element count == dst element count ({dst.size}, dst shape {dst.shape})")
+    if engine is not _en.engine.unknown:
+        # engine= picks the sequencer that drives the hardware DGE: "Only valid when dge_mode=nisa.dge_mode.hwdge"
+        # (nki.isa.dma_copy), and only sync or scalar (the "NKI DGE" deep dive)
+        eng = check_enum(engine, _en.engine, api, "engine")
+        if eng.name not in ("sync", "scalar"):
+            raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng.name}", "nisa.engine.sync or "
+                                           "nisa.engine.scalar (the sequencers that drive the hardware DGE)")
+        if dge_mode is _en.dge_mode.unknown or check_enum(dge_mode, _en.dge_mode, api, "dge_mode").name != "hwdge":
+            raise SimulatorConstraintError(api, "engine", f"nisa.engine.{eng.name}", "engine= only with "
+                                           "dge_mode=nisa.dge_mode.hwdge", "or leave the queue to the compiler")
     if dge_mode is not _en.dge_mode.unknown:
         check_enum(dge_mode, _en.dge_mode, api, "dge_mode")
         if dge_mode.name == "hwdge":

@@ -56,6 +56,36 @@ def test_hwdge_transpose_documented_shapes() -> None:
         simulate(_hwdge_transpose([[128, 16], [128, 1], [16 * 128, 6], [1, 128]], 16))(x.astype(np.float32))
 
 
+def _queued_copy(dst_dtype, **kw):
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=dst_dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x, **kw)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    return kernel
+
+
+def test_dma_copy_names_its_queue_only_on_the_hardware_dge() -> None:
+    """nki.isa.dma_copy: engine= (sync or scalar, the sequencers driving the hardware DGE) "only valid when
+    dge_mode=nisa.dge_mode.hwdge"; the hardware DGE converts no dtype (NC-v3+)."""
+    x = np.random.default_rng(3).standard_normal((128, 64)).astype(np.float32)
+    hw = {"dge_mode": nisa.dge_mode.hwdge}
+    for eng in (nisa.engine.sync, nisa.engine.scalar):
+        np.testing.assert_array_equal(simulate(_queued_copy(nl.float32, engine=eng, **hw))(x), x)
+        with pytest.raises(SimulatorConstraintError, match="engine= only with dge_mode=nisa.dge_mode.hwdge"):
+            simulate(_queued_copy(nl.float32, engine=eng))(x)
+    with pytest.raises(SimulatorConstraintError, match="nisa.engine.sync or nisa.engine.scalar"):
+        simulate(_queued_copy(nl.float32, engine=nisa.engine.vector, **hw))(x)
+    with pytest.raises(SimulatorConstraintError, match=r"dtype == src dtype \(float32\) with dge_mode=hwdge"):
+        simulate(_queued_copy(nl.bfloat16, engine=nisa.engine.sync, **hw))(x)
+    # a converting copy leaves queue and DGE to the compiler
+    got = simulate(_queued_copy(nl.bfloat16))(x)
+    np.testing.assert_array_equal(got, x.astype(BF16).astype(np.float32))
+    with use_target("trn1"), pytest.raises(SimulatorConstraintError, match="needs NeuronCore-v3"):
+        simulate(_queued_copy(nl.float32, engine=nisa.engine.sync, **hw))(x)
+
+
 # ------------------------------------------------------------------------ indirect dma_transpose
 
 def _gather_transpose(cols: int):

@@ -122,8 +122,8 @@ def k0_mm_add_gelu(in0, in1, in2):
                 f0 = n0
                 if RF > 0:
                     p0 = m0 + i0
-                    nisa.dma_copy(dst=out0.ap(pattern=[[700, 128], [89600, RF], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:128, 0:RF, 0:BN], engine=nisa.engine.scalar)
+                    nisa.dma_copy(dst=out0.ap(pattern=[[700, 128], [89600, RF], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:128, 0:RF, 0:BN], dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
                 if GR % 128:
                     p0 = m0 + i0 + RF * 128
-                    nisa.dma_copy(dst=out0.ap(pattern=[[700, GR % 128], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:GR % 128, RF, 0:BN], engine=nisa.engine.scalar)
+                    nisa.dma_copy(dst=out0.ap(pattern=[[700, GR % 128], [1, BN]], offset=p0 * 700 + f0), src=v4_stage[0:GR % 128, RF, 0:BN], dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
     return out0
