@@ -15,6 +15,7 @@ import math
 
 import torch
 from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
+from neuron_compile.lowering.ops.elementwise import _rounded
 from neuron_compile.lowering.partition import node_shape, reduce_dims_of
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -110,8 +111,6 @@ def _arg_reduce(ctx, node, x, op: str):
 
     Integer inputs: the max/min, the compare and the index reduction are exact int32 ops. A bf16/fp16
     value computed in the kernel is rounded first, so ties resolve as in eager."""
-    from neuron_compile.lowering.ops.elementwise import _rounded
-
     b = ctx.b
     x = _rounded(ctx, node.args[0], x)
     if b.int_mode:
