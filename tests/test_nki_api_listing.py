@@ -102,3 +102,14 @@ def test_the_checkout_reads_no_path_outside_itself() -> None:
             continue
         offenders += [f"{rel}: {n}" for n in needles if n in text]
     assert offenders == []
+
+
+def test_checker_refuses_a_dma_queue_without_the_hardware_dge() -> None:
+    """nki.isa.dma_copy: engine= is "only valid when dge_mode=nisa.dge_mode.hwdge"."""
+    head = "import nki.isa as nisa\n"
+    bad = check_source_against_api(head + "nisa.dma_copy(dst=a, src=b, engine=nisa.engine.sync)\n")
+    assert bad == ["line 2: nisa.dma_copy(engine=...): only valid with dge_mode=nisa.dge_mode.hwdge (the engine names "
+                   "the sequencer driving the hardware DGE)"]
+    assert check_source_against_api(
+        head + "nisa.dma_copy(dst=a, src=b, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)\n") == []
+

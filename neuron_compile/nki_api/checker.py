@@ -279,12 +279,21 @@ class _Checker(ast.NodeVisitor):
             elif kw.arg not in entry.params and not entry.var_keyword:
                 hint = _removed_hint(self.index, f"{kw.arg}=")
                 self._report(node, f"{label}: keyword {kw.arg}= is not a parameter of {entry.qualname}{hint}")
+            if kw.arg == "engine" and entry.qualname == "dma_copy" and not _hwdge(node):
+                self._report(node, f"{label}(engine=...): only valid with dge_mode=nisa.dge_mode.hwdge (the engine "
+                                   "names the sequencer driving the hardware DGE)")
             if kw.arg in _ENUM_KEYWORDS and isinstance(kw.value, ast.Constant) and kw.value.value is not None:
                 self._report(
                     node,
                     f"{label}({kw.arg}={kw.value.value!r}): literal strings/ints for enums are rejected since "
                     f"0.3.0; use the nl./nisa. constant",
                 )
+
+
+def _hwdge(call: ast.Call) -> bool:
+    """Whether ``call`` passes ``dge_mode=<...>.hwdge``."""
+    return any(kw.arg == "dge_mode" and isinstance(kw.value, ast.Attribute) and kw.value.attr == "hwdge"
+               for kw in call.keywords)
 
 
 def check_source_against_api(source: str) -> list[str]:
