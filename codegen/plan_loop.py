@@ -457,6 +457,11 @@ class LoopRenderer:
         """A row-group load into a tile of ``tile_dtype`` may take its own DMA queue (see ``hw_queue``)."""
         return ls.hw_queue(op.attr("src_dtype"), tile_dtype or "", config.target)
 
+    def _group_store(self, op: TileOp, src: str, wide: dict[str, str]) -> dict[str, Any]:
+        """A row-group store of tile ``src``: its access, and whether it may take its own DMA queue."""
+        return {"ap": self._group_ap(op), "src": src,
+                "hw": ls.hw_queue(wide.get(src, ""), op.attr("dst_dtype"), config.target)}
+
     def _group_ap(self, op: TileOp) -> dict[str, Any]:
         """A row-group load/store's access: ``[[sp * R, P], [sp, R], [sf, F]]`` from ``offset``."""
         arg, base, strides = op.attr("access")
@@ -546,9 +551,7 @@ class LoopRenderer:
                 pos += 1
             ph.update(block=block(views), loads=loads,
                       sub=self.store_rows if stores and self.store_rows < rows else rows,
-                      stores=[{"ap": self._group_ap(op), "src": rename.get(op.args[0], op.args[0]),
-                               "hw": ls.hw_queue(wide.get(rename.get(op.args[0], op.args[0]), ""),
-                                                 op.attr("dst_dtype"), config.target)} for op in stores])
+                      stores=[self._group_store(op, rename.get(op.args[0], op.args[0]), wide) for op in stores])
             done_row.update(op.out for op in body if op.opcode == "reduce")
         return plan
 

@@ -24,7 +24,6 @@ from neuron_compile.codegen import loop_schedule as ls
 from neuron_compile.lowering.ir import TileOp
 
 from neuron_compile.config import config
-from neuron_compile.simulator.targets import LIMITS
 from neuron_compile.simulator_limits import PMAX
 
 log = logging.getLogger(__name__)
@@ -109,8 +108,9 @@ class EpiloguePlanner:
         """One DMA between a ``[128, tiles, BN]`` group tile and rows of ``op``'s tensor (+ one for a ragged last tile
         of ``rows % 128`` rows): the HBM side's strides and offset."""
         acc = self.loop.view(op)["access"]
-        hw = ls.hw_queue(op.attr("src_dtype"), _load_dtype(op), config.target) if load \
-            else LIMITS[config.target].nc_version >= 3  # a staged tile holds the store's dtype
+        # a staged tile holds the store's dtype
+        src, dst = (op.attr("src_dtype"), _load_dtype(op)) if load else (op.attr("dst_dtype"), op.attr("dst_dtype"))
+        hw = ls.hw_queue(src, dst, config.target)
         return {"load": load, "hbm": f"in{acc['arg']}" if load else f"out{acc['arg']}", "sp": acc["sp"],
                 "sf": acc["sf"], "width": "1" if load and self.column(op) else "BN", "offset": acc["offset"], "hw": hw}
 
