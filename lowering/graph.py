@@ -21,6 +21,7 @@ from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.attention import fuse_attention
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.conv_fusion import fuse_conv_epilogue
+from neuron_compile.lowering.dtypes import OPERAND_TILE, storage_dtype
 from neuron_compile.lowering.graph_checks import insert_device_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import (
@@ -47,7 +48,7 @@ from neuron_compile.lowering.ir import (
 from neuron_compile.lowering.ops.movement import algebra_step
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
 from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
-from neuron_compile.lowering.views import View, contiguous_strides, dense, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides, dense
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
@@ -330,10 +331,6 @@ def _eager_layout(node: fx.Node, view: View) -> tuple[int, ...] | None:
     return strides
 
 
-# storage dtype -> the matmul operand tile it loads into exactly
-_NARROW_OPERAND = {"bfloat16": "bfloat16", "float16": "float16", "float8_e5m2": "bfloat16", "float8_e4m3fn": "bfloat16"}
-
-
 class LoopGroupEmitter:
     """Builds one LoopKernel from a pointwise / reduction / matmul group."""
 
@@ -581,7 +578,7 @@ class LoopGroupEmitter:
         multiplies both at one rate (cFP8 = BF16 on trn2; trn3's 2x FP8 needs double-row tiles). A narrow buffer
         read as fp32 (``mm(a.float(), w.float())``) keeps its narrow dtype when the other operand's matches (TensorE
         pairs fp32 only with fp32)."""
-        narrow = [_NARROW_OPERAND.get(self.gl.buffers[v.buffer].dtype) for v in (av, bv)]
+        narrow = [OPERAND_TILE.get(self.gl.buffers[v.buffer].dtype) for v in (av, bv)]
         if narrow[0] is not None and narrow[0] == narrow[1]:
             return {"a_dtype": narrow[0], "b_dtype": narrow[1]}
         return {"a_dtype": storage_dtype(av.torch_dtype), "b_dtype": storage_dtype(bv.torch_dtype)}

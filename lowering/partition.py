@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.dtypes import NARROW_FLOATS
 from neuron_compile.lowering.registry import is_tuple_item, lookup
 from torch import fx
 
@@ -316,7 +317,6 @@ class Partitioner:
 
 
 _aten = torch.ops.aten
-_NARROW_FLOATS = (torch.bfloat16, torch.float16, torch.float8_e5m2, torch.float8_e4m3fn)
 _CASTS = (_aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 _MATMULS = (_aten.mm.default, _aten.bmm.default)
 
@@ -331,7 +331,7 @@ def widened_matmul_operand(node: fx.Node) -> bool:
         return False
     val, sval = node.meta.get("val"), src.meta.get("val")
     if not isinstance(val, torch.Tensor) or not isinstance(sval, torch.Tensor) or val.dtype != torch.float32 \
-            or sval.dtype not in _NARROW_FLOATS or val.shape != sval.shape:
+            or sval.dtype not in NARROW_FLOATS or val.shape != sval.shape:
         return False
     return bool(node.users) and all(u.op == "call_function" and u.target in _MATMULS and node not in u.args[2:]
                                     and not u.kwargs for u in node.users)

@@ -1,4 +1,4 @@
-"""Strided views of runtime buffers, and the dtype mapping between torch and NKI storage.
+"""Strided views of runtime buffers.
 
 A :class:`View` is where a graph value lives: a buffer plus (offset, shape, strides) in elements.
 View ops (reshape, permute, expand, slice, ...) only compute a new View; kernels address their
@@ -12,27 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-# torch dtype -> NKI storage dtype. NeuronCores have no 64-bit types: int64 lives as int32 (values
-# are checked at the boundary), float64 runs as float32 (with a warning from the backend).
-STORAGE_DTYPE: dict[torch.dtype, str] = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float64: "float32",
-    torch.int64: "int32",
-    torch.int32: "int32",
-    torch.int16: "int16",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "uint8",
-    torch.float8_e5m2: "float8_e5m2",
-    torch.float8_e4m3fn: "float8_e4m3fn",  # NC-v4 (trn3) only: refused for older targets (see the pipeline)
-}
-
-
-def storage_dtype(dtype: torch.dtype) -> str | None:
-    return STORAGE_DTYPE.get(dtype)
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-log = logging.getLogger(__name__)
+from neuron_compile.lowering.dtypes import BY_NAME, DTYPES, numpy_type, uses_ml_dtypes
 
-# torch dtype -> (NumPy dtype of the same bytes, NumPy dtype callers see)
-_VIEW_DTYPES: dict[torch.dtype, tuple[Any, Any]] = {
-    torch.float32: (np.float32, np.float32), torch.float64: (np.float64, np.float64),
-    torch.float16: (np.float16, np.float16), torch.bfloat16: (np.int16, "bfloat16"),  # ml_dtypes', on first use
-    torch.int64: (np.int64, np.int64), torch.int32: (np.int32, np.int32), torch.int16: (np.int16, np.int16),
-    torch.int8: (np.int8, np.int8), torch.uint8: (np.uint8, np.uint8), torch.bool: (np.uint8, np.uint8),
-    torch.float8_e4m3fn: (np.uint8, "float8_e4m3fn"), torch.float8_e5m2: (np.uint8, "float8_e5m2"),
-}
-_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # NumPy types from ml_dtypes
+log = logging.getLogger(__name__)
 
 
 class _TensorMemory:
@@ -54,23 +46,20 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     marking ``t``'s storage non-resizable as ``Tensor.numpy()`` does."""
     if t.device.type != "cpu":
         raise ValueError(f"numpy_view needs a CPU tensor, got one on {t.device}")
-    if t.dtype not in _VIEW_DTYPES:
+    facts = DTYPES.get(t.dtype)
+    if facts is None:
         raise TypeError(f"numpy_view: dtype {t.dtype} has no NumPy equivalent here")
-    raw, shown = _VIEW_DTYPES[t.dtype]
-    if shown in _ML_DTYPES:  # ml_dtypes is imported only when a bf16/fp8 tensor is seen (its import costs seconds)
-        import ml_dtypes
-
-        shown = getattr(ml_dtypes, shown)
+    raw, shown = np.dtype(facts.host_bytes), numpy_type(facts.host)  # ml_dtypes is imported for bf16/fp8 only
     if t.numel() == 0:
         return np.empty(tuple(t.shape), dtype=shown)
     arr = np.asarray(_TensorMemory(t.detach(), raw))
-    return arr.view(shown) if shown is not raw else arr
+    return arr.view(shown) if shown != raw else arr
 
 
 def torch_copy(a: np.ndarray) -> torch.Tensor:
     """A torch-owned CPU tensor (resizable storage) holding a copy of ``a`` (bf16/fp8 from ``ml_dtypes``)."""
-    if a.dtype.name in _ML_DTYPES:  # ml_dtypes' types (comparing by name imports nothing)
-        dtype = getattr(torch, a.dtype.name)
+    if uses_ml_dtypes(a.dtype.name):
+        dtype = BY_NAME[a.dtype.name]
     elif a.dtype == np.bool_:
         dtype = torch.bool
     else:

@@ -25,12 +25,12 @@ from torch import fx
 
 from neuron_compile.config import config
 from neuron_compile.errors import UnsupportedOpError, source_line
+from neuron_compile.lowering.dtypes import DTYPES
 from neuron_compile.lowering.registry import qualified_name, unsupported_reason
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_INPUT_DTYPES = {torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
-                           torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e5m2, torch.float8_e4m3fn}
+_SUPPORTED_INPUT_DTYPES = frozenset(DTYPES)
 
 _E4M3FN_ADVICE = ("float8_e4m3fn is a NeuronCore-v4 (trn3) dtype: the Neuron compiler rejects it for trn1/trn2 "
                   "(NCC_EVRF051); compile for trn3 (neuron_compile.config.target = 'trn3'), keep the tensor as "

@@ -42,33 +42,11 @@ from neuron_compile.errors import (
     device_check_error,
 )
 from neuron_compile.host_memory import numpy_view, torch_copy
+from neuron_compile.lowering.dtypes import BY_NAME, numpy_type
 from neuron_compile.lowering.ir import Plan
 from neuron_compile.lowering.ops.random import draw
 
 log = logging.getLogger(__name__)
-
-_NP_DTYPES: dict[str, Any] = {
-    "float32": np.float32, "float16": np.float16, "int32": np.int32, "int16": np.int16, "int8": np.int8,
-    "uint8": np.uint8,
-}
-
-
-def _bf16() -> Any:
-    """ml_dtypes' bfloat16, imported on first use (its import costs seconds; see simulator.dtypes)."""
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16
-
-
-def _np_dtype(name: str) -> Any:
-    """NumPy storage type of a buffer dtype."""
-    return _bf16() if name == "bfloat16" else _NP_DTYPES[name]
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "int64": torch.int64, "bool": torch.bool,
-    "float64": torch.float64, "float8_e5m2": torch.float8_e5m2, "float8_e4m3fn": torch.float8_e4m3fn,
-}
-
 
 _TRANSFERS: collections.deque[dict[str, Any]] = collections.deque(maxlen=1024)
 
@@ -259,7 +237,7 @@ class CompiledGraph:
         bufs: list[Any] = [None] * len(plan.buffers)
         for b, ref in enumerate(plan.buffers):
             if ref.kind == "empty":  # a zero-element value: no kernel computes it
-                bufs[b] = device.upload(np.zeros(0, dtype=_np_dtype(ref.dtype)))
+                bufs[b] = device.upload(np.zeros(0, dtype=numpy_type(ref.dtype)))
                 continue
             if ref.kind == "random":  # torch's CPU generator, in graph order (see lowering.ops.random)
                 bufs[b] = device.upload(to_numpy(draw(plan.randoms[ref.index]), ref.dtype))
@@ -269,7 +247,7 @@ class CompiledGraph:
             spec = plan.inputs[ref.index]
             t = args[ref.index]
             if t is None and 0 in spec.shape:  # an effect token (AOTAutograd passes None; decomp_linalg)
-                bufs[b] = device.upload(np.zeros(0, dtype=_np_dtype(ref.dtype)))
+                bufs[b] = device.upload(np.zeros(0, dtype=numpy_type(ref.dtype)))
                 continue
             if not isinstance(t, torch.Tensor):
                 raise RuntimeExecutionError(f"input {ref.index}: expected a tensor, got {type(t).__name__}")
@@ -346,7 +324,7 @@ class CompiledGraph:
             if spec.buffer not in storages:
                 storages[spec.buffer] = to_torch(data)
             flat = storages[spec.buffer]
-            want = _TORCH_DTYPES[spec.torch_dtype]
+            want = BY_NAME[spec.torch_dtype]
             if flat.numel() == 0 or math.prod(spec.shape) == 0:
                 out = torch.empty(spec.shape, dtype=want)
             elif flat.dtype == want and spec.buffer in self._shared:

@@ -63,7 +63,7 @@ from neuron_compile.lowering.decomp_scatter import GATHER_LINES, SCATTER_LINES  
 
 def _bitcast_peer(d: torch.dtype) -> torch.dtype:
     """Another dtype of ``d``'s size that a bitcast may move to (int32 when there is none: the probe is refused)."""
-    from neuron_compile.lowering.ops.movement import BITCAST_SIZES
+    from neuron_compile.lowering.dtypes import BITCAST_SIZES
 
     size = BITCAST_SIZES.get(d)
     return next((o for o, n in BITCAST_SIZES.items() if o != d and n == size), torch.int32)

@@ -14,9 +14,10 @@ import math
 
 from neuron_compile.lowering import space as sp
 from neuron_compile.lowering.attention import ATTENTION_OP, key_step
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import ArgSpec, AttentionKernel, BufferRef, KernelCall
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.conv_fusion import CONV_FUSED
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, ConvKernel, KernelCall
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import qualified_name, register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 from neuron_compile.simulator_limits import PMAX

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.decomp_conv import CONV_WEIGHT_GRAD
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, ConvWgradKernel, KernelCall
 from neuron_compile.lowering.ops.conv import (
     SBUF_BUDGET,
@@ -26,7 +27,7 @@ from neuron_compile.lowering.ops.conv import (
 )
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 from neuron_compile.simulator_limits import PMAX

@@ -21,6 +21,7 @@ import math
 import torch
 from neuron_compile.lowering import mathlib
 from neuron_compile.lowering.builder import TileVal
+from neuron_compile.lowering.dtypes import narrow_float
 from neuron_compile.lowering.intmath import INTS, int_refusal, is_int_compute
 from neuron_compile.lowering.mathlib import NARROW_INTS, wrap_int_scalar
 from neuron_compile.lowering.ranges import lower_bound
@@ -54,9 +55,7 @@ def _no_int_div(node: fx.Node) -> str | None:
 
 
 def _low_precision(node: fx.Node) -> str | None:
-    d = _dtype(node)
-    return {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e5m2: "float8_e5m2",
-            torch.float8_e4m3fn: "float8_e4m3fn"}.get(d)  # type: ignore[arg-type]
+    return narrow_float(_dtype(node))
 
 
 def _finish(ctx, node: fx.Node, val):

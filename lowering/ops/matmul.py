@@ -25,6 +25,7 @@ from neuron_compile.codegen.plan_matmul import (
     operands,
     transpose_rows,
 )
+from neuron_compile.lowering.dtypes import DTYPES
 from neuron_compile.lowering.ir import LoopKernel
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
@@ -37,8 +38,7 @@ log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64,  # float64 runs as float32
-              torch.float8_e5m2, torch.float8_e4m3fn)
+_MM_DTYPES = tuple(d for d in DTYPES if d.is_floating_point)  # float64 runs as float32; FP8 as bf16 operand tiles
 
 
 def _mm_check(node: fx.Node) -> str | None:

@@ -15,6 +15,7 @@ import math
 import torch
 from neuron_compile.lowering import index_algebra as ia
 from neuron_compile.lowering import partition
+from neuron_compile.lowering.dtypes import BITCAST_SIZES
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import qualified_name, register_lowering
 from neuron_compile.lowering.views import View
@@ -375,10 +376,6 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
     gl.emit_copy(f"k{kernel_index}_as_strided_scatter", pairs, [buf], (qualified_name(node.target),))
 
 
-# dtypes a bitcast may move between: the same size and each stored as itself (int64 and float64 live as 32-bit
-# values, bool as uint8 0/1, so their bits are not torch's)
-BITCAST_SIZES = {torch.float32: 4, torch.int32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int16: 2,
-                  torch.int8: 1, torch.uint8: 1, torch.float8_e5m2: 1, torch.float8_e4m3fn: 1}
 
 
 def _bitcast_check(node: fx.Node) -> str | None:

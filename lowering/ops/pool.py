@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering.decomp_conv import MAX_POOL, MAX_POOL_BACKWARD, MAX_POOL_INDEX
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, PoolKernel
 from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index, pair
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import qualified_name, register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 from neuron_compile.errors import LoweringError

@@ -16,10 +16,11 @@ import math
 from typing import Any
 
 import torch
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import BufferRef, RandomSpec
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_declined, register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, dense, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides, dense
 from torch import fx
 
 aten = torch.ops.aten

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from neuron_compile.lowering.decomp_conv import RESAMPLE
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, ResampleKernel
 from neuron_compile.lowering.ops.conv import SBUF_BUDGET, arg_index
 from neuron_compile.lowering.ops.pool import plane_rows
@@ -25,7 +26,7 @@ from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
 from neuron_compile.lowering.resample_u8 import MAX_TAPS, eager_matrix, part_matrix
 from neuron_compile.lowering.resample_u8 import MODES as U8_MODES
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 from torch._dispatch.python import no_python_dispatcher
 from torch.utils._python_dispatch import _disable_current_modes

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 from neuron_compile.lowering import space as sp
+from neuron_compile.lowering.dtypes import storage_dtype
 from neuron_compile.lowering.ir import Access, ArgSpec, BufferRef, KernelCall, SearchKernel, SortKernel
 from neuron_compile.lowering.partition import node_shape
 from neuron_compile.lowering.registry import register_lowering
-from neuron_compile.lowering.views import View, contiguous_strides, storage_dtype
+from neuron_compile.lowering.views import View, contiguous_strides
 from torch import fx
 
 log = logging.getLogger(__name__)

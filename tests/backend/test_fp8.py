@@ -91,6 +91,7 @@ def test_data_movement_keeps_the_bytes(dtype: torch.dtype, target: str) -> None:
         (lambda w: w.float() * 2, (w.t(),)),  # non-contiguous input
         (lambda w: w.float() * 2, (torch.tensor(3.0).to(dtype),)),  # 0-d
         (lambda w: w.float() + 1, (torch.empty(0, 3).to(dtype),)),  # empty
+        (lambda x: (x.to(dtype), x.to(dtype).float() + 1), (torch.empty(0, 3),)),  # an empty FP8 value no kernel makes
         (lambda w: (w.isnan(), w == w.flip(0), w.to(torch.int32), w.to(torch.bool)), (w,)),
     ]
     for fn, args in cases:
