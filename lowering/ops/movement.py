@@ -376,8 +376,6 @@ def lower_as_strided_scatter(gl, node: fx.Node) -> None:
     gl.emit_copy(f"k{kernel_index}_as_strided_scatter", pairs, [buf], (qualified_name(node.target),))
 
 
-
-
 def _bitcast_check(node: fx.Node) -> str | None:
     src = node.args[0].meta["val"].dtype if isinstance(node.args[0], fx.Node) else None
     dst = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
