@@ -63,9 +63,12 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
     dying: list[set[str]] = [set() for _ in range(n)]
     live: set[str] = set()
     live_before: list[set[str]] = [set() for _ in range(n)]
+    # a bitcast is a view of its source's bytes: reading it reads the source, which stays live (unwritten) as long
+    views = {op.out: op.args[0] for op in flat if op.opcode == "bitcast"}
     for i in range(n - 1, -1, -1):
         op = flat[i]
         args = set(_full_args(op, kinds))
+        args |= {views[a] for a in args if a in views}
         dying[i] = {a for a in args if a not in live}
         live.discard(op.out)
         live |= args
@@ -80,7 +83,7 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
         if op.kind == "full" and op.opcode in _INPLACE:
             for pos in _INPLACE[op.opcode]:
                 a = op.args[pos] if pos < len(op.args) else None
-                if isinstance(a, str) and a in dying[i] and a not in pinned and kinds.get(a) == "full" \
+                if isinstance(a, str) and a in dying[i] and a not in pinned and a not in views and kinds.get(a) == "full" \
                         and dtypes.get(a) == op.dtype and a in buf_of:
                     target = buf_of[a]
                     break

@@ -350,9 +350,9 @@ class EpiloguePlanner:
     def reads_in_place(self) -> bool:
         """Whether the epilogue reads the sum straight from PSUM instead of evicting it first: not when a store,
         select or predicate takes it, nor when one instruction reads it twice (``h * h``: an engine instruction
-        takes at most one PSUM operand)."""
+        takes at most one PSUM operand), nor when a bitcast reads its bits (from the SBUF copy)."""
         users = [op for op in self.rest if self.mm.out in op.args]
-        return bool(users) and all(op.opcode not in ("store", "select", "predicate")
+        return bool(users) and all(op.opcode not in ("store", "select", "predicate", "bitcast")
                                    and op.args.count(self.mm.out) == 1 for op in users)
 
     def epilogue_engines(self, in_place: bool) -> dict[str, str]:

@@ -59,10 +59,10 @@ def keep_nan(b: ProgramBuilder, x: TileVal, y: TileVal) -> TileVal:
 
 
 def signbit(b: ProgramBuilder, x: TileVal) -> TileVal:
-    """1.0 where the sign bit is set: negative values and -0.0 (1/-0 = -inf)."""
-    negative = b.binary("less", x, 0.0)
-    neg_zero = b.binary("logical_and", b.binary("equal", x, 0.0), b.binary("less", b.reciprocal(x), 0.0))
-    return b.binary("logical_or", negative, neg_zero)  # type: ignore[return-value]
+    """1.0 where the sign bit of the fp32 tile ``x`` is set: negative values, -0.0 and NaNs with the bit set (as
+    eager: ``torch.signbit(-nan)`` is True). ``x``'s bits read as an int32 tile, compared with 0."""
+    bits = b.emit("bitcast", x.kind, (x,), dtype="int32")
+    return b.emit("tensor_scalar", x.kind, (bits, 0), {"op0": "less"})
 
 
 def with_sign_of(b: ProgramBuilder, magnitude: TileVal, x: TileVal) -> TileVal:

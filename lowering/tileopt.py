@@ -193,8 +193,10 @@ def narrow_tiles(ops: Sequence[TileOp], keep: set[str] | frozenset[str] = frozen
         for a in op.args:
             if isinstance(a, str):
                 users.setdefault(a, []).append(op)
-    # tensor_copy_predicated copies its source bit for bit: it must have the select's (fp32) dtype.
-    fp32_only = {op.args[1] for op in ops if op.opcode == "select" and isinstance(op.args[1], str)}
+    # tensor_copy_predicated copies its source bit for bit: it must have the select's (fp32) dtype; a bitcast
+    # reads its source's fp32 bits.
+    fp32_only = {op.args[1] for op in ops if op.opcode == "select" and isinstance(op.args[1], str)} \
+        | {op.args[0] for op in ops if op.opcode == "bitcast"}
     dtype: dict[str, str] = {}
     for op in ops:
         if op.out in fp32_only:

@@ -71,10 +71,15 @@ def _rounded(ctx, arg: object, val):
     low = _low_precision(arg) if isinstance(arg, fx.Node) else None
     if low is None or not isinstance(val, TileVal) or val.dtype != "float32":
         return val
-    producer = next((op for op in reversed(ctx.b.ops) if op.out == val.name), None)
+    producer = producer_of(ctx.b, val)
     if producer is None or producer.opcode in ("load", "round"):
         return val
     return ctx.b.round_to(val, low)
+
+
+def producer_of(b, val: TileVal):
+    """The op of ``b``'s program that made the tile ``val`` (None for one made elsewhere)."""
+    return next((op for op in reversed(b.ops) if op.out == val.name), None)
 
 
 def _binary(op: str):

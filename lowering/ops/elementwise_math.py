@@ -16,7 +16,7 @@ from neuron_compile.lowering import mathlib as m
 from neuron_compile.lowering import mathlib_bessel as mb
 from neuron_compile.lowering.builder import ProgramBuilder, TileVal
 from neuron_compile.lowering.intmath import dtype_of, int_refusal, is_int_compute
-from neuron_compile.lowering.ops.elementwise import _rounded
+from neuron_compile.lowering.ops.elementwise import _rounded, producer_of
 from neuron_compile.lowering.registry import register_lowering
 from torch import fx
 
@@ -223,14 +223,26 @@ def lower_isfinite(ctx: Any, node: fx.Node, x: Any) -> Any:
     return ctx.b.binary("less", m.absval(ctx.b, x), math.inf)
 
 
+def _sign_bit(ctx: Any, arg: Any, x: Any) -> TileVal:
+    """1.0 where eager's value of ``arg`` has its sign bit set (``mathlib.signbit``: -0.0 and -nan included). A
+    bfloat16 value an op computed has a positive NaN in eager (c10 narrows every NaN result to 0x7FC0); a loaded
+    one keeps its bits."""
+    b = ctx.b
+    s = m.signbit(b, _tile(b, x))
+    computed = isinstance(x, TileVal) and getattr(producer_of(b, x), "opcode", "load") != "load"
+    if isinstance(arg, fx.Node) and dtype_of(arg) == torch.bfloat16 and computed:
+        s = b.binary("logical_and", s, b.binary("equal", x, x))
+    return s
+
+
 @register_lowering(aten.signbit.default, family="elementwise")
 def lower_signbit(ctx: Any, node: fx.Node, x: Any) -> Any:
-    """aten.signbit: negative values and -0.0 (through 1/-0 = -inf)."""
+    """aten.signbit: the sign bit, set for negative values, -0.0 and negative NaNs."""
     b = ctx.b
     if is_int_compute(node.args[0]) or (isinstance(x, TileVal) and x.dtype != "float32"):
         b.int_mode = True
         return b.binary("less", x, 0)
-    return m.signbit(b, _tile(b, x))
+    return _sign_bit(ctx, node.args[0], x)
 
 
 @register_lowering(aten.nan_to_num.default, family="elementwise")
@@ -266,11 +278,11 @@ def lower_hypot(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
 
 @register_lowering(aten.copysign.Tensor, aten.copysign.Scalar, family="elementwise", check=_float_out)
 def lower_copysign(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
-    """aten.copysign: |x| with the sign bit of y (-0.0 included)."""
+    """aten.copysign: |x| with the sign bit of y (-0.0 and -nan included)."""
     b = ctx.b
-    x, y = _tile(b, x, y), _tile(b, y, x)
-    a = m.absval(b, x)
-    return b.select(m.signbit(b, y), m.neg(b, a), a)
+    sign = _sign_bit(ctx, node.args[1], y) if isinstance(y, TileVal) else float(math.copysign(1.0, y) < 0)
+    a = m.absval(b, _tile(b, x, y))
+    return b.select(sign, m.neg(b, a), a) if isinstance(sign, TileVal) else (m.neg(b, a) if sign else a)
 
 
 @register_lowering(aten.fmax.default, aten.fmin.default, family="elementwise")

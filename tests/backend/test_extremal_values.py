@@ -76,3 +76,27 @@ def test_int_cast_of_a_bf16_intermediate_truncates_its_bf16_value() -> None:
     torch.testing.assert_close(_compiled(fn, x), fn(x), rtol=0, atol=0)
     torch.testing.assert_close(_compiled(lambda p, q: (p + q).to(torch.int32), a, b),
                                (a + b).to(torch.int32), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sign_bit_of_negative_zero_and_negative_nan_is_eagers(dtype: torch.dtype) -> None:
+    """signbit, copysign and fmod read the sign bit itself: -0.0 and a NaN with its sign bit set (-nan, and x86's
+    0/0 as eager computes it) count as negative, as in eager, whose results are compared bit for bit."""
+    x = torch.tensor([1.0, -1.0, 0.0, -0.0, 1e-40, -1e-40, float("inf"), -float("inf"), 0.0, 0.0], dtype=dtype)
+    x[-2] = float("nan")
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    x[-1:] = (x[-2:-1].view(bits) | torch.iinfo(bits).min).view(dtype)  # -nan: nan with its sign bit set
+    assert torch.signbit(x[-1]) and not torch.signbit(x[-2])
+    cases = [
+        (torch.signbit, (x,)),
+        (lambda z: torch.signbit(z / z), (torch.zeros(4, dtype=dtype),)),  # eager's 0/0 carries x86's sign
+        (lambda a, s: torch.copysign(a, s), (torch.full((10,), 2.0, dtype=dtype), x)),
+        (lambda a, s: torch.copysign(a, s * 3), (torch.full((10,), 2.0, dtype=dtype), x)),  # s * 3 in the kernel
+    ]
+    for fn, args in cases:
+        got, want = _compiled(fn, *args), fn(*args)
+        assert got.dtype == want.dtype
+        assert torch.equal(torch.signbit(got) if got.is_floating_point() else got,
+                           torch.signbit(want) if want.is_floating_point() else want), (got, want)
+        if got.is_floating_point():
+            assert torch.equal(got.abs().nan_to_num(7.0), want.abs().nan_to_num(7.0))

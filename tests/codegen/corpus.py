@@ -84,6 +84,10 @@ def _ew_logic(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return m, (m.to(torch.float32) * 2 + (x >= y).to(torch.int32)).to(torch.float32)
 
 
+def _ew_sign_bits(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.signbit(x), torch.copysign(y, x - 0.5)  # the sign bit read through an int32 view of the tile
+
+
 def _reduce_sum_mean(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return x.sum(dim=(0, 2)), x.mean(-1, keepdim=True), x.sum(1)
 
@@ -153,6 +157,7 @@ CORPUS: tuple[CorpusEntry, ...] = (
                 lambda g: (_randn(g, 4, 37, 300), _randn(g, 300), _randn(g, 37, 1))),
     CorpusEntry("ew_unary_mix", _ew_unary, lambda g: (_randn(g, 130, 300), _pos(g, 130, 300))),
     CorpusEntry("ew_logic_casts", _ew_logic, lambda g: (_randn(g, 130, 77), _randn(g, 130, 77))),
+    CorpusEntry("ew_sign_bits", _ew_sign_bits, lambda g: (_randn(g, 130, 77), _randn(g, 130, 77))),
     CorpusEntry("reduce_sum_mean", _reduce_sum_mean, lambda g: (_randn(g, 3, 130, 300),)),
     CorpusEntry("reduce_max_min", _reduce_max_min, lambda g: (_randn(g, 3, 130, 700),)),
     CorpusEntry("reduce_var_std", _reduce_var_std, lambda g: (_randn(g, 130, 300),)),
