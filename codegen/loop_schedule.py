@@ -63,7 +63,7 @@ def assign_buffers(flat: Sequence[TileOp], kinds: dict[str, str], dtypes: dict[s
     dying: list[set[str]] = [set() for _ in range(n)]
     live: set[str] = set()
     live_before: list[set[str]] = [set() for _ in range(n)]
-    # a bitcast is a view of its source's bytes: reading it reads the source, which stays live (unwritten) as long
+    # a bitcast is a view of its source's bytes: reading it reads the source, kept live (unwritten) until then
     views = {op.out: op.args[0] for op in flat if op.opcode == "bitcast"}
     for i in range(n - 1, -1, -1):
         op = flat[i]

@@ -280,9 +280,10 @@ def lower_hypot(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
 def lower_copysign(ctx: Any, node: fx.Node, x: Any, y: Any) -> Any:
     """aten.copysign: |x| with the sign bit of y (-0.0 and -nan included)."""
     b = ctx.b
-    sign = _sign_bit(ctx, node.args[1], y) if isinstance(y, TileVal) else float(math.copysign(1.0, y) < 0)
     a = m.absval(b, _tile(b, x, y))
-    return b.select(sign, m.neg(b, a), a) if isinstance(sign, TileVal) else (m.neg(b, a) if sign else a)
+    if not isinstance(y, TileVal):  # copysign.Scalar
+        return m.neg(b, a) if math.copysign(1.0, y) < 0 else a
+    return b.select(_sign_bit(ctx, node.args[1], y), m.neg(b, a), a)
 
 
 @register_lowering(aten.fmax.default, aten.fmin.default, family="elementwise")

@@ -92,6 +92,7 @@ def test_sign_bit_of_negative_zero_and_negative_nan_is_eagers(dtype: torch.dtype
         (lambda z: torch.signbit(z / z), (torch.zeros(4, dtype=dtype),)),  # eager's 0/0 carries x86's sign
         (lambda a, s: torch.copysign(a, s), (torch.full((10,), 2.0, dtype=dtype), x)),
         (lambda a, s: torch.copysign(a, s * 3), (torch.full((10,), 2.0, dtype=dtype), x)),  # s * 3 in the kernel
+        (lambda a: torch.copysign(a, -0.0), (x.nan_to_num(1.0),)),  # copysign.Scalar
     ]
     for fn, args in cases:
         got, want = _compiled(fn, *args), fn(*args)
