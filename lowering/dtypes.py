@@ -81,7 +81,7 @@ def numpy_type(name: str) -> Any:
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(np.bool_ if name == "bool" else name)
+    return np.dtype(name)
 
 
 def uses_ml_dtypes(name: str) -> bool:

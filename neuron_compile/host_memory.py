@@ -49,7 +49,7 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     facts = DTYPES.get(t.dtype)
     if facts is None:
         raise TypeError(f"numpy_view: dtype {t.dtype} has no NumPy equivalent here")
-    raw, shown = np.dtype(facts.host_bytes), numpy_type(facts.host)  # ml_dtypes is imported for bf16/fp8 only
+    raw, shown = numpy_type(facts.host_bytes), numpy_type(facts.host)  # ml_dtypes is imported for bf16/fp8 only
     if t.numel() == 0:
         return np.empty(tuple(t.shape), dtype=shown)
     arr = np.asarray(_TensorMemory(t.detach(), raw))

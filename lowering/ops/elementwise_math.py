@@ -229,8 +229,9 @@ def _sign_bit(ctx: Any, arg: Any, x: Any) -> TileVal:
     one keeps its bits."""
     b = ctx.b
     s = m.signbit(b, _tile(b, x))
-    computed = isinstance(x, TileVal) and getattr(producer_of(b, x), "opcode", "load") != "load"
-    if isinstance(arg, fx.Node) and dtype_of(arg) == torch.bfloat16 and computed:
+    producer = producer_of(b, x) if isinstance(x, TileVal) else None
+    if isinstance(arg, fx.Node) and dtype_of(arg) == torch.bfloat16 and producer is not None \
+            and producer.opcode != "load":
         s = b.binary("logical_and", s, b.binary("equal", x, x))
     return s
 
