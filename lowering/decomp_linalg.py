@@ -19,9 +19,14 @@ formulas read the factors back: ``det`` and ``slogdet`` factor ``A^T`` when ``A`
 ``P`` satisfies ``A = P L U``. ``_linalg_check_errors`` becomes a device-side check that raises
 :class:`torch.linalg.LinAlgError` with eager's message (without the failing index, which is data).
 
+Complex matrices (complex64, and complex128 as complex64) take the same steps in complex arithmetic, with
+LAPACK's complex conventions: the pivot search compares ``|Re| + |Im|`` (``icamax``), Cholesky is ``A = L L^H``
+with a real diagonal (the diagonal's imaginary part is not read), "adjoint" solves are with ``A^H``, and
+``det`` / ``slogdet`` factor ``A`` itself, never ``A^T`` (ATen transposes only real matrices).
+
 Work is O(n) steps of O(n^2) elementwise ops on VectorE, in fp32 (float64 runs as float32, as everywhere), so the
-matrices are limited to :data:`MAX_ORDER` rows and columns; larger ones, complex ones and the iterative
-decompositions (general eigendecompositions, LDL, lstsq) are refused with the reason. QR, Householder-based, is
+matrices are limited to :data:`MAX_ORDER` rows and columns; larger ones and the iterative decompositions (general
+eigendecompositions, LDL, lstsq) are refused with the reason. QR, Householder-based, is
 :mod:`lowering.decomp_qr`; matrix_exp, scaling and squaring, :mod:`lowering.decomp_matrix_exp`; symmetric
 eigenvalues, singular values and pinv, Jacobi rotations, :mod:`lowering.decomp_spectral`.
 """
@@ -37,13 +42,19 @@ from torch import fx
 
 aten = torch.ops.aten
 MAX_ORDER = 64  # unrolled steps per factorization: each adds ~15 ops to the graph
-DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64)  # the real matrices (the Jacobi methods take only these)
+FIELDS = (*DTYPES, torch.complex64, torch.complex128)  # the direct methods', QR's and matrix_exp's
 
 
 def _fits(*ts: Any) -> bool:
-    """Real float32/64 matrices of at most MAX_ORDER rows and columns (the unrolled forms' domain)."""
-    return all(isinstance(t, torch.Tensor) and t.dtype in DTYPES and t.dim() >= 1
+    """Float32/64 or complex64/128 matrices of at most MAX_ORDER rows and columns (the unrolled forms' domain)."""
+    return all(isinstance(t, torch.Tensor) and t.dtype in FIELDS and t.dim() >= 1
                and max(t.shape[-2:], default=0) <= MAX_ORDER for t in ts)
+
+
+def _magnitude(a: torch.Tensor) -> torch.Tensor:
+    """What LAPACK's pivot search (``i?amax``) compares: ``|a|``, and ``|Re a| + |Im a|`` for complex ``a``."""
+    return a.real.abs() + a.imag.abs() if a.is_complex() else a.abs()
 
 
 def _index(n: int) -> torch.Tensor:
@@ -59,7 +70,7 @@ def _lu(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, cols = _index(m).unsqueeze(-1), _index(n)
     piv = []
     for j in range(min(m, n)):
-        p = a[..., j:, j].abs().argmax(-1) + j  # the first row of largest magnitude
+        p = _magnitude(a[..., j:, j]).argmax(-1) + j  # the first row of largest magnitude
         piv.append(p)
         pe = p[..., None, None]
         row_p = torch.gather(a, -2, pe.expand(*a.shape[:-2], 1, n))
@@ -98,18 +109,20 @@ def _trsm(a: torch.Tensor, b: torch.Tensor, upper: bool, unit: bool) -> torch.Te
 
 
 def _cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``potrf`` of the lower triangle of ``a [..., n, n]``: (L, info int32)."""
+    """``potrf`` of the lower triangle of ``a [..., n, n]``: (L, info int32) with ``A = L L^H``. A complex
+    diagonal's imaginary part is not read (the matrix is taken as Hermitian), and L's diagonal is real."""
     n = a.shape[-1]
     rows, cols = _index(n).unsqueeze(-1), _index(n)
     columns, fails = [], []
     for j in range(n):
         d = a[..., j:j + 1, j:j + 1]
+        d = d.real if d.is_complex() else d
         fails.append(~(d > 0)[..., 0, 0])  # not positive, or NaN
         s = d.sqrt()
         col = a[..., :, j:j + 1]
-        col = torch.where(rows > j, col / s, torch.where(rows == j, s, torch.zeros_like(col)))
+        col = torch.where(rows > j, col / s, torch.where(rows == j, s.to(col.dtype), torch.zeros_like(col)))
         columns.append(col)
-        trailing = torch.where(cols > j, col.mT, torch.zeros_like(col.mT))
+        trailing = torch.where(cols > j, col.mH, torch.zeros_like(col.mT))
         a = a - torch.where(rows > j, col, torch.zeros_like(col)) * trailing
     if n == 0:
         return a.clone(), torch.zeros(a.shape[:-2], dtype=torch.int32)
@@ -136,9 +149,9 @@ def _permutation(pivots: torch.Tensor, m: int, inverse: bool) -> torch.Tensor:
 
 def _lu_solve(lu: torch.Tensor, pivots: torch.Tensor, b: torch.Tensor, left: bool = True,
               adjoint: bool = False) -> torch.Tensor:
-    """``getrs``: ``X`` with ``A X = B`` (``adjoint``: ``A^T X = B``; not ``left``: ``X A = B``), ``A = P L U``."""
-    if not left:
-        return _lu_solve(lu, pivots, b.mT, True, not adjoint).mT
+    """``getrs``: ``X`` with ``A X = B`` (``adjoint``: ``A^H X = B``; not ``left``: ``X A = B``), ``A = P L U``."""
+    if not left:  # X A = B is A^H X^H = B^H
+        return _lu_solve(lu, pivots, b.mH, True, not adjoint).mH
     n, k = b.shape[-2:]
     batch = torch.broadcast_shapes(lu.shape[:-2], pivots.shape[:-1], b.shape[:-2])
     b = b.expand(*batch, n, k)
@@ -147,15 +160,15 @@ def _lu_solve(lu: torch.Tensor, pivots: torch.Tensor, b: torch.Tensor, left: boo
         idx = _permutation(pivots, n, inverse=False)
         y = torch.gather(b, -2, idx.unsqueeze(-1).expand(*batch, n, k))
         return _trsm(lu, _trsm(lu, y, upper=False, unit=True), upper=True, unit=False)
-    lu_t = lu.mT
+    lu_t = lu.mH
     z = _trsm(lu_t, _trsm(lu_t, b, upper=False, unit=False), upper=True, unit=True)
     idx = _permutation(pivots, n, inverse=True)
     return torch.gather(z, -2, idx.unsqueeze(-1).expand(*batch, n, k))
 
 
 def _factor(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """ATen's factorization for det / slogdet: of ``A^T`` when ``A`` is contiguous (and whether it was)."""
-    use_t = a.is_contiguous()
+    """ATen's factorization for det / slogdet: of ``A^T`` when ``A`` is real and contiguous (and whether it was)."""
+    use_t = a.is_contiguous() and not a.is_complex()
     return (*_lu(a.mT if use_t else a), use_t)
 
 
@@ -250,7 +263,7 @@ def det(a: torch.Tensor) -> Any:
     if not _fits(a):
         return NotImplemented
     lu, pivots, _, _ = _factor(a)
-    return lu.diagonal(dim1=-2, dim2=-1).prod(-1) * _perm_sign(pivots, a.dtype), lu, pivots
+    return lu.diagonal(dim1=-2, dim2=-1).prod(-1) * _perm_sign(pivots, a.real.dtype), lu, pivots
 
 
 def slogdet(a: torch.Tensor) -> Any:
@@ -258,30 +271,30 @@ def slogdet(a: torch.Tensor) -> Any:
         return NotImplemented
     lu, pivots, _, _ = _factor(a)
     diag = lu.diagonal(dim1=-2, dim2=-1)
-    sign = diag.sign().prod(-1) * _perm_sign(pivots, a.dtype)
+    sign = diag.sgn().prod(-1) * _perm_sign(pivots, diag.real.dtype)
     return sign, diag.abs().log().sum(-1), lu, pivots
 
 
 def cholesky_ex(a: torch.Tensor, *, upper: bool = False, check_errors: bool = False) -> Any:
     if not _fits(a):
         return NotImplemented
-    low, info = _cholesky(a.mT if upper else a)
+    low, info = _cholesky(a.mH if upper else a)  # the upper triangle, read as the lower one of A^H
     if check_errors:
         check_errors_op(info, "torch.linalg.cholesky_ex", a.dim() == 2)
-    return (low.mT if upper else low), info
+    return (low.mH if upper else low), info
 
 
 def cholesky(a: torch.Tensor, upper: bool = False) -> Any:
     if not _fits(a):
         return NotImplemented
-    low, info = _cholesky(a.mT if upper else a)
+    low, info = _cholesky(a.mH if upper else a)
     check_errors_op(info, "cholesky", a.dim() == 2)
-    return low.mT if upper else low
+    return low.mH if upper else low
 
 
 def _cholesky_solve(b: torch.Tensor, factor: torch.Tensor, upper: bool) -> torch.Tensor:
-    low = factor.mT if upper else factor  # A = L L^T
-    return _trsm(low.mT, _trsm(low, b, upper=False, unit=False), upper=True, unit=False)
+    low = factor.mH if upper else factor  # A = L L^H
+    return _trsm(low.mH, _trsm(low, b, upper=False, unit=False), upper=True, unit=False)
 
 
 def cholesky_solve(b: torch.Tensor, factor: torch.Tensor, upper: bool = False) -> Any:
@@ -382,14 +395,14 @@ def _val(arg: Any) -> Any:
 def linalg_problem(node: fx.Node) -> str | None:
     """Why a direct linear-algebra op stayed in the graph (its decomposition declined it)."""
     shapes = [v for v in map(_val, node.args) if isinstance(v, torch.Tensor)]
-    if any(v.is_complex() for v in shapes):
-        return "complex matrices are not compiled; run this op eagerly"
-    if any(v.dtype not in DTYPES for v in shapes):
+    shapes = [v for v in shapes if v.is_floating_point() or v.is_complex()]  # not the int32 pivots
+    if any(v.dtype not in FIELDS for v in shapes):
         if node.target == aten.linalg_matrix_exp.default and shapes[0].dtype in (torch.float16, torch.bfloat16):
             return ("matrix_exp of a 16-bit matrix: eager computes it in that dtype with float32's scaling thresholds, "
                     "and its result is unreliable (NaN or ~1e30 for 16-bit matrices of norm ~1), so there is "
                     "nothing to match; cast the matrix to float32")
-        return "LAPACK-style ops take float32/float64 matrices (eager refuses other dtypes too)"
+        return ("LAPACK-style ops take float32/float64 and complex64/complex128 matrices (eager refuses other dtypes "
+                "too)")
     big = max((max(v.shape[-2:], default=0) for v in shapes), default=0)
     if big > MAX_ORDER:
         return (f"a {big}-row matrix: factorizations and triangular solves are unrolled per column, up to "

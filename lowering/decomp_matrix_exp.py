@@ -19,6 +19,7 @@ from neuron_compile.lowering.registry import register_declined
 
 aten = torch.ops.aten
 THETA_18 = {torch.float32: 3.010066362817634e00, torch.float64: 1.090863719290036e00}  # eager's mexp thresholds
+# (a complex matrix takes its real type's: the norm is real)
 DEGREE = 18
 MAX_SQUARINGS = 130  # log2(float32 max / theta) < 128
 
@@ -30,13 +31,14 @@ def matrix_exp(a: torch.Tensor) -> Any:
     if n == 0:
         return a.clone()
     norm = a.abs().sum(-2).amax(-1, keepdim=True).unsqueeze(-1)  # [..., 1, 1]
-    s = torch.ceil(torch.log2(norm / THETA_18[a.dtype])).clamp(min=0)
+    real = norm.dtype
+    s = torch.ceil(torch.log2(norm / THETA_18[real])).clamp(min=0)
     scaled = a * torch.exp2(-s)
     eye = torch.eye(n, dtype=a.dtype)
     x = eye + scaled / DEGREE
     for k in range(DEGREE - 1, 0, -1):  # I + A/1 (I + A/2 (... (I + A/18)))
         x = eye + (scaled @ x) * (1.0 / k)
-    squarings = min(MAX_SQUARINGS, math.ceil(math.log2(torch.finfo(a.dtype).max / THETA_18[a.dtype])) + 1)
+    squarings = min(MAX_SQUARINGS, math.ceil(math.log2(torch.finfo(real).max / THETA_18[real])) + 1)
     for k in range(squarings):
         x = torch.where(k < s, x @ x, x)
     return x

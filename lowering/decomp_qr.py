@@ -8,8 +8,10 @@ on the diagonal, ``v``'s tail below it, and the trailing columns take ``H_i``. `
 matrix from either side, transposed or not; ``linalg_qr`` is ``geqrf`` plus those, with ``R`` the upper triangle.
 
 Each reflection is a column sum and a rank-1 update of elementwise ops (VectorE, fp32), so the signs, ``R`` and
-``Q`` are LAPACK's up to rounding, and autograd's formulas (``linalg_qr_backward``) apply unchanged. Same domain
-as :mod:`lowering.decomp_linalg`: real float32/64 matrices up to ``MAX_ORDER`` rows and columns.
+``Q`` are LAPACK's up to rounding, and autograd's formulas (``linalg_qr_backward``) apply unchanged. Complex
+matrices follow ``zlarfg``: ``beta = -sign(Re alpha) * ||(alpha, x)||`` is real, ``H_i = I - tau_i v_i v_i^H``, ``geqrf``
+applies ``H_i^H`` to the trailing columns, and ``H = I`` only when ``x`` is zero and ``alpha`` real. Same domain as
+:mod:`lowering.decomp_linalg`: float32/64 and complex64/128 matrices up to ``MAX_ORDER`` rows and columns.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from neuron_compile.lowering.registry import register_declined
 aten = torch.ops.aten
 
 
+def _squared(x: torch.Tensor) -> torch.Tensor:
+    """``|x|^2``, real."""
+    return x.real * x.real + x.imag * x.imag if x.is_complex() else x * x
+
+
+def _conj(x: torch.Tensor) -> torch.Tensor:
+    return x.conj() if x.is_complex() else x
+
+
 def _geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(reflectors below the diagonal with R on and above it, tau [..., min(m, n)])."""
     m, n = a.shape[-2:]
@@ -33,14 +44,18 @@ def _geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         alpha = a[..., i:i + 1, i:i + 1]
         below = rows > i
         x = torch.where(below, col, torch.zeros_like(col))
-        xnorm = (x * x).sum(-2, keepdim=True).sqrt()
-        norm = (alpha * alpha + xnorm * xnorm).sqrt()
-        beta = torch.where(alpha >= 0, -norm, norm)
-        keep = xnorm == 0  # nothing to zero: H = I
+        xnorm = _squared(x).sum(-2, keepdim=True).sqrt()
+        norm = (_squared(alpha) + xnorm * xnorm).sqrt()
+        re = alpha.real if alpha.is_complex() else alpha
+        beta = torch.where(re >= 0, -norm, norm)  # real
+        keep = xnorm == 0  # nothing to zero: H = I (a complex alpha must be real as well)
+        if alpha.is_complex():
+            keep = keep & (alpha.imag == 0)
+            beta = beta.to(a.dtype)
         tau = torch.where(keep, torch.zeros_like(beta), (beta - alpha) / beta)
         v = torch.where(rows == i, torch.ones_like(col), torch.where(keep, x, x / (alpha - beta)))
-        w = (v * a).sum(-2, keepdim=True)  # v^T A
-        updated = a - tau * v * torch.where(cols > i, w, torch.zeros_like(w))
+        w = (_conj(v) * a).sum(-2, keepdim=True)  # v^H A
+        updated = a - _conj(tau) * v * torch.where(cols > i, w, torch.zeros_like(w))  # H^H A (geqr2)
         diag = torch.where(keep, alpha, beta)
         column = torch.where(rows == i, diag, torch.where(below, v, col))
         a = torch.where(cols == i, column, updated)
@@ -58,17 +73,18 @@ def _reflector(v_mat: torch.Tensor, i: int) -> torch.Tensor:
 
 
 def _apply(v_mat: torch.Tensor, tau: torch.Tensor, c: torch.Tensor, left: bool, transpose: bool) -> torch.Tensor:
-    """``Q C``, ``Q^T C``, ``C Q`` or ``C Q^T`` with ``Q = H_0 ... H_{k-1}`` (``ormqr``)."""
+    """``Q C``, ``Q^H C``, ``C Q`` or ``C Q^H`` with ``Q = H_0 ... H_{k-1}``, ``H_i = I - tau_i v_i v_i^H``
+    (``ormqr``; ``transpose`` is the conjugate transpose)."""
     k = tau.shape[-1]
     order = range(k) if left == transpose else range(k - 1, -1, -1)
     for i in order:
         v = _reflector(v_mat, i)
         t = tau[..., i:i + 1].unsqueeze(-1)
-        if left:  # C - tau v (v^T C)
-            c = c - t * v * (v * c).sum(-2, keepdim=True)
-        else:  # C - tau (C v) v^T
-            vt = v.mT
-            c = c - t * (c * vt).sum(-1, keepdim=True) * vt
+        t = _conj(t) if transpose else t  # H_i^H = I - conj(tau_i) v v^H
+        if left:  # C - tau v (v^H C)
+            c = c - t * v * (_conj(v) * c).sum(-2, keepdim=True)
+        else:  # C - tau (C v) v^H
+            c = c - t * (c * v.mT).sum(-1, keepdim=True) * v.mH
     return c
 
 

@@ -14,6 +14,11 @@ refused by name (:func:`spectral_ops`, :func:`spectral_problem`), and a result n
   are orthogonal; the singular values are the column norms (no ``A^T A``, whose squaring would lose the small
   ones).
 
+Complex (Hermitian) matrices take the same sweeps in complex arithmetic: a pair's rotation is the real one of
+``|a_pq|`` conjugated by the phase of ``a_pq`` (:func:`_round`), the transposes are conjugate transposes, and a
+Hermitian matrix is read from its ``uplo`` triangle, the imaginary part of its diagonal ignored, as LAPACK does.
+Their vectors are unique only up to a complex phase, so the same rule applies to them.
+
 The sweeps are unrolled (:func:`sweeps`, enough for fp32 convergence at every size allowed, with margin), and a
 device-side check raises :class:`torch.linalg.LinAlgError` if the off-diagonal part has not vanished, or the
 matrix holds inf/NaN (eager's LAPACK returns NaN in some places then, or fails with the message used here).
@@ -27,7 +32,7 @@ from functools import cache
 from typing import Any
 
 import torch
-from neuron_compile.lowering.decomp_linalg import DTYPES
+from neuron_compile.lowering.decomp_linalg import FIELDS
 from neuron_compile.lowering.decomp_linalg import MAX_ORDER as MAX_ROWS
 from neuron_compile.lowering.registry import register_declined
 from torch import fx
@@ -75,21 +80,31 @@ def _slots(n: int, pairs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...],
 
 
 def _round(gram: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    """The rotation ``J`` that zeroes the (p, q) entries of the symmetric ``gram`` for every pair of the round
-    (Rutishauser's formulas: t = tan of the angle, the smaller root, so that rotations stay near the identity)."""
+    """The rotation ``J`` that zeroes the (p, q) entries of the symmetric (Hermitian) ``gram`` for every pair of the
+    round (Rutishauser's formulas: t = tan of the angle, the smaller root, so that rotations stay near the
+    identity). A complex ``a_pq = |a_pq| e^(i phi)`` takes the real rotation of ``|a_pq|`` conjugated by the phase,
+    ``J = [[c, s e^(i phi)], [-s e^(-i phi), c]]``."""
     n = gram.shape[-1]
     entries, slot = _slots(n, pairs)
     h = len(pairs)
     picked = gram.flatten(-2).index_select(-1, torch.tensor(entries))
     app, aqq, apq = picked[..., :h], picked[..., h:2 * h], picked[..., 2 * h:]
+    phase = None
+    if gram.is_complex():
+        app, aqq, phase, apq = app.real, aqq.real, apq, apq.abs()
     none = apq == 0  # nothing to rotate
     theta = ((aqq - app) / (2 * torch.where(none, torch.ones_like(apq), apq))).clamp(-1e17, 1e17)  # t ~ 1 / 2 theta
     t = torch.where(theta >= 0, 1.0, -1.0) / (theta.abs() + torch.sqrt(theta * theta + 1))
     t = torch.where(none, torch.zeros_like(t), t)
     c = torch.rsqrt(t * t + 1)
     s = t * c
+    if phase is not None:
+        phase = phase / torch.where(none, torch.ones_like(apq), apq)
+        c, s, s_low = c.to(phase.dtype), s * phase, -s * phase.conj()
+    else:
+        s_low = -s
     ones = torch.ones_like(c[..., :1])
-    values = torch.cat([c, s, -s, ones, torch.zeros_like(ones)], -1)
+    values = torch.cat([c, s, s_low, ones, torch.zeros_like(ones)], -1)
     return values.index_select(-1, torch.tensor(slot)).unflatten(-1, (n, n))
 
 
@@ -103,7 +118,7 @@ def _orthogonal(gram: torch.Tensor, tol: float) -> torch.Tensor:
     matrix, whose mutual angles mean nothing)."""
     d = gram.diagonal(dim1=-2, dim2=-1).abs()
     bound = torch.sqrt(d.unsqueeze(-1) * d.unsqueeze(-2)) + torch.finfo(torch.float32).eps * d.amax(-1)[..., None, None]
-    off = gram.abs() * (1 - torch.eye(gram.shape[-1], dtype=gram.dtype))
+    off = gram.abs() * (1 - torch.eye(gram.shape[-1], dtype=d.dtype))
     return off <= tol * bound
 
 
@@ -114,30 +129,45 @@ def _unit_scale(a: torch.Tensor) -> torch.Tensor:
     return torch.where(big > 0, big, torch.ones_like(big))
 
 
+def _finite(a: torch.Tensor) -> torch.Tensor:
+    """``isfinite``, of both parts of a complex ``a`` (ATen's complex isfinite traces to an in-place ``&=``)."""
+    return torch.isfinite(a.real) & torch.isfinite(a.imag) if a.is_complex() else torch.isfinite(a)
+
+
+def _squared(x: torch.Tensor) -> torch.Tensor:
+    """``|x|^2``, real."""
+    return x.real * x.real + x.imag * x.imag if x.is_complex() else x * x
+
+
 def _columns(m: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """The columns of ``m [..., r, c]`` in ``order [..., c]`` (the sorted values' order)."""
     return torch.gather(m, -1, order.unsqueeze(-2).expand(m.shape))
 
 
 def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Eigenvalues (ascending) of the symmetric matrix held in ``a``'s ``uplo`` triangle, and, for internal use
-    only, eigenvectors as columns (signs arbitrary)."""
+    """Eigenvalues (ascending) of the symmetric (Hermitian) matrix held in ``a``'s ``uplo`` triangle, and, for
+    internal use only, eigenvectors as columns (signs, or complex phases, arbitrary)."""
     n = a.shape[-1]
-    low = torch.tril(a) if uplo.upper() == "L" else torch.triu(a)
-    a = low + (torch.tril(a, -1) if uplo.upper() == "L" else torch.triu(a, 1)).mT
-    _check(torch.isfinite(a), f"linalg.eigh: {_NONFINITE}")
+    lower = uplo.upper() == "L"
+    if a.is_complex():  # the Hermitian matrix the triangle holds (LAPACK does not read Im of its diagonal)
+        re, im = a.real, a.imag
+        im = torch.tril(im, -1) if lower else torch.triu(im, 1)
+        a = torch.complex(torch.tril(re) if lower else torch.triu(re), im)
+    a = (torch.tril(a) if lower else torch.triu(a)) + (torch.tril(a, -1) if lower else torch.triu(a, 1)).mH
+    _check(_finite(a), f"linalg.eigh: {_NONFINITE}")
     scale = _unit_scale(a)
     a = a / scale
     v = torch.eye(n, dtype=a.dtype).expand(a.shape).contiguous() if vectors else None
     for _ in range(sweeps(n)):
         for pairs in _rounds(n):
             j = _round(a, pairs)
-            a = j.mT @ a @ j
+            a = j.mH @ a @ j
             v = v @ j if v is not None else None
     off = (a * (1 - torch.eye(n, dtype=a.dtype))).abs().flatten(-2).amax(-1)[..., None, None]
     _check(off <= 8 * n * torch.finfo(torch.float32).eps,
            "linalg.eigh: the Jacobi iteration did not converge (the off-diagonal part is not yet negligible)")
-    w = a.diagonal(dim1=-2, dim2=-1) * scale[..., 0]
+    w = a.diagonal(dim1=-2, dim2=-1)
+    w = (w.real if w.is_complex() else w) * scale[..., 0]
     w, order = torch.sort(w, -1)
     if v is not None:
         v = _columns(v, order)
@@ -148,32 +178,37 @@ def one_sided_svd(a: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, Any, An
     """Singular values (descending) of ``a [..., m, n]`` with ``m >= n``, and, for internal use only, ``V`` and
     ``B = (A / scale) V`` (columns ``sigma_i u_i / scale``) in the same order, and that ``scale [..., 1, 1]``."""
     n = a.shape[-1]
-    _check(torch.isfinite(a), f"linalg.svd: {_NONFINITE}")
+    _check(_finite(a), f"linalg.svd: {_NONFINITE}")
     scale = _unit_scale(a)
     b = a / scale
     v = torch.eye(n, dtype=a.dtype).expand(*a.shape[:-2], n, n).contiguous() if vectors else None
     for _ in range(sweeps(n)):
         for pairs in _rounds(n):
-            j = _round(b.mT @ b, pairs)
+            j = _round(b.mH @ b, pairs)
             b = b @ j
             v = v @ j if v is not None else None
-    _check(_orthogonal(b.mT @ b, 8 * n * torch.finfo(torch.float32).eps),
+    _check(_orthogonal(b.mH @ b, 8 * n * torch.finfo(torch.float32).eps),
            "linalg.svd: the Jacobi iteration did not converge (the columns are not yet orthogonal)")
-    s, order = torch.sort(torch.sqrt((b * b).sum(-2)), -1, descending=True)
+    s, order = torch.sort(torch.sqrt(_squared(b).sum(-2)), -1, descending=True)
     if vectors:
         v, b = _columns(v, order), _columns(b, order)
     return s * scale[..., 0], v, b if vectors else None, scale
 
 
 def _fits(a: Any) -> bool:
-    """Real float32/64 matrices whose shorter side (the Jacobi order) is at most MAX_ORDER, the longer at most
-    decomp_linalg's MAX_ORDER."""
-    return (isinstance(a, torch.Tensor) and a.dtype in DTYPES and a.dim() >= 2
+    """Float32/64 and complex64/128 matrices whose shorter side (the Jacobi order) is at most MAX_ORDER, the longer
+    at most decomp_linalg's MAX_ORDER."""
+    return (isinstance(a, torch.Tensor) and a.dtype in FIELDS and a.dim() >= 2
             and min(a.shape[-2:]) <= MAX_ORDER and max(a.shape[-2:]) <= MAX_ROWS)
 
 
 def _empty(a: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=a.dtype)
+
+
+def _real(a: torch.Tensor) -> torch.dtype:
+    """The dtype of ``a``'s eigen- and singular values."""
+    return a.real.dtype
 
 
 def linalg_eigh(a: torch.Tensor, uplo: str = "L", compute_v: bool = True) -> Any:
@@ -182,7 +217,7 @@ def linalg_eigh(a: torch.Tensor, uplo: str = "L", compute_v: bool = True) -> Any
     if not _fits(a):
         return NotImplemented
     if a.numel() == 0:
-        return torch.zeros(a.shape[:-1], dtype=a.dtype), torch.zeros_like(a) if compute_v else _empty(a)
+        return torch.zeros(a.shape[:-1], dtype=_real(a)), torch.zeros_like(a) if compute_v else _empty(a)
     w, v = symmetric_eig(a, uplo, vectors=compute_v)
     return w, v if compute_v else _empty(a)
 
@@ -198,27 +233,28 @@ def linalg_svd(a: torch.Tensor, full_matrices: bool = False, compute_uv: bool = 
     k = min(m, n)
     if a.numel() == 0:
         if not compute_uv:
-            return _empty(a), torch.zeros((*a.shape[:-2], k), dtype=a.dtype), _empty(a)
-        return (torch.zeros((*a.shape[:-2], m, k), dtype=a.dtype), torch.zeros((*a.shape[:-2], k), dtype=a.dtype),
+            return _empty(a), torch.zeros((*a.shape[:-2], k), dtype=_real(a)), _empty(a)
+        return (torch.zeros((*a.shape[:-2], m, k), dtype=a.dtype), torch.zeros((*a.shape[:-2], k), dtype=_real(a)),
                 torch.zeros((*a.shape[:-2], k, n), dtype=a.dtype))
-    s, v, b, scale = one_sided_svd(a if m >= n else a.mT, vectors=compute_uv)
+    s, v, b, scale = one_sided_svd(a if m >= n else a.mH, vectors=compute_uv)  # A^H = V S U^H
     if not compute_uv:
         return _empty(a), s, _empty(a)
     unit = s / scale[..., 0]  # the columns of b are unit * u
     u = b / torch.where(unit > 0, unit, torch.ones_like(unit)).unsqueeze(-2)
-    return (u, s, v.mT) if m >= n else (v, s, u.mT)
+    return (u, s, v.mH) if m >= n else (v, s, u.mH)
 
 
 def _tolerance(a: torch.Tensor, atol: Any, rtol: Any, largest: torch.Tensor) -> torch.Tensor:
     """eager's ``get_atol_rtol`` and ``max(atol, rtol * largest)`` (largest: the top singular value / |eigenvalue|)."""
-    default = torch.finfo(a.dtype).eps * max(a.shape[-2:])
-    atol_t = torch.zeros((), dtype=a.dtype) if atol is None else torch.as_tensor(atol, dtype=a.dtype)
+    real = _real(a)
+    default = torch.finfo(real).eps * max(a.shape[-2:])
+    atol_t = torch.zeros((), dtype=real) if atol is None else torch.as_tensor(atol, dtype=real)
     if rtol is not None:
-        rtol_t = torch.as_tensor(rtol, dtype=a.dtype)
+        rtol_t = torch.as_tensor(rtol, dtype=real)
     elif atol is not None:
         rtol_t = torch.where(atol_t > 0, 0.0, default)
     else:
-        rtol_t = torch.full((), default, dtype=a.dtype)
+        rtol_t = torch.full((), default, dtype=real)
     return torch.maximum(atol_t.unsqueeze(-1), rtol_t.unsqueeze(-1) * largest)
 
 
@@ -233,25 +269,25 @@ def linalg_pinv(a: torch.Tensor, *, atol: Any = None, rtol: Any = None, hermitia
         big = w.abs()
         keep = big > _tolerance(a, atol, rtol, big.amax(-1, keepdim=True))
         inv = torch.where(keep, 1 / torch.where(keep, w, torch.ones_like(w)), torch.zeros_like(w))
-        return (q * inv.unsqueeze(-2)) @ q.mT
-    tall = a if m >= n else a.mT
+        return (q * inv.unsqueeze(-2)) @ q.mH
+    tall = a if m >= n else a.mH
     s, v, b, scale = one_sided_svd(tall, vectors=True)
     keep = s > _tolerance(a, atol, rtol, s[..., :1])
     unit = s / scale[..., 0]
     inv2 = torch.where(keep, 1 / torch.where(keep, unit * unit, torch.ones_like(s)), torch.zeros_like(s))
-    p = (v * inv2.unsqueeze(-2)) @ b.mT / scale  # V diag(1/s^2) (A V)^T = V diag(1/s) U^T, in units of scale
-    return p if m >= n else p.mT
+    p = (v * inv2.unsqueeze(-2)) @ b.mH / scale  # V diag(1/s^2) (A V)^H = V diag(1/s) U^H, in units of scale
+    return p if m >= n else p.mH
 
 
 def matrix_sqrth(a: torch.Tensor) -> Any:
-    """torch 2.14's ``linalg.matrix_sqrth``: ``Q sqrt(max(L, 0)) Q^T`` of the symmetric (lower triangle) ``a``
+    """torch 2.14's ``linalg.matrix_sqrth``: ``Q sqrt(max(L, 0)) Q^H`` of the Hermitian (lower triangle) ``a``
     (eager clamps negative eigenvalues to 0 too)."""
     if not _fits(a) or a.shape[-1] != a.shape[-2]:
         return NotImplemented
     if a.numel() == 0:
         return a.clone()
     w, q = symmetric_eig(a, "L", vectors=True)
-    return (q * torch.sqrt(w.clamp(min=0)).unsqueeze(-2)) @ q.mT
+    return (q * torch.sqrt(w.clamp(min=0)).unsqueeze(-2)) @ q.mH
 
 
 SPECTRAL: dict[Any, Any] = {
@@ -353,10 +389,9 @@ def _splice(gm: fx.GraphModule, node: fx.Node, vectors: bool) -> None:
 def spectral_problem(node: fx.Node) -> str:
     """Why an eigenvalue / SVD / pinv op stayed in the graph (its decomposition declined it)."""
     a = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    if isinstance(a, torch.Tensor) and a.is_complex():
-        return "complex matrices are not compiled; run this op eagerly"
-    if isinstance(a, torch.Tensor) and a.dtype not in DTYPES:
-        return "LAPACK-style ops take float32/float64 matrices (eager refuses other dtypes too)"
+    if isinstance(a, torch.Tensor) and a.dtype not in FIELDS:
+        return ("LAPACK-style ops take float32/float64 and complex64/complex128 matrices (eager refuses other dtypes "
+                "too)")
     if isinstance(a, torch.Tensor) and a.dim() >= 2 and not _fits(a):
         return (f"a {a.shape[-2]} x {a.shape[-1]} matrix: eigenvalues and singular values are unrolled Jacobi "
                 f"sweeps over at most {MAX_ORDER} columns (and {MAX_ROWS} rows); run larger ones eagerly (outside "
@@ -365,7 +400,8 @@ def spectral_problem(node: fx.Node) -> str:
     hint = ""
     if node.target is aten._linalg_svd.default and a is not None and a.shape[-1] != a.shape[-2]:
         hint = " (in training, a non-square svd compiles with full_matrices=False when only its values are used)"
-    return (f"its {what} are read by the forward (returned or computed with), and they are unique only up to sign "
+    sign = "sign (a complex phase, for complex matrices)" if a is not None and a.is_complex() else "sign"
+    return (f"its {what} are read by the forward (returned or computed with), and they are unique only up to {sign} "
             "(LAPACK's choice, which a NeuronCore can't reproduce); eigenvalues, singular values, pinv and the "
             f"Hermitian square root compile, in training too{hint}. Run this one eagerly (outside the compiled "
             "region)")
