@@ -52,6 +52,11 @@ def _fits(*ts: Any) -> bool:
                and max(t.shape[-2:], default=0) <= MAX_ORDER for t in ts)
 
 
+def squared_magnitude(x: torch.Tensor) -> torch.Tensor:
+    """``|x|^2``, real (without the square root of ``abs``)."""
+    return x.real * x.real + x.imag * x.imag if x.is_complex() else x * x
+
+
 def _magnitude(a: torch.Tensor) -> torch.Tensor:
     """What LAPACK's pivot search (``i?amax``) compares: ``|a|``, and ``|Re a| + |Im a|`` for complex ``a``."""
     return a.real.abs() + a.imag.abs() if a.is_complex() else a.abs()

@@ -19,15 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from neuron_compile.lowering.decomp_linalg import _fits, _index, linalg_problem
+from neuron_compile.lowering.decomp_linalg import _fits, _index, linalg_problem, squared_magnitude
 from neuron_compile.lowering.registry import register_declined
 
 aten = torch.ops.aten
-
-
-def _squared(x: torch.Tensor) -> torch.Tensor:
-    """``|x|^2``, real."""
-    return x.real * x.real + x.imag * x.imag if x.is_complex() else x * x
 
 
 def _conj(x: torch.Tensor) -> torch.Tensor:
@@ -44,8 +39,8 @@ def _geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         alpha = a[..., i:i + 1, i:i + 1]
         below = rows > i
         x = torch.where(below, col, torch.zeros_like(col))
-        xnorm = _squared(x).sum(-2, keepdim=True).sqrt()
-        norm = (_squared(alpha) + xnorm * xnorm).sqrt()
+        xnorm = squared_magnitude(x).sum(-2, keepdim=True).sqrt()
+        norm = (squared_magnitude(alpha) + xnorm * xnorm).sqrt()
         re = alpha.real if alpha.is_complex() else alpha
         beta = torch.where(re >= 0, -norm, norm)  # real
         keep = xnorm == 0  # nothing to zero: H = I (a complex alpha must be real as well)

@@ -32,7 +32,7 @@ from functools import cache
 from typing import Any
 
 import torch
-from neuron_compile.lowering.decomp_linalg import FIELDS
+from neuron_compile.lowering.decomp_linalg import FIELDS, squared_magnitude
 from neuron_compile.lowering.decomp_linalg import MAX_ORDER as MAX_ROWS
 from neuron_compile.lowering.registry import register_declined
 from torch import fx
@@ -134,11 +134,6 @@ def _finite(a: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(a.real) & torch.isfinite(a.imag) if a.is_complex() else torch.isfinite(a)
 
 
-def _squared(x: torch.Tensor) -> torch.Tensor:
-    """``|x|^2``, real."""
-    return x.real * x.real + x.imag * x.imag if x.is_complex() else x * x
-
-
 def _columns(m: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """The columns of ``m [..., r, c]`` in ``order [..., c]`` (the sorted values' order)."""
     return torch.gather(m, -1, order.unsqueeze(-2).expand(m.shape))
@@ -189,7 +184,7 @@ def one_sided_svd(a: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, Any, An
             v = v @ j if v is not None else None
     _check(_orthogonal(b.mH @ b, 8 * n * torch.finfo(torch.float32).eps),
            "linalg.svd: the Jacobi iteration did not converge (the columns are not yet orthogonal)")
-    s, order = torch.sort(torch.sqrt(_squared(b).sum(-2)), -1, descending=True)
+    s, order = torch.sort(torch.sqrt(squared_magnitude(b).sum(-2)), -1, descending=True)
     if vectors:
         v, b = _columns(v, order), _columns(b, order)
     return s * scale[..., 0], v, b if vectors else None, scale
