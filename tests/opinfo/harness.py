@@ -105,7 +105,8 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
     if dtype not in op.supported_dtypes("cpu"):
         result.update(status="n/a", detail=f"no {dtype_name} samples")
         return result
-    if grad and (not op.supports_autograd or not dtype.is_floating_point or op.name in NONDETERMINISTIC):
+    inexact = dtype.is_floating_point or dtype.is_complex
+    if grad and (not op.supports_autograd or not inexact or op.name in NONDETERMINISTIC):
         result.update(status="n/a", detail="no gradient")
         return result
     if reference and op.reference_inputs_func is None:
@@ -127,7 +128,8 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
     except Exception as exc:
         result.update(status="n/a", detail=f"samples: {exc}")
         return result
-    atol, rtol = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+    wide = (torch.float32, torch.float64, torch.complex64, torch.complex128)  # (64-bit ones compute in 32 bits)
+    atol, rtol = (1e-4, 1e-4) if dtype in wide else (2e-2, 2e-2)
     if strict:  # torch.testing.assert_close's own defaults for the dtype
         atol, rtol = None, None
     with config.patch(cache=False):
@@ -182,7 +184,7 @@ def run_op(name_variant: tuple[str, str], samples: int, dtype_name: str, strict:
                 result["samples"] += 1
                 continue
             why = _compare(actual, expected, atol, rtol)
-            if why is not None and dtype.is_floating_point and not strict:
+            if why is not None and inexact and not strict:
                 why = _rounding_only(call, leaves, actual, expected, why, grad)
             if why is not None and op.name in TIE_ORDER_UNSPECIFIED and not grad:
                 why = _tie_order_only(op.name, s, actual, expected, atol, rtol, why)
@@ -212,8 +214,16 @@ def _grads(outputs: Any, leaves: list[Any], via: Any = None) -> list[Any]:
     if not outs or not wrt:
         return []
     gen = torch.Generator().manual_seed(1)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(via or o.dtype).to(o.dtype) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.complex64 if o.is_complex() else torch.float32)
+            .to(via or o.dtype).to(o.dtype) for o in outs]
     return list(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
+
+
+def _wider(dtype: Any) -> Any:
+    """float64, or complex128 for a complex dtype (the reference run's)."""
+    import torch
+
+    return torch.complex128 if dtype.is_complex else torch.float64
 
 
 def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why: str,
@@ -228,13 +238,13 @@ def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why
     import torch
     from torch.utils._pytree import tree_flatten
 
-    up = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t.clone()
-          for t in leaves]
+    up = [t.detach().to(_wider(t.dtype)).requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex()
+          else t.clone() for t in leaves]
     try:
         torch.manual_seed(0)
         reference = call(*up)
         if grad:
-            low = next((t.dtype for t in leaves if t.is_floating_point()), None)
+            low = next((t.dtype for t in leaves if t.is_floating_point() or t.is_complex()), None)
             reference = (reference, _grads(reference, up, via=low))
     except Exception:
         return why
@@ -242,13 +252,13 @@ def _rounding_only(call: Any, leaves: list[Any], actual: Any, expected: Any, why
     if len(r_flat) != len(a_flat):
         return why
     for a, e, r in zip(a_flat, e_flat, r_flat, strict=True):
-        if isinstance(a, torch.Tensor) and not a.is_floating_point():
+        if isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex()):
             if not torch.equal(a, e):  # integer and bool outputs must match eager exactly
                 return why
             continue
         if not (isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor)) or not a.numel():
             continue
-        a64, e64, r = a.double(), e.double(), r.double()
+        a64, e64, r = (x.to(_wider(x.dtype)) for x in (a, e, r))
         finite, ours_finite = torch.isfinite(r), torch.isfinite(a64)
         if not (torch.equal(ours_finite, finite) or torch.equal(ours_finite, torch.isfinite(e64))):
             return why  # inf / NaN where neither the float64 run nor eager has them
