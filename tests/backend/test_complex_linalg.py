@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 import torch
+from linalg_helpers import check_gradients
+from linalg_helpers import check_outputs as _check
+from linalg_helpers import compiled as _compile
+from linalg_helpers import refusal as _refusal
 from neuron_compile.lowering.decomp_linalg import MAX_ORDER
 
-from neuron_compile.errors import DeviceAssertionError, UnsupportedOpError
+from neuron_compile.errors import DeviceAssertionError
 
 C64 = torch.complex64
-
-
-def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return torch.compile(fn, backend="neuron", dynamic=False)
 
 
 def _rand(*shape: int, seed: int = 0, dtype: torch.dtype = C64) -> torch.Tensor:
@@ -91,18 +91,6 @@ CASES: list[tuple[str, Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]
 ]
 
 
-def _check(got: Any, want: Any) -> None:
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-        if w.dtype.is_floating_point or w.dtype.is_complex:
-            torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5)
-        else:  # pivots and info: exactly eager's
-            assert torch.equal(g, w)
-
-
 @pytest.mark.parametrize("name,fn,make", CASES, ids=[c[0] for c in CASES])
 def test_matches_eager(name: str, fn: Callable[..., Any], make: Callable[[], tuple[torch.Tensor, ...]]) -> None:
     args = make()
@@ -117,25 +105,7 @@ GRAD_CASES = ["solve_right_broadcast", "inv", "det", "slogdet", "cholesky_upper"
 def test_gradients_match_eager(name: str) -> None:
     """Complex gradients (conjugate Wirtinger) through autograd's formulas, which read the forward's factors back."""
     _, fn, make = next(c for c in CASES if c[0] == name)
-    args = make()
-
-    def loss(*xs: torch.Tensor) -> torch.Tensor:
-        out = fn(*xs)
-        total = torch.zeros(())
-        for o in out if isinstance(out, tuple) else (out,):
-            if o.is_complex():
-                total = total + (o.real.sin() + o.imag.cos()).sum()
-            elif o.dtype.is_floating_point:
-                total = total + o.sin().sum()
-        return total
-
-    wrt = [i for i, a in enumerate(args) if a.is_complex()]
-    want = torch.autograd.grad(loss(*[a.requires_grad_(i in wrt) for i, a in enumerate(args)]),
-                               [args[i] for i in wrt])
-    leaves = [a.detach().clone().requires_grad_(i in wrt) for i, a in enumerate(args)]
-    got = torch.autograd.grad(_compile(loss)(*leaves), [leaves[i] for i in wrt])
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    check_gradients(fn, make())
 
 
 def test_cholesky_reads_only_its_triangle_and_not_the_diagonals_imaginary_part() -> None:
@@ -166,16 +136,6 @@ def test_singular_complex_factor_reports_info_and_zero_determinant() -> None:
     sing = torch.tensor([[1.0 + 1.0j, 2.0], [2.0 - 2.0j, 4.0 - 4.0j]], dtype=C64)  # row 2 = (2 - 2i) row 1
     _check(_compile(torch.linalg.lu_factor_ex)(sing), torch.linalg.lu_factor_ex(sing))
     _check(_compile(torch.linalg.det)(sing), torch.linalg.det(sing))
-
-
-def _refusal(fn: Callable[..., Any], *args: torch.Tensor) -> str:
-    with pytest.raises(Exception) as info:  # noqa: PT011 (Dynamo wraps it: the UnsupportedOpError is its cause)
-        _compile(fn)(*args)
-    exc: BaseException | None = info.value
-    while exc is not None and not isinstance(exc, UnsupportedOpError):
-        exc = exc.__cause__ or exc.__context__
-    assert exc is not None
-    return str(exc)
 
 
 def test_larger_complex_matrices_and_vectors_are_refused_for_their_reason() -> None:

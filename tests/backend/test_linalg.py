@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import torch
+from linalg_helpers import check_gradients
+from linalg_helpers import check_outputs as _check
+from linalg_helpers import compiled as _compile
+from linalg_helpers import refusal as _refusal
 from neuron_compile.lowering.decomp_linalg import MAX_ORDER
 
-from neuron_compile.errors import DeviceAssertionError, UnsupportedOpError
-
-
-def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return torch.compile(fn, backend="neuron", dynamic=False)
+from neuron_compile.errors import DeviceAssertionError
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -92,18 +92,6 @@ CASES: list[tuple[str, Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]
 ]
 
 
-def _check(got: Any, want: Any) -> None:
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-        if w.dtype.is_floating_point:
-            torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5)
-        else:  # pivots and info: exactly eager's
-            assert torch.equal(g, w)
-
-
 @pytest.mark.parametrize("name,fn,make", CASES, ids=[c[0] for c in CASES])
 def test_matches_eager(name: str, fn: Callable[..., Any], make: Callable[[], tuple[torch.Tensor, ...]]) -> None:
     args = make()
@@ -119,20 +107,7 @@ GRAD_CASES = ["solve_batched_broadcast", "solve_right", "inv", "det", "det_trans
 def test_gradients_match_eager(name: str) -> None:
     """Autograd's formulas read the forward's factors (LU, pivots) back: wrong conventions give wrong gradients."""
     _, fn, make = next(c for c in CASES if c[0] == name)
-    args = make()
-
-    def loss(*xs: torch.Tensor) -> torch.Tensor:
-        out = fn(*xs)
-        outs = out if isinstance(out, tuple) else (out,)
-        return sum((o.sin().sum() for o in outs if o.dtype.is_floating_point), torch.zeros(()))
-
-    floats = [i for i, a in enumerate(args) if a.dtype.is_floating_point]
-    want = torch.autograd.grad(loss(*[a.requires_grad_(i in floats) for i, a in enumerate(args)]),
-                               [args[i] for i in floats])
-    leaves = [a.detach().clone().requires_grad_(i in floats) for i, a in enumerate(args)]
-    got = torch.autograd.grad(_compile(loss)(*leaves), [leaves[i] for i in floats])
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    check_gradients(fn, make())
 
 
 def test_singular_and_zero_pivot_factors_are_eagers() -> None:
@@ -175,16 +150,6 @@ def test_cholesky_reads_only_its_triangle() -> None:
     _check(_compile(up)(junk_up), up(junk_up))
 
 
-def _refusal(fn: Callable[..., Any], *args: torch.Tensor) -> str:
-    with pytest.raises(Exception) as info:  # noqa: PT011 (Dynamo wraps it: the UnsupportedOpError is its cause)
-        _compile(fn)(*args)
-    exc: BaseException | None = info.value
-    while exc is not None and not isinstance(exc, UnsupportedOpError):
-        exc = exc.__cause__ or exc.__context__
-    assert exc is not None
-    return str(exc)
-
-
 def test_larger_matrices_and_iterative_decompositions_are_refused_with_their_reason() -> None:
     n = MAX_ORDER + 1
     assert (f"aten.linalg_inv_ex.default(float32[{n}, {n}]): a {n}-row matrix: factorizations and triangular "
@@ -220,15 +185,10 @@ def test_matrix_exp_gradient_and_decay() -> None:
 def test_matrix_exp_of_a_16_bit_matrix_is_refused_with_the_reason(dtype: torch.dtype) -> None:
     a = (torch.randn(5, 5, generator=_gen(0)) * 0.1).to(dtype)
     assert not torch.linalg.matrix_exp(a).double().sub(torch.linalg.matrix_exp(a.double())).abs().max() < 1
-    with pytest.raises(Exception) as info:
-        _compile(torch.linalg.matrix_exp)(a)
-    exc = info.value
-    while exc is not None and not isinstance(exc, UnsupportedOpError):
-        exc = exc.__cause__ or exc.__context__
-    assert exc is not None
+    exc = _refusal(torch.linalg.matrix_exp, a)
     assert (f"aten.linalg_matrix_exp.default({str(dtype).removeprefix('torch.')}[5, 5]): matrix_exp of a 16-bit "
-            "matrix: eager computes it in that dtype with float32's scaling thresholds") in str(exc)
-    assert "cast the matrix to float32" in str(exc)
+            "matrix: eager computes it in that dtype with float32's scaling thresholds") in exc
+    assert "cast the matrix to float32" in exc
 
 
 @pytest.mark.parametrize("shape", [(6, 6), (8, 5)])
