@@ -42,8 +42,7 @@ from torch import fx
 
 aten = torch.ops.aten
 MAX_ORDER = 64  # unrolled steps per factorization: each adds ~15 ops to the graph
-DTYPES = (torch.float32, torch.float64)  # the real matrices (the Jacobi methods take only these)
-FIELDS = (*DTYPES, torch.complex64, torch.complex128)  # the direct methods', QR's and matrix_exp's
+FIELDS = (torch.float32, torch.float64, torch.complex64, torch.complex128)  # the matrices every decomposition takes
 
 
 def _fits(*ts: Any) -> bool:
