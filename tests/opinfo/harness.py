@@ -214,8 +214,10 @@ def _grads(outputs: Any, leaves: list[Any], via: Any = None) -> list[Any]:
     if not outs or not wrt:
         return []
     gen = torch.Generator().manual_seed(1)
-    cots = [torch.randn(o.shape, generator=gen, dtype=torch.complex64 if o.is_complex() else torch.float32)
-            .to(via or o.dtype).to(o.dtype) for o in outs]
+    cots = []
+    for o in outs:  # complex outputs take complex cotangents (``via`` rounds real ones only)
+        c = torch.randn(o.shape, generator=gen, dtype=torch.complex64 if o.is_complex() else torch.float32)
+        cots.append((c if o.is_complex() else c.to(via or o.dtype)).to(o.dtype))
     return list(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
 
 
