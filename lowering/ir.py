@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from neuron_compile.lowering.ir_base import Access, ArgSpec, Attr, TileOp, _jsonable
+from neuron_compile.lowering.ir_base import Access, ArgSpec, Attr, TileOp, _jsonable, plain
 from neuron_compile.lowering.ir_conv import ConvKernel, ConvWgradKernel, PoolKernel, ResampleKernel
 
 __all__ = ["Access", "ArgSpec", "Attr", "TileOp", "ConvKernel", "ConvWgradKernel", "PoolKernel", "ResampleKernel"]
@@ -486,35 +487,59 @@ def dumps(obj: Any) -> str:
 
 def _decode(tp: Any, value: Any) -> Any:
     """Rebuild a value of type ``tp`` from its JSON form (dataclasses, tuples, unions; Any stays as loaded)."""
+    return _decoder(tp)(value)
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """The function that rebuilds values of type ``tp`` from JSON, worked out once per type (inspecting the type
+    per value was most of reading a plan back)."""
     import dataclasses
     import types
     import typing
 
-    if value is None:
-        return value
     if tp is Any:
-        return _tuplify(value)
+        return lambda value: None if value is None else _tuplify(value)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            try:
-                return _decode(arg, value)
-            except (TypeError, KeyError, ValueError):
-                continue
-        return value
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        hints = _field_hints(tp)
-        return tp(**{k: _decode(hints[k], v) for k, v in value.items() if k in hints})
+        arms = [arg for arg in typing.get_args(tp) if arg is not type(None)]
+
+        def union(value: Any) -> Any:
+            if value is None:
+                return value
+            for arm in arms:
+                try:
+                    return _decoder(arm)(value)
+                except (TypeError, KeyError, ValueError):
+                    continue
+            return value
+
+        return union
+    if dataclasses.is_dataclass(tp):
+        def record(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return _as_loaded(value)
+            decoders = _field_decoders(tp)  # looked up per call: a dataclass may hold its own type
+            return tp(**{k: decoders[k](v) for k, v in value.items() if k in decoders})
+
+        return record
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in value)
-        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
-    if isinstance(value, list):
-        return tuple(value)
-    return value
+            item = args[0]
+            return lambda value: None if value is None else tuple(_decoder(item)(v) for v in value)
+        return lambda value: None if value is None else tuple(
+            _decoder(a)(v) for a, v in zip(args, value, strict=True))
+    return _as_loaded
+
+
+def _as_loaded(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+@functools.cache
+def _field_decoders(tp: type) -> dict[str, Callable[[Any], Any]]:
+    return {name: _decoder(hint) for name, hint in _field_hints(tp).items()}
 
 
 @functools.cache
@@ -537,7 +562,7 @@ KERNEL_TYPES: dict[str, type] = {}
 
 def kernel_to_json(kernel: Any) -> dict[str, Any]:
     """Lossless JSON form of a kernel (floats such as inf kept: encode with ``allow_nan=True``)."""
-    return dict(asdict(kernel), _type=type(kernel).__name__)
+    return dict(plain(kernel), _type=type(kernel).__name__)
 
 
 def kernel_from_json(data: dict[str, Any]) -> Any:

@@ -78,7 +78,8 @@ def _dump_unit(folder: Path, unit: Any) -> None:
         if name.startswith("kernels/"):
             (kernels / name.split("/", 1)[1]).write_bytes(data)
     if "plan.json" in files:
-        (folder / "runner_plan.json").write_bytes(files["plan.json"])
+        runner = json.loads(files["plan.json"])  # the stored copy is compact; this one is for reading
+        (folder / "runner_plan.json").write_text(json.dumps(runner, indent=1, sort_keys=True))
 
 
 def dump_hook(rec: Any, gm: fx.GraphModule, runner: Any) -> Any:

@@ -24,7 +24,6 @@ import importlib.util
 import logging
 import math
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from neuron_compile.codegen.render import kernel_identity  # noqa: F401 (re-exported)
 from neuron_compile.config import config
 from neuron_compile.errors import (
     InputRangeError,
@@ -95,12 +95,6 @@ def select_executor() -> str:
         raise NeuronCompileError("NEURON_COMPILE_EXECUTOR=nki-jit needs a Neuron device (/dev/neuron*); none found. "
                                  "Use nki-simulate or simulator.")
     return choice
-
-
-def kernel_identity(name: str, source: str) -> str:
-    """A kernel's source with its own name taken out (its ``def`` and any mention, e.g. the launch-grid comment):
-    equal for identical kernels of different layers."""
-    return re.sub(rf"\b{re.escape(name)}\b", "_kernel_", source)
 
 
 def load_kernels(sources: Sequence[tuple[str, str]], executor: str) -> list[Callable[..., Any]]:
@@ -349,19 +343,18 @@ def _view_key(spec: Any) -> tuple[Any, ...]:
 
 def plan_to_json(plan: Plan, kernel_names: Sequence[str]) -> dict[str, Any]:
     """The runner's part of a plan (what a cache hit needs besides the kernel sources)."""
-    from dataclasses import asdict
-
     from neuron_compile.lowering.ir import kernel_to_json
+    from neuron_compile.lowering.ir_base import plain
 
     return {
         "kernel_names": list(kernel_names),
         "kernels": [kernel_to_json(k) for k in plan.kernels],
-        "buffers": [asdict(b) for b in plan.buffers],
-        "calls": [asdict(c) for c in plan.calls],
-        "inputs": [asdict(i) for i in plan.inputs],
-        "outputs": [asdict(o) for o in plan.outputs],
-        "checks": [asdict(c) for c in plan.checks],
-        "randoms": [asdict(r) for r in plan.randoms],
+        "buffers": plain(plan.buffers),
+        "calls": plain(plan.calls),
+        "inputs": plain(plan.inputs),
+        "outputs": plain(plan.outputs),
+        "checks": plain(plan.checks),
+        "randoms": plain(plan.randoms),
     }
 
 
