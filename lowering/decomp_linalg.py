@@ -119,8 +119,7 @@ def _cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = _index(n).unsqueeze(-1), _index(n)
     columns, fails = [], []
     for j in range(n):
-        d = a[..., j:j + 1, j:j + 1]
-        d = d.real if d.is_complex() else d
+        d = a[..., j:j + 1, j:j + 1].real
         fails.append(~(d > 0)[..., 0, 0])  # not positive, or NaN
         s = d.sqrt()
         col = a[..., :, j:j + 1]

@@ -25,10 +25,6 @@ from neuron_compile.lowering.registry import register_declined
 aten = torch.ops.aten
 
 
-def _conj(x: torch.Tensor) -> torch.Tensor:
-    return x.conj() if x.is_complex() else x
-
-
 def _geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(reflectors below the diagonal with R on and above it, tau [..., min(m, n)])."""
     m, n = a.shape[-2:]
@@ -41,16 +37,15 @@ def _geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.where(below, col, torch.zeros_like(col))
         xnorm = squared_magnitude(x).sum(-2, keepdim=True).sqrt()
         norm = (squared_magnitude(alpha) + xnorm * xnorm).sqrt()
-        re = alpha.real if alpha.is_complex() else alpha
-        beta = torch.where(re >= 0, -norm, norm)  # real
+        beta = torch.where(alpha.real >= 0, -norm, norm)  # real (.real and .conj() of a real tensor are itself)
         keep = xnorm == 0  # nothing to zero: H = I (a complex alpha must be real as well)
         if alpha.is_complex():
             keep = keep & (alpha.imag == 0)
             beta = beta.to(a.dtype)
         tau = torch.where(keep, torch.zeros_like(beta), (beta - alpha) / beta)
         v = torch.where(rows == i, torch.ones_like(col), torch.where(keep, x, x / (alpha - beta)))
-        w = (_conj(v) * a).sum(-2, keepdim=True)  # v^H A
-        updated = a - _conj(tau) * v * torch.where(cols > i, w, torch.zeros_like(w))  # H^H A (geqr2)
+        w = (v.conj() * a).sum(-2, keepdim=True)  # v^H A
+        updated = a - tau.conj() * v * torch.where(cols > i, w, torch.zeros_like(w))  # H^H A (geqr2)
         diag = torch.where(keep, alpha, beta)
         column = torch.where(rows == i, diag, torch.where(below, v, col))
         a = torch.where(cols == i, column, updated)
@@ -75,9 +70,9 @@ def _apply(v_mat: torch.Tensor, tau: torch.Tensor, c: torch.Tensor, left: bool, 
     for i in order:
         v = _reflector(v_mat, i)
         t = tau[..., i:i + 1].unsqueeze(-1)
-        t = _conj(t) if transpose else t  # H_i^H = I - conj(tau_i) v v^H
+        t = t.conj() if transpose else t  # H_i^H = I - conj(tau_i) v v^H
         if left:  # C - tau v (v^H C)
-            c = c - t * v * (_conj(v) * c).sum(-2, keepdim=True)
+            c = c - t * v * (v.conj() * c).sum(-2, keepdim=True)
         else:  # C - tau (C v) v^H
             c = c - t * (c * v.mT).sum(-1, keepdim=True) * v.mH
     return c

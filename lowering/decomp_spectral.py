@@ -162,7 +162,7 @@ def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tens
     _check(off <= 8 * n * torch.finfo(torch.float32).eps,
            "linalg.eigh: the Jacobi iteration did not converge (the off-diagonal part is not yet negligible)")
     w = a.diagonal(dim1=-2, dim2=-1)
-    w = (w.real if w.is_complex() else w) * scale[..., 0]
+    w = w.real * scale[..., 0]
     w, order = torch.sort(w, -1)
     if v is not None:
         v = _columns(v, order)
