@@ -41,14 +41,16 @@ def _indirect_rows(api: str, t: NkiTensor, oob: oob_mode) -> tuple[np.ndarray, n
     # [P, N] index tiles are read column by column: index j is at [j % P, j // P].
     flat = a.reshape(a.shape[0], -1).T.reshape(-1) if a.ndim >= 2 and a.size > a.shape[0] else a.reshape(-1)
     idx = flat[:t.shape[0]].astype(np.int64)
-    valid = (idx >= 0) & (idx < rows)
+    inner = C.offsets(t.shape[1:], t.strides[1:]).reshape(1, -1)
+    addr = t.offset + idx[:, None] * row_stride + inner
+    # the DGE checks addresses: a row must lie inside the tensor (an index in range plus the access's offset
+    # can still run past its end)
+    valid = (idx >= 0) & (idx < rows) & ((addr >= 0) & (addr < t.storage.data.size)).all(axis=1)
     if not valid.all() and oob is oob_mode.error:
         bad = idx[~valid][0]
         raise SimulatorError(f"{api}: vector_offset index {bad} out of bounds for {rows} rows of tensor "
                              f"'{t.storage.name}' (pass oob_mode=nisa.oob_mode.skip to skip such rows)")
-    inner = C.offsets(t.shape[1:], t.strides[1:]).reshape(1, -1)
-    addr = t.offset + np.where(valid, idx, 0)[:, None] * row_stride + inner
-    return addr, valid
+    return np.where(valid[:, None], addr, 0), valid
 
 
 def _values_for(api: str, src: NkiTensor, oob: oob_mode, want_fp32: bool) -> tuple[np.ndarray, np.ndarray | None]:

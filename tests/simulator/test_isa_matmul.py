@@ -191,3 +191,19 @@ def test_iota_shuffle_gather() -> None:
     g = nl.ndarray((2, 3), nl.float32)
     nisa.nc_n_gather(dst=g, data=data, indices=tile(np.array([[9, 0, 4], [1, 1, 2]], np.uint32)))
     np.testing.assert_array_equal(val(g), [[9, 0, 4], [11, 11, 12]])
+
+
+def test_dma_gather_checks_the_address_not_only_the_index(rng: np.random.Generator) -> None:
+    """The DGE checks addresses: index 4 of rows [0, 5) plus the access's offset of 2 elements runs past the
+    tensor's 40; with oob_mode.skip the row is left as it was, without it the copy raises (never a host crash)."""
+    table = rng.standard_normal((5, 8)).astype(F32)
+    h = from_array(table)
+    idx = tile(np.array([[1], [4]], np.int32))
+    rows = nl.ndarray((2, 8), nl.float32)
+    nisa.dma_copy(dst=rows, src=from_array(np.zeros((2, 8), F32)))
+    nisa.dma_copy(dst=rows, src=h.ap(pattern=[[8, 2], [1, 8]], offset=2, vector_offset=idx, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    np.testing.assert_array_equal(val(rows)[0], table.reshape(-1)[10:18])
+    np.testing.assert_array_equal(val(rows)[1], np.zeros(8, F32))
+    with pytest.raises(SimulatorError, match="vector_offset index 4 out of bounds"):
+        nisa.dma_copy(dst=rows, src=h.ap(pattern=[[8, 2], [1, 8]], offset=2, vector_offset=idx, indirect_dim=0))
