@@ -7,8 +7,8 @@ choice, which differs between CPU and CUDA too), so an ``eigh`` / ``svd`` whose 
 refused by name (:func:`spectral_ops`, :func:`spectral_problem`), and a result never differs from eager by a sign.
 
 * Symmetric eigenvalues: the two-sided cyclic Jacobi method, in the round-robin (tournament) order that rotates
-  n/2 disjoint pairs at once. A round is one rotation matrix ``J`` (built with one gather from its cosines and
-  sines) and ``A <- J^T A J``, two batched matmuls on TensorE.
+  n/2 disjoint pairs at once. A round is one rotation matrix ``J`` (one kernel: :func:`_round`) and
+  ``A <- J^T A J``, two batched matmuls on TensorE.
 * Singular values: the one-sided (Hestenes) Jacobi method on the columns of ``B = A`` (``A^T`` when it is wide):
   each round takes the pairs' norms and inner product from ``B^T B`` and rotates ``B <- B J`` until the columns
   are orthogonal; the singular values are the column norms (no ``A^T A``, whose squaring would lose the small
@@ -65,33 +65,38 @@ def _rounds(n: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     return tuple(rounds)
 
 
+def _pair_masks(n: int) -> torch.Tensor:
+    """``[2 + rounds, n, n]`` bool: the strict upper triangle, the diagonal, then per round ``(i, j)`` marking the
+    pair ``{i, j}`` and ``(i, i)`` an index that sits the round out (odd n). One tensor literal for every round of
+    every sweep (masks built in the kernel from iotas would each be a kernel of their own)."""
+    return torch.tensor(_mask_lists(n), dtype=torch.bool)
+
+
 @cache
-def _slots(n: int, pairs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Gather indices of one round: ``(entries, J)``. ``entries`` picks ``a_pp, a_qq, a_pq`` of every pair out of a
-    flattened matrix; ``J`` builds the round's rotation out of ``[c..., s..., -s..., 1, 0]``."""
-    h = len(pairs)
-    entries = [p * n + p for p, _ in pairs] + [q * n + q for _, q in pairs] + [p * n + q for p, q in pairs]
-    one, zero = 3 * h, 3 * h + 1
-    slot = [[one if i == j else zero for j in range(n)] for i in range(n)]
-    for k, (p, q) in enumerate(pairs):
-        slot[p][p] = slot[q][q] = k
-        slot[p][q], slot[q][p] = h + k, 2 * h + k
-    return tuple(entries), tuple(s for row in slot for s in row)
+def _mask_lists(n: int) -> list[list[list[bool]]]:
+    masks = [[[i < j for j in range(n)] for i in range(n)], [[i == j for j in range(n)] for i in range(n)]]
+    for pairs in _rounds(n):
+        partner = {i: i for i in range(n)} | {p: q for p, q in pairs} | {q: p for p, q in pairs}
+        masks.append([[partner[i] == j for j in range(n)] for i in range(n)])
+    return masks
 
 
-def _round(gram: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> torch.Tensor:
+def _round(gram: torch.Tensor, pair: torch.Tensor, upper: torch.Tensor, diag: torch.Tensor) -> torch.Tensor:
     """The rotation ``J`` that zeroes the (p, q) entries of the symmetric (Hermitian) ``gram`` for every pair of the
-    round (Rutishauser's formulas: t = tan of the angle, the smaller root, so that rotations stay near the
-    identity). A complex ``a_pq = |a_pq| e^(i phi)`` takes the real rotation of ``|a_pq|`` conjugated by the phase,
-    ``J = [[c, s e^(i phi)], [-s e^(-i phi), c]]``."""
-    n = gram.shape[-1]
-    entries, slot = _slots(n, pairs)
-    h = len(pairs)
-    picked = gram.flatten(-2).index_select(-1, torch.tensor(entries))
-    app, aqq, apq = picked[..., :h], picked[..., h:2 * h], picked[..., 2 * h:]
+    round (``pair``: its ``[n, n]`` mask; ``upper``, ``diag``: the layout masks), Rutishauser's formulas: t = tan of the angle, the smaller root, so that
+    rotations stay near the identity. A complex ``a_pq = |a_pq| e^(i phi)`` takes the real rotation of ``|a_pq|``
+    conjugated by the phase, ``J = [[c, s e^(i phi)], [-s e^(-i phi), c]]``.
+
+    Every entry (i, j) computes the rotation of the pair ``(min(i, j), max(i, j))`` from ``gram``'s upper triangle
+    and diagonal, and ``pair`` keeps the round's: elementwise work on n x n values and one row sum, so the whole
+    round's ``J`` is one kernel (gathering the pairs' entries and scattering the result took five)."""
+    apq = torch.where(upper, gram, gram.mT)  # the pair's a_pq, at (p, q) and at (q, p)
+    d = gram.diagonal(dim1=-2, dim2=-1).real
+    app = torch.where(upper, d.unsqueeze(-1), d.unsqueeze(-2))
+    aqq = torch.where(upper, d.unsqueeze(-2), d.unsqueeze(-1))
     phase = None
     if gram.is_complex():
-        app, aqq, phase, apq = app.real, aqq.real, apq, apq.abs()
+        phase, apq = apq, apq.abs()
     none = apq == 0  # nothing to rotate
     theta = ((aqq - app) / (2 * torch.where(none, torch.ones_like(apq), apq))).clamp(-1e17, 1e17)  # t ~ 1 / 2 theta
     t = torch.where(theta >= 0, 1.0, -1.0) / (theta.abs() + torch.sqrt(theta * theta + 1))
@@ -100,12 +105,12 @@ def _round(gram: torch.Tensor, pairs: tuple[tuple[int, int], ...]) -> torch.Tens
     s = t * c
     if phase is not None:
         phase = phase / torch.where(none, torch.ones_like(apq), apq)
-        c, s, s_low = c.to(phase.dtype), s * phase, -s * phase.conj()
+        off = torch.where(upper, s * phase, -s * phase.conj())
     else:
-        s_low = -s
-    ones = torch.ones_like(c[..., :1])
-    values = torch.cat([c, s, s_low, ones, torch.zeros_like(ones)], -1)
-    return values.index_select(-1, torch.tensor(slot)).unflatten(-1, (n, n))
+        off = torch.where(upper, s, -s)
+    # J_ii: the c of i's pair (the one marked entry of row i; 1 where i sits the round out)
+    on = torch.where(pair, torch.where(diag, 1.0, c), 0.0).sum(-1, keepdim=True)
+    return torch.where(diag, on.to(off.dtype), torch.where(pair, off, torch.zeros_like(off)))
 
 
 def _check(ok: torch.Tensor, message: str) -> None:
@@ -153,9 +158,10 @@ def symmetric_eig(a: torch.Tensor, uplo: str, vectors: bool) -> tuple[torch.Tens
     scale = _unit_scale(a)
     a = a / scale
     v = torch.eye(n, dtype=a.dtype).expand(a.shape).contiguous() if vectors else None
+    upper, diag, *rounds = _pair_masks(n)
     for _ in range(sweeps(n)):
-        for pairs in _rounds(n):
-            j = _round(a, pairs)
+        for pair in rounds:
+            j = _round(a, pair, upper, diag)
             a = j.mH @ a @ j
             v = v @ j if v is not None else None
     off = (a * (1 - torch.eye(n, dtype=a.dtype))).abs().flatten(-2).amax(-1)[..., None, None]
@@ -177,9 +183,10 @@ def one_sided_svd(a: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, Any, An
     scale = _unit_scale(a)
     b = a / scale
     v = torch.eye(n, dtype=a.dtype).expand(*a.shape[:-2], n, n).contiguous() if vectors else None
+    upper, diag, *rounds = _pair_masks(n)
     for _ in range(sweeps(n)):
-        for pairs in _rounds(n):
-            j = _round(b.mH @ b, pairs)
+        for pair in rounds:
+            j = _round(b.mH @ b, pair, upper, diag)
             b = b @ j
             v = v @ j if v is not None else None
     _check(_orthogonal(b.mH @ b, 8 * n * torch.finfo(torch.float32).eps),

@@ -25,6 +25,7 @@ from neuron_compile.lowering.dtypes import OPERAND_TILE, storage_dtype
 from neuron_compile.lowering.graph_checks import insert_device_checks
 from neuron_compile.lowering.graph_degenerate import rewrite_degenerate
 from neuron_compile.lowering.graph_passes import (
+    drop_value_copies,
     embedding_of_arange_to_slice,
     mlp_hidden_feature_major,
     split_full_reductions,
@@ -88,6 +89,7 @@ class GraphLowering:
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
+            self.gm = drop_value_copies(self.gm)  # a tensor literal read by a gather: no copy kernel first
             self.gm = split_full_reductions(self.gm)  # all/any/amax/amin of a whole tensor: 128 partitions first
             self.gm = mlp_hidden_feature_major(self.gm)  # MLP hidden stored K-major for the 2nd matmul
             self.gm = fuse_conv_epilogue(self.gm)  # conv + bias / folded BatchNorm / activation / residual

@@ -13,6 +13,9 @@ is never mutated; a graph with nothing to rewrite is returned as is).
 - :func:`mlp_hidden_feature_major`: ``h = act(x W1^T + b1)`` read only by ``h W2^T`` becomes
   ``h^T = act(W1 x^T + b1[:, None])`` passed on as the view ``(h^T)^T``: the second matmul's left
   operand is K-major as stored, so it needs no TensorE transposes (GPT-2 MLP down 319 -> 282 us).
+- :func:`drop_value_copies`: ``lift_fresh_copy`` / ``alias`` / ``detach`` of a value no op writes, that is not a
+  graph output and keeps its layout, is that value: a tensor literal feeding a gather (a decomposition's indices)
+  is read where it is, not copied by a kernel of its own first.
 """
 
 from __future__ import annotations
@@ -96,6 +99,37 @@ def _full_reduction_input(n: fx.Node) -> torch.Tensor | None:
             or val.numel() < SPLIT_REDUCTION_MIN or val.numel() % 128 or not val.is_contiguous():
         return None
     return val
+
+
+_VALUE_COPIES = (aten.lift_fresh_copy.default, aten.alias.default, aten.detach.default)
+
+
+def _written(node: fx.Node) -> bool:
+    """Whether an op of the graph writes ``node`` in place (any mutable schema among its users)."""
+    return any(getattr(getattr(u.target, "_schema", None), "is_mutable", False) for u in node.users)
+
+
+def _same_value(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target not in _VALUE_COPIES or not isinstance(node.args[0], fx.Node):
+        return False
+    src, out = _val(node.args[0]), _val(node)
+    outputs = next(n for n in reversed(node.graph.nodes) if n.op == "output")
+    return src is not None and out is not None and src.dtype == out.dtype and src.shape == out.shape \
+        and src.stride() == out.stride() and node not in outputs.all_input_nodes \
+        and not _written(node) and not _written(node.args[0])
+
+
+def drop_value_copies(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with each copy that only renames a value replaced by the value (or ``gm``): a copy that
+    is a graph output (its caller owns a fresh tensor), or whose source or result some op writes in place, stays."""
+    if not any(_same_value(n) for n in gm.graph.nodes):
+        return gm
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in [n for n in graph.nodes if _same_value(n)]:
+        node.replace_all_uses_with(node.args[0])
+        graph.erase_node(node)
+    return fx.GraphModule(gm, graph)
 
 
 def split_full_reductions(gm: fx.GraphModule) -> fx.GraphModule:

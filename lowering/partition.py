@@ -152,6 +152,8 @@ class Partitioner:
             if g is not None:
                 out.add(g.id)
                 continue
+            if n in self.inlined:  # a filled constant (zeros_like(x)): x's shape, not its value
+                continue
             if n.op == "call_function":
                 stack.extend(a for a in n.all_input_nodes)
         return out
@@ -181,11 +183,14 @@ class Partitioner:
                     g.members.append(node)
                     self.group_of[node] = g
                     return
-            # A node reading only graph inputs (x.abs() beside a chain on x, a constant) may run in any
-            # kernel: join the latest loop kernel when the shapes line up instead of starting a new one.
+            # A node whose inputs are all stored already (graph inputs, outputs of earlier kernels) may run in
+            # any later kernel: join the latest loop kernel when the shapes line up instead of starting a new
+            # one (x.abs() beside a chain on x; independent ops on a matmul's result, one after another). A
+            # matmul kernel takes only nodes on graph inputs: its epilogue is tuned for the matmul's own chain.
             last = self.groups[-1] if self.groups else None
             if last is not None and last.kind in ("pointwise", "reduction", "matmul") \
-                    and not self.producer_groups(node) and self._fits(node, shape, last):
+                    and (last.kind != "matmul" or not self.producer_groups(node)) \
+                    and self._can_join(node, last) and self._fits(node, shape, last):
                 last.members.append(node)
                 self.group_of[node] = last
                 return

@@ -1,0 +1,79 @@
+"""Fewer kernels, identical values: filled constants don't split a chain, independent ops join the latest kernel,
+tensor literals are read in place and their in-range indices need no device check (lowering/partition.py,
+graph_passes.drop_value_copies, graph_checks._provably_in_range)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile import backend
+from neuron_compile.config import config
+from neuron_compile.errors import IndexOutOfRangeError
+
+
+def _compiled(fn, *args):
+    torch._dynamo.reset()
+    with config.patch(cache=False):
+        got = torch.compile(fn, backend="neuron", dynamic=False)(*args)
+    return got, [k.name for k in backend.compiled_graphs()[-1]["plan"].kernels]
+
+
+def test_zeros_like_inside_a_chain_keeps_one_kernel() -> None:
+    def f(x):
+        y = x.exp() - 1
+        z = torch.where(y > 0, y, torch.zeros_like(y)) * 2  # zeros_like(y) reads y's shape, not its value
+        return torch.where(z < 1, torch.ones_like(z), z).sqrt()
+
+    x = torch.randn(6, 40)
+    got, kernels = _compiled(f, x)
+    torch.testing.assert_close(got, f(x), rtol=1e-6, atol=1e-6)
+    assert len(kernels) == 1, kernels
+
+
+def test_independent_ops_after_a_kernel_join_the_latest_one() -> None:
+    def f(a, b):
+        c = a @ b  # a matmul kernel
+        d = c.t()  # read transposed: not fusable into the matmul's epilogue, so a new kernel starts
+        e = torch.where(d > 0, d, c)
+        g = (c.t() * 3).exp() + c.diagonal().unsqueeze(0)  # reads only the stored c: joins e's kernel
+        return e * g
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    got, kernels = _compiled(f, a, b)
+    torch.testing.assert_close(got, f(a, b), rtol=1e-5, atol=1e-5)
+    assert len(kernels) == 2, kernels
+
+
+def test_a_tensor_literal_index_is_read_in_place_without_a_check() -> None:
+    def f(x):
+        return x.index_select(1, torch.tensor([3, 0, 2, 2])) * 2
+
+    x = torch.randn(5, 4)
+    got, kernels = _compiled(f, x)
+    assert torch.equal(got, f(x))
+    assert kernels == ["k0_index_select", "k1_mul"], kernels  # no copy of the literal, no range check
+
+
+def test_a_tensor_literal_index_out_of_range_still_raises() -> None:
+    def f(x):
+        return x.index_select(1, torch.tensor([1, 4])) * 2
+
+    x = torch.randn(5, 4)
+    with pytest.raises((IndexError, RuntimeError)):  # eager: "INDICES element is out of DATA bounds"
+        f(x)
+    torch._dynamo.reset()
+    with config.patch(cache=False), pytest.raises(IndexOutOfRangeError, match=r"outside \[0, 4\)"):
+        torch.compile(f, backend="neuron", dynamic=False)(x)
+
+
+@pytest.mark.parametrize(("n", "dtype"), [(8, torch.float32), (5, torch.float32)])
+def test_a_jacobi_round_is_one_kernel_and_two_matmuls(n: int, dtype: torch.dtype) -> None:
+    from neuron_compile.lowering.decomp_spectral import _rounds, sweeps
+
+    a = torch.randn(n, n, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    a = a + a.mH
+    got, kernels = _compiled(torch.linalg.eigvalsh, a)
+    torch.testing.assert_close(got, torch.linalg.eigvalsh(a), rtol=1e-4, atol=1e-4)
+    rounds = sweeps(n) * len(_rounds(n))
+    assert len(kernels) <= 3 * rounds + 16, (len(kernels), rounds)  # (a round took 11 kernels)
