@@ -49,6 +49,7 @@ from neuron_compile.lowering.ir import (
 from neuron_compile.lowering.ops.movement import algebra_step
 from neuron_compile.lowering.partition import Group, Partitioner, classify, node_shape, shape_map
 from neuron_compile.lowering.registry import is_tuple_item, lookup, qualified_name
+from neuron_compile.lowering.value_ranges import drop_proven_checks
 from neuron_compile.lowering.views import View, contiguous_strides, dense
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
@@ -84,6 +85,7 @@ class GraphLowering:
     def run(self) -> Plan:
         # out-of-range indices and integer division by zero raise like eager (device-side flags)
         self.gm = insert_device_checks(self.gm)
+        self.gm = drop_proven_checks(self.gm)  # checks of aranges and literals in range, wraps that never apply
         self.gm = convert_wide_int_operands(self.gm)  # int8 > tensor(300) compares with 44, as torch does
         self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)

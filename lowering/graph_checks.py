@@ -54,39 +54,15 @@ def index_operands(node: fx.Node) -> Iterator[tuple[fx.Node, int, bool]]:
                 yield idx, x.shape[d], True
 
 
-_VIEWS = (aten.view.default, aten.unsqueeze.default, aten.expand.default, aten.reshape.default,
-          aten.lift_fresh_copy.default, aten.clone.default, aten.alias.default, aten.squeeze.dim,
-          aten.squeeze.default, aten.t.default, aten.permute.default)  # the same values, in another shape
-
-
 def _provably_in_range(idx: Any, lo: int, size: int) -> bool:
-    """An index that needs no check: an ``arange(start, end)`` (position ids), or a tensor constant of the graph
-    (``torch.tensor([...])`` in the model, a decomposition's gather indices), whose values lie in ``[lo, size)``.
-    A constant out of range keeps its check: eager raises on every call, so the compiled graph does too."""
-    from neuron_compile.lowering.graph_passes import _arange_range
+    """An index whose values are known to lie in ``[lo, size)`` needs no check: built from aranges (position ids)
+    and tensor literals (``torch.tensor([...])`` in the model, a decomposition's gather indices) by shifts, scales
+    and views (lowering/value_ranges.py). A literal out of range keeps its check: eager raises on every call, so
+    the compiled graph does too."""
+    from neuron_compile.lowering.value_ranges import int_range
 
-    while isinstance(idx, fx.Node) and idx.target in _VIEWS:
-        idx = idx.args[0]
-    rng = _arange_range(idx)
-    if rng is not None:
-        return lo <= rng[0] and rng[1] <= size
-    value = _constant_value(idx)
-    return value is not None and (not value.numel() or lo <= int(value.min()) and int(value.max()) < size)
-
-
-def _constant_value(node: Any) -> torch.Tensor | None:
-    """The values of a lifted tensor constant (graph_passes.lift_constants), when no node of the graph writes it."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if not isinstance(node, fx.Node) or node.op != "placeholder" or not node.meta.get("neuron_constant"):
-        return None
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or value.device.type != "cpu" \
-            or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        return None
-    if any(user.target in (aten.copy_.default, aten.index_put_.default) for user in node.users):
-        return None
-    return value
+    rng = int_range(idx)
+    return rng is not None and lo <= rng[0] and rng[1] < size
 
 
 # integer divisions eager refuses with "RuntimeError: ZeroDivisionError": the divisor is args[1]

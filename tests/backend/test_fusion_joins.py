@@ -77,3 +77,49 @@ def test_a_jacobi_round_is_one_kernel_and_two_matmuls(n: int, dtype: torch.dtype
     torch.testing.assert_close(got, torch.linalg.eigvalsh(a), rtol=1e-4, atol=1e-4)
     rounds = sweeps(n) * len(_rounds(n))
     assert len(kernels) <= 3 * rounds + 16, (len(kernels), rounds)  # (a round took 11 kernels)
+
+
+def test_mask_indices_built_from_aranges_need_no_checks_or_wraps() -> None:
+    """Hugging Face's padding mask: ``mask[batch_idx, kv_idx]`` with both index tensors aranges (broadcast). Their
+    bounds checks hold on every call and their negative-index wraps never apply: neither is computed."""
+    def f(mask, x):
+        b = torch.arange(mask.shape[0])[:, None]
+        kv = torch.arange(mask.shape[1])[None, :] + 0
+        return torch.where(mask.bool()[b, kv], x, 0.0)
+
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    x = torch.randn(2, 5)
+    got, kernels = _compiled(f, mask, x)
+    assert torch.equal(got, f(mask, x))
+    ops = {op for k in kernels for op in k.split("_")[1:]}
+    assert not ops & {"ge", "lt", "all", "any"}, kernels  # (the one where is f's own)
+
+
+def test_an_arange_index_out_of_range_keeps_its_check() -> None:
+    def f(x):
+        return x[torch.arange(5)[:, None], torch.arange(3)[None, :] + 1] * 2  # rows 0..4 of a 4-row x
+
+    x = torch.randn(4, 4)
+    with pytest.raises(IndexError):
+        f(x)
+    torch._dynamo.reset()
+    with config.patch(cache=False), pytest.raises(IndexOutOfRangeError, match=r"outside \[-4, 4\)"):
+        torch.compile(f, backend="neuron", dynamic=False)(x)
+
+
+def test_int_range_and_truth_follow_shifts_scales_views_and_decided_wheres() -> None:
+    from neuron_compile.lowering.value_ranges import int_range, truth
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(n):
+        i = torch.arange(2, 9).view(7, 1).expand(7, 3)
+        j = torch.where(i < 0, i + 9, i) * 3 - 4  # the wrap never applies: [2, 8] * 3 - 4 = [2, 20]
+        return (j >= 2).all(), (j < 20).all(), n + j, j > 25
+
+    gm = make_fx(f)(torch.zeros(7, 3, dtype=torch.int64))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert truth(out[0]) is True
+    assert truth(out[1]) is None  # 20 is reached
+    assert int_range(out[2]) is None  # n is an input: unknown
+    assert int_range(out[2].args[1]) == (2, 20)
+    assert truth(out[3]) is False

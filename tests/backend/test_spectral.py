@@ -76,9 +76,10 @@ def test_sweeps_converge_on_graded_matrices_with_margin(n: int) -> None:
     a = _graded(n, 12, n, rows=n + 3)
     fewer = S.sweeps(n) - 2
     b, v = a / a.abs().amax(), torch.eye(n)
+    upper, diag, *rounds = S._pair_masks(n)
     for _ in range(fewer):
-        for pairs in S._rounds(n):
-            j = S._round(b.mT @ b, pairs)
+        for pair in rounds:
+            j = S._round(b.mT @ b, pair, upper, diag)
             b, v = b @ j, v @ j
     assert bool(S._orthogonal(b.mT @ b, 8 * n * torch.finfo(torch.float32).eps).all())
 
@@ -88,6 +89,11 @@ def test_tournament_rounds_cover_every_pair_once() -> None:
         pairs = [p for r in S._rounds(n) for p in r]
         assert sorted(pairs) == [(p, q) for p in range(n) for q in range(p + 1, n)]
         assert all(len({i for p in r for i in p}) == 2 * len(r) for r in S._rounds(n))  # disjoint in a round
+        upper, diag, *masks = S._pair_masks(n)
+        assert torch.equal(upper, torch.ones(n, n).triu(1).bool()) and torch.equal(diag, torch.eye(n).bool())
+        for mask, pairs in zip(masks, S._rounds(n), strict=True):  # one mark per row: the partner, or itself
+            assert torch.equal(mask, mask.T) and bool((mask.sum(-1) == 1).all())
+            assert all(mask[p, q] for p, q in pairs) and int(mask.sum()) == n
 
 
 @pytest.mark.parametrize("fn", [torch.linalg.svdvals, torch.linalg.pinv, torch.linalg.eigvalsh])
