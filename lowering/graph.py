@@ -28,6 +28,7 @@ from neuron_compile.lowering.graph_passes import (
     drop_value_copies,
     embedding_of_arange_to_slice,
     mlp_hidden_feature_major,
+    shift_aranges,
     split_full_reductions,
 )
 from neuron_compile.lowering.intmath import convert_wide_int_operands, is_int_compute
@@ -90,6 +91,7 @@ class GraphLowering:
         self.gm = rewrite_degenerate(self.gm)  # size-1/empty reductions, empty matmuls, flattened argmax
         if config.fuse:  # scaled-dot-product attention subgraphs -> one fused node (lowering/attention.py)
             self.gm = fuse_attention(self.gm)
+            self.gm = shift_aranges(self.gm)  # arange(s, e) + c: an arange, no add kernel
             self.gm = embedding_of_arange_to_slice(self.gm)  # position embeddings: a view, not 2 kernels
             self.gm = drop_value_copies(self.gm)  # a tensor literal read by a gather: no copy kernel first
             self.gm = split_full_reductions(self.gm)  # all/any/amax/amin of a whole tensor: 128 partitions first

@@ -13,6 +13,8 @@ is never mutated; a graph with nothing to rewrite is returned as is).
 - :func:`mlp_hidden_feature_major`: ``h = act(x W1^T + b1)`` read only by ``h W2^T`` becomes
   ``h^T = act(W1 x^T + b1[:, None])`` passed on as the view ``(h^T)^T``: the second matmul's left
   operand is K-major as stored, so it needs no TensorE transposes (GPT-2 MLP down 319 -> 282 us).
+- :func:`shift_aranges`: ``arange(s, e) + c`` (position ids past a cache offset of 0, Hugging Face's
+  ``kv_arange``) is ``arange(s + c, e + c)``: no add kernel, and a position embedding of it becomes a slice.
 - :func:`drop_value_copies`: ``lift_fresh_copy`` / ``alias`` / ``detach`` of a value no op writes, that is not a
   graph output and keeps its layout, is that value: a tensor literal feeding a gather (a decomposition's indices)
   is read where it is, not copied by a kernel of its own first.
@@ -50,15 +52,60 @@ def _arange_range(node: object) -> tuple[int, int] | None:
     return start, end
 
 
+_SHIFTS = (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
+
+
+def _shifted(n: fx.Node) -> tuple[int, int] | None:
+    """``(start, end)`` of the arange that ``n`` (an arange plus or minus a number) equals, else None."""
+    if n.op != "call_function" or n.target not in _SHIFTS or len(n.args) != 2 or n.kwargs.get("alpha", 1) != 1:
+        return None
+    rng, c = _arange_range(n.args[0]), n.args[1]
+    out, src = _val(n), _val(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+    if rng is None or not isinstance(c, int) or isinstance(c, bool) or out is None or src is None \
+            or out.dtype != src.dtype:
+        return None
+    c = -c if n.target in (aten.sub.Tensor, aten.sub.Scalar) else c
+    return rng[0] + c, rng[1] + c
+
+
+def shift_aranges(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with each ``arange(s, e) +/- c`` replaced by ``arange(s +/- c, e +/- c)`` (or ``gm``)."""
+    if not any(_shifted(n) is not None for n in gm.graph.nodes):
+        return gm
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in [n for n in graph.nodes if _shifted(n) is not None]:
+        start, end = _shifted(node)  # type: ignore[misc]
+        with graph.inserting_before(node):
+            new = graph.call_function(aten.arange.start_step, (start, end, 1), dict(node.args[0].kwargs))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
+
+
+_INDEX_RESHAPES = (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _arange_index(idx: object) -> tuple[int, int] | None:
+    """``(start, end)`` when ``idx`` is a step-1 arange, or one reshaped (``position_ids.unsqueeze(0)``)."""
+    while isinstance(idx, fx.Node) and idx.op == "call_function" and idx.target in _INDEX_RESHAPES:
+        idx = idx.args[0]
+    return _arange_range(idx)
+
+
 def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` with ``embedding(w, arange(s, e))`` replaced by ``slice(w, 0, s, e)`` (or ``gm``)."""
+    """A copy of ``gm`` with ``embedding(w, arange(s, e))`` replaced by ``slice(w, 0, s, e)`` (viewed to the index's
+    shape when the arange was reshaped first) (or ``gm``)."""
     def matches(n: fx.Node) -> bool:
         if n.op != "call_function" or n.target != aten.embedding.default or len(n.args) < 2:
             return False
-        w, rng = n.args[0], _arange_range(n.args[1])
+        w, rng = n.args[0], _arange_index(n.args[1])
         val = w.meta.get("val") if isinstance(w, fx.Node) else None
+        reshaped = _arange_range(n.args[1]) is None  # its result is viewed to the embedding's shape
         return rng is not None and isinstance(val, torch.Tensor) and val.dim() == 2 \
-            and 0 <= rng[0] <= rng[1] <= val.shape[0]
+            and 0 <= rng[0] <= rng[1] <= val.shape[0] and (not reshaped or isinstance(_val(n), torch.Tensor))
 
     if not any(matches(n) for n in gm.graph.nodes):
         return gm
@@ -66,10 +113,16 @@ def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
     remap: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, remap))
     for node in [n for n in graph.nodes if matches(n)]:
-        start, end = _arange_range(node.args[1])  # type: ignore[misc]
+        start, end = _arange_index(node.args[1])  # type: ignore[misc]
         with graph.inserting_before(node):
             new = graph.call_function(aten.slice.Tensor, (node.args[0], 0, start, end, 1))
-        new.meta = dict(node.meta)
+            new.meta = dict(node.meta)
+            if _arange_range(node.args[1]) is None:
+                weight = node.args[0].meta["val"]  # type: ignore[union-attr]
+                with getattr(weight, "fake_mode", None) or contextlib.nullcontext():
+                    new.meta["val"] = weight[start:end]
+                new = graph.call_function(aten.view.default, (new, list(_val(node).shape)))  # type: ignore[union-attr]
+                new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         log.debug("embedding(arange(%d, %d)) -> slice of rows: no iota and no gather kernel", start, end)

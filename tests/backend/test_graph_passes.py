@@ -189,3 +189,42 @@ def test_small_or_partial_reductions_are_left_alone() -> None:
     aot_function(fn, fw_compiler=grab)(torch.randn(1024), torch.randn(64, 512))
     (gm,) = graphs
     assert split_full_reductions(gm) is gm
+
+
+class ShiftedPosEmb(PosEmb):
+    """Hugging Face's position ids: ``arange(T) + past_seen_tokens``, then ``unsqueeze(0)``."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = (torch.arange(idx.shape[1]) + self.start).unsqueeze(0)
+        return self.tok(idx) + self.pos(pos)
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_shifted_reshaped_position_ids_are_a_slice_view(past: int) -> None:
+    from neuron_compile.lowering.graph_passes import shift_aranges
+
+    torch.manual_seed(0)
+    m = ShiftedPosEmb(past, 0).eval()
+    idx = torch.randint(0, 50, (2, 32))
+    got, kernels = _compile(m, idx)
+    with torch.no_grad():
+        assert torch.equal(got, m(idx))
+    names = [k.name for k in kernels]
+    assert sum(k.family == "gather" for k in kernels) == 1, names  # only the token embedding gathers
+    assert not any("arange" in n or "_add_" in n for n in names[:-1]), names
+    g = fx.Graph()  # arange(2, 9) - 3 == arange(-1, 6); an alpha or a float shift is left alone
+    r = g.call_function(aten.arange.start_step, (2, 9, 1), {"dtype": torch.int64})
+    r.meta["val"] = torch.arange(2, 9)
+    outs = []
+    for target, args, kwargs in [(aten.sub.Tensor, (r, 3), {}), (aten.add.Tensor, (r, 3), {"alpha": 2}),
+                                 (aten.add.Tensor, (r, 0.5), {})]:
+        n = g.call_function(target, args, kwargs)
+        n.meta["val"] = target(r.meta["val"], *args[1:], **kwargs)
+        outs.append(n)
+    g.output(tuple(outs))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    new = shift_aranges(gm)
+    shifted, alpha, fractional = next(n for n in new.graph.nodes if n.op == "output").args[0]
+    assert shifted.target == aten.arange.start_step and shifted.args == (-1, 6, 1)
+    assert alpha.target == aten.add.Tensor and fractional.target == aten.add.Tensor
+    assert [torch.equal(a, b) for a, b in zip(new(), gm(), strict=True)] == [True] * 3
