@@ -31,16 +31,24 @@ def _compile(m: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, list]
     return got, list(backend.compiled_graphs()[-1]["plan"].kernels)
 
 
-def test_position_embedding_is_a_slice_view_and_bit_identical() -> None:
+def _only_the_token_gather(m: torch.nn.Module) -> tuple[torch.Tensor, list]:
+    """``m`` compiled on random tokens: bit-identical to eager, and only the token embedding gathers (the
+    position rows are a slice: no iota, no add, no gather kernel)."""
     torch.manual_seed(0)
-    m = PosEmb(3, 35).eval()
     idx = torch.randint(0, 50, (2, 32))
     got, kernels = _compile(m, idx)
     with torch.no_grad():
         assert torch.equal(got, m(idx))
     names = [k.name for k in kernels]
-    assert sum(k.family == "gather" for k in kernels) == 1, names  # only the token embedding gathers
-    assert not any("arange" in n for n in names), names
+    assert sum(k.family == "gather" for k in kernels) == 1, names
+    assert not any("arange" in n or "_add_" in n for n in names[:-1]), names
+    return idx, kernels
+
+
+def test_position_embedding_is_a_slice_view_and_bit_identical() -> None:
+    torch.manual_seed(0)
+    m = PosEmb(3, 35).eval()
+    idx, kernels = _only_the_token_gather(m)
     with config.patch(fuse=False):
         _, unfused = _compile(m, idx)
     assert len(unfused) > len(kernels)
@@ -204,14 +212,7 @@ def test_shifted_reshaped_position_ids_are_a_slice_view(past: int) -> None:
     from neuron_compile.lowering.graph_passes import shift_aranges
 
     torch.manual_seed(0)
-    m = ShiftedPosEmb(past, 0).eval()
-    idx = torch.randint(0, 50, (2, 32))
-    got, kernels = _compile(m, idx)
-    with torch.no_grad():
-        assert torch.equal(got, m(idx))
-    names = [k.name for k in kernels]
-    assert sum(k.family == "gather" for k in kernels) == 1, names  # only the token embedding gathers
-    assert not any("arange" in n or "_add_" in n for n in names[:-1]), names
+    _only_the_token_gather(ShiftedPosEmb(past, 0).eval())
     g = fx.Graph()  # arange(2, 9) - 3 == arange(-1, 6); an alpha or a float shift is left alone
     r = g.call_function(aten.arange.start_step, (2, 9, 1), {"dtype": torch.int64})
     r.meta["val"] = torch.arange(2, 9)
