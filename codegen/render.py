@@ -189,16 +189,10 @@ def _wrap(kernel: Kernel, body: str, grid: int = 1, **context: Any) -> str:
         raise TemplateRenderError(f"template {template_name} failed for kernel {kernel.name}: {exc}") from exc
     try:
         _check_syntax(kernel_identity(kernel.name, source))
-    except SyntaxError:
-        try:  # the error again, in the kernel's own names
-            compile(source, f"{kernel.name}.py", "exec", dont_inherit=True)
-        except SyntaxError as exc:
-            error = exc
-        else:  # pragma: no cover - renaming an identifier can't change the syntax
-            raise
-        line = source.splitlines()[error.lineno - 1] if error.lineno else ""
+    except SyntaxError as exc:  # renaming keeps the lines: quote the kernel's own
+        line = source.splitlines()[exc.lineno - 1] if exc.lineno else ""
         raise TemplateRenderError(f"template {template_name} rendered invalid Python for kernel {kernel.name} "
-                                  f"at line {error.lineno}: {error.msg}: {line.strip()!r}") from error
+                                  f"at line {exc.lineno}: {exc.msg}: {line.strip()!r}") from exc
     return source
 
 

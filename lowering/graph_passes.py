@@ -27,29 +27,20 @@ import logging
 from typing import Any
 
 import torch
+from neuron_compile.lowering.value_ranges import arange_args, written
 from torch import fx
 
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
-_ARANGES = (aten.arange.start_step, aten.arange.start, aten.arange.default)
 
 
 def _arange_range(node: object) -> tuple[int, int] | None:
     """``(start, end)`` of a step-1 integer ``aten.arange`` node, else None."""
-    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _ARANGES:
+    args = arange_args(node)
+    if args is None or args[2] != 1:
         return None
-    args = list(node.args)
-    if node.target == aten.arange.default:
-        args = [0, *args]
-    start, end = args[0], args[1]
-    step = args[2] if len(args) > 2 else 1
-    dtype = node.kwargs.get("dtype")
-    if dtype not in (None, torch.int64, torch.int32):
-        return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)) or step != 1:
-        return None
-    return start, end
+    return (args[0], args[1]) if node.kwargs.get("dtype") in (None, torch.int64, torch.int32) else None  # type: ignore[union-attr]
 
 
 _SHIFTS = (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
@@ -74,8 +65,7 @@ def shift_aranges(gm: fx.GraphModule) -> fx.GraphModule:
         return gm
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    for node in [n for n in graph.nodes if _shifted(n) is not None]:
-        start, end = _shifted(node)  # type: ignore[misc]
+    for node, (start, end) in [(n, r) for n in graph.nodes if (r := _shifted(n)) is not None]:
         with graph.inserting_before(node):
             new = graph.call_function(aten.arange.start_step, (start, end, 1), dict(node.args[0].kwargs))
         new.meta = dict(node.meta)
@@ -103,7 +93,7 @@ def embedding_of_arange_to_slice(gm: fx.GraphModule) -> fx.GraphModule:
             return False
         w, rng = n.args[0], _arange_index(n.args[1])
         val = w.meta.get("val") if isinstance(w, fx.Node) else None
-        reshaped = _arange_range(n.args[1]) is None  # its result is viewed to the embedding's shape
+        reshaped = _arange_range(n.args[1]) is None  # the slice is viewed to the embedding's shape: needs it
         return rng is not None and isinstance(val, torch.Tensor) and val.dim() == 2 \
             and 0 <= rng[0] <= rng[1] <= val.shape[0] and (not reshaped or isinstance(_val(n), torch.Tensor))
 
@@ -157,11 +147,6 @@ def _full_reduction_input(n: fx.Node) -> torch.Tensor | None:
 _VALUE_COPIES = (aten.lift_fresh_copy.default, aten.alias.default, aten.detach.default)
 
 
-def _written(node: fx.Node) -> bool:
-    """Whether an op of the graph writes ``node`` in place (any mutable schema among its users)."""
-    return any(getattr(getattr(u.target, "_schema", None), "is_mutable", False) for u in node.users)
-
-
 def _same_value(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target not in _VALUE_COPIES or not isinstance(node.args[0], fx.Node):
         return False
@@ -169,7 +154,7 @@ def _same_value(node: fx.Node) -> bool:
     outputs = next(n for n in reversed(node.graph.nodes) if n.op == "output")
     return src is not None and out is not None and src.dtype == out.dtype and src.shape == out.shape \
         and src.stride() == out.stride() and node not in outputs.all_input_nodes \
-        and not _written(node) and not _written(node.args[0])
+        and not written(node) and not written(node.args[0])
 
 
 def drop_value_copies(gm: fx.GraphModule) -> fx.GraphModule:

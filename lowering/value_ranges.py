@@ -87,14 +87,23 @@ def _range(node: Any, depth: int) -> tuple[int, int] | None:
     return min(products), max(products)
 
 
-def _arange(node: fx.Node) -> tuple[int, int] | None:
+def arange_args(node: Any) -> tuple[int, int, int] | None:
+    """``(start, end, step)`` of an ``aten.arange`` node with integer arguments, else None."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _ARANGES:
+        return None
     args = list(node.args)
     if node.target == aten.arange.default:
         args = [0, *args]
     start, end = _number(args[0]), _number(args[1])
     step = _number(args[2]) if len(args) > 2 else 1
-    if start is None or end is None or not step:
+    return (start, end, step) if start is not None and end is not None and step else None
+
+
+def _arange(node: fx.Node) -> tuple[int, int] | None:
+    args = arange_args(node)
+    if args is None:
         return None
+    start, end, step = args
     count = len(range(start, end, step))
     if not count:
         return None
@@ -102,13 +111,17 @@ def _arange(node: fx.Node) -> tuple[int, int] | None:
     return min(start, last), max(start, last)
 
 
+def written(node: fx.Node) -> bool:
+    """Whether an op of the graph writes ``node`` in place (any mutable schema among its users)."""
+    return any(getattr(getattr(u.target, "_schema", None), "is_mutable", False) for u in node.users)
+
+
 def _constant_range(node: fx.Node, val: torch.Tensor) -> tuple[int, int] | None:
     """A lifted tensor literal (graph_passes.lift_constants) no op writes: its smallest and largest value."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if not node.meta.get("neuron_constant") or isinstance(val, FakeTensor) or val.device.type != "cpu":
-        return None
-    if any(getattr(getattr(u.target, "_schema", None), "is_mutable", False) for u in node.users):
+    if not node.meta.get("neuron_constant") or isinstance(val, FakeTensor) or val.device.type != "cpu" \
+            or written(node):
         return None
     return int(val.min()), int(val.max())
 

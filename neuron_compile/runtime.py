@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from neuron_compile.codegen.render import kernel_identity  # noqa: F401 (re-exported)
+from neuron_compile.codegen.render import kernel_identity
 from neuron_compile.config import config
 from neuron_compile.errors import (
     InputRangeError,
