@@ -209,6 +209,11 @@ def test_row_group_load_invariant_in_outer_loops_is_loaded_once_per_partition_ti
     assert "LAUNCH_GRID = 2" in src and ("nl.program_id(0)" in lines[p0 if seq == 1024 else o0]), src
     pos_loads = [i for i, line in enumerate(lines) if line.startswith("nisa.dma_copy(") and "src=in1." in line]
     assert p0 < o0 and len(pos_loads) == 1 and p0 < pos_loads[0] < o0, src
+    # the group tiles each batch writes are allocated per batch (consecutive batches rotate buffers instead of
+    # waiting for the previous batch's stores): only pos's tile is allocated outside the batch loop
+    allocs = {line.split(" = ")[0]: i for i, line in enumerate(lines) if "_rows = nl.ndarray(" in line}
+    pos_tile = lines[pos_loads[0]].split("dst=")[1].split(",")[0]
+    assert allocs.pop(pos_tile) < o0 and allocs and min(allocs.values()) > o0, src
     with torch.no_grad():
         want = fn(x, pos)
     for g, w in zip(got, want, strict=True):
