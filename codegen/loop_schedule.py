@@ -292,8 +292,9 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
     """Read ``bn_aggr``'s mean and variance as they are where the kernel only rescales them back: ``s`` (count x mean)
     read by nothing but the negated mean ``nm = s * (-1 / count)``, which only centres rows (``x + nm`` as the first
     stage of a tensor_scalar), becomes the mean itself and the centring ``x - mean`` (no ``s`` or ``nm``
-    instruction); ``q`` (count x variance) read only by activations that scale it by ``1 / count`` (the rstd's
-    ``sqrt(q / count + eps)``) becomes the variance, read at scale 1. Each skipped instruction was a dependent
+    instruction); ``q`` (count x variance) read only by activations that scale it (the rstd's
+    ``sqrt(q / count + eps)``, or ``sqrt(q / (count * 2^20) + eps / 2^20)`` where the lowering keeps sqrt's input in
+    range) becomes the variance, read at the scale times count. Each skipped instruction was a dependent
     VectorE hop (a write-back wait) in every row's statistics chain; the values are bn_aggr's without the
     multiply-and-divide round trip (one fp32 rounding fewer each). Attrs ``as_mean`` / ``as_var`` of the moments
     op: it writes the mean / variance itself, as a view of its ``bn_aggr`` tile where the kernel allocates the
@@ -316,7 +317,7 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
     scaled = readers(q)
     var_view = bool(scaled) and all(u.opcode == "activation" and u.kind == "row" and len(u.args) == 3
                                     and u.args[0] == q and q not in u.args[1:] and isinstance(u.args[1], float)
-                                    and abs(u.args[1] * count - 1.0) < 1e-6 for u in scaled)
+                                    for u in scaled)
     normalises = mean_view and bool(scaled) and all(u.opcode == "activation" and u.kind == "row"
                                                     and u.attr("func") in ("sqrt", "rsqrt") for u in scaled)
     out: list[TileOp] = []
@@ -330,7 +331,7 @@ def _read_moments(ops: list[TileOp], s: str, q: str, nm: str, count: int) -> lis
             attrs = tuple((k, "subtract" if k == "op0" else v) for k, v in op.attrs)
             op = replace(op, args=(op.args[0], s, *op.args[2:]), attrs=attrs)
         elif var_view and q in op.args and op.opcode == "activation":
-            op = replace(op, args=(op.args[0], 1.0, op.args[2]))
+            op = replace(op, args=(op.args[0], op.args[1] * count, op.args[2]))
         out.append(op)
     return out
 

@@ -60,6 +60,17 @@ def test_mean_and_variance_become_one_statistics_pass() -> None:
     assert ls.reduction_tiles([by["s"]]) == [{"out": "s", "dtype": "float32"}, {"out": "q", "dtype": "float32"}]
 
 
+def test_variance_read_at_any_literal_scale() -> None:
+    # the lowering keeps sqrt's input in range: sqrt(q / (64 * 2^20) + eps / 2^20) * 2^10; the variance is read at
+    # the scale times the count, so no count x variance instruction precedes the sqrt
+    prog = _layernorm_program()
+    prog[6] = _op("rstd", "activation", ("q", 1.0 / (64 * 2.0**20), 1e-5 / 2.0**20), kind="row", phase=2,
+                  func="sqrt")
+    by = {op.out: op for op in ls.use_moments(prog, 64)}
+    assert by["s"].attr("as_var") is True
+    assert by["rstd"].args == ("q", 1.0 / 2.0**20, 1e-5 / 2.0**20)
+
+
 def test_sums_stay_sums_where_something_else_reads_them() -> None:
     prog = _layernorm_program()
     prog.insert(-1, _op("nm2", "store", ("nm",), phase=2))  # the negated mean is an output too
