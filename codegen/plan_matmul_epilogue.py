@@ -319,10 +319,18 @@ class EpiloguePlanner:
                 view["out"] = bufs.writes[pos]
                 rename[op.out] = view["out"]
             ops.append({"view": view, "staged": op.out in stage_of})
+        # software pipelining: tile i's leading row values ([P, 1]: statistics) up to their last ScalarE op (the rstd's
+        # sqrt), then the rest of tile i - 1's ops, whose VectorE steps would otherwise wait for that ScalarE op
+        lead = next((k for k, o in enumerate(ops) if o["view"]["kind"] == "full"), len(ops))
+        split = max((k + 1 for k, o in enumerate(ops[:lead]) if o["view"]["opcode"] == "activation"), default=lead)
+        made = {o["view"]["out"] for o in ops[:split]}
+        carry = sorted({a for o in ops[split:] for a in o["view"]["args"] if isinstance(a, str) and a in made})
         return {"resident": [{"name": name, "where": where or ("row", name, False)}
                              for name, where in resident.items()],
                 "reduces": ls.reduction_tiles([op for op in body if op.opcode == "reduce"], views=True),
-                "ops": ops}
+                "ops": ops, "split": split, "carry": carry,
+                "pipelined": config.pipeline_row_ops and bool(carry) and split < len(ops)
+                and all(o["view"]["opcode"] != "reduce" for o in ops[split:])}
 
     def skipped(self, resident: dict[str, tuple[str, str, bool] | None], staged: list[TileOp]) -> set[str]:
         """Chunk values not computed per chunk: read only by row ops, from a row that already holds them."""

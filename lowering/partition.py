@@ -227,6 +227,8 @@ class Partitioner:
                 return False
         if refined != tuple(d for d in g.space if d != 1):
             g.refined = True
+        if g.kind == "matmul":
+            refined = _batch_of_one(refined, shape)
         g.space = refined if refined else g.space
         return True
 
@@ -311,6 +313,7 @@ class Partitioner:
             refined = sp.refine(g.space, shape)
             ok = refined is not None and math.prod(shape) == math.prod(g.space)
             if ok and g.kind == "matmul":
+                refined = _batch_of_one(refined, shape)
                 ok = _keeps_matmul_dims(g, refined)
             if ok:
                 g.refined = g.refined or refined != tuple(d for d in g.space if d != 1)
@@ -345,6 +348,14 @@ def widened_matmul_operand(node: fx.Node) -> bool:
 _FILL_CONSTANTS = {_aten.full.default, _aten.scalar_tensor.default, _aten.full_like.default}
 MATMUL_ROW_MAX = 2048  # widest matmul output row a reduction may join (one N block, held in SBUF)
 _LAYOUT_VIEWS: set[object] = set()  # filled by lowering.ops.movement: reshape-like views (view, unsqueeze, ...)
+
+
+def _batch_of_one(refined: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A matmul group's space for a value of ``shape``: ``refined``, or ``shape`` itself when it only adds leading
+    1s ((M, N) as (1, M, N), a batch of one), so the ops and reductions after it (a LayerNorm over the rows) index
+    the dims they name, as with a batch of two."""
+    lead = len(shape) - len(refined)
+    return shape if lead > 0 and shape[lead:] == refined and set(shape[:lead]) == {1} else refined
 
 
 def _keeps_matmul_dims(g: Group, refined: tuple[int, ...]) -> bool:

@@ -66,6 +66,9 @@ _knob("row_resident_bytes", int, 96 * 1024,
 _knob("fuse", bool, True, "Fuse elementwise prologues/epilogues into neighbouring kernels.", codegen=True)
 _knob("fuse_matmul_norm", bool, True, "Let a reduction over a matmul's whole output row (N <= 2048, e.g. a "
       "LayerNorm after a residual add) join the matmul kernel's epilogue.", codegen=True)
+_knob("pipeline_row_ops", bool, True, "A matmul kernel with row ops in its epilogue (a LayerNorm after a residual "
+      "add) computes tile i's row statistics before tile i - 1's normalisation, so neither chain waits on itself.",
+      codegen=True)
 _knob("attention_unshifted", bool, True, "Attention without an additive mask first runs its softmax without the "
       "row max (exp(s) directly: no max pass, no transpose of P), checks every row's sum and output on chip, and "
       "reruns the exact kernel when a row falls outside the safe range.", codegen=True)

@@ -40,11 +40,13 @@ def _run(model: torch.nn.Module, *inputs: torch.Tensor, fuse: bool) -> tuple[tup
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-@pytest.mark.parametrize(("rows", "k", "n"), [(300, 96, 768), (200, 64, 96)])
-def test_layer_norm_after_residual_add_fuses_into_the_matmul(dtype: torch.dtype, rows: int, k: int, n: int) -> None:
+@pytest.mark.parametrize(("batch", "rows", "k", "n"), [(2, 300, 96, 768), (2, 200, 64, 96), (1, 300, 96, 768)])
+def test_layer_norm_after_residual_add_fuses_into_the_matmul(dtype: torch.dtype, batch: int, rows: int, k: int,
+                                                             n: int) -> None:
+    """A batch of one too: (M, N) viewed as (1, M, N) keeps the LayerNorm's reduced dim (partition._batch_of_one)."""
     torch.manual_seed(0)
     model = Block(k, n).to(dtype).eval()
-    h, x = torch.randn(2, rows // 2, k, dtype=dtype), torch.randn(2, rows // 2, n, dtype=dtype)
+    h, x = torch.randn(batch, rows // batch, k, dtype=dtype), torch.randn(batch, rows // batch, n, dtype=dtype)
     fused, g = _run(model, h, x, fuse=True)
     unfused, g0 = _run(model, h, x, fuse=False)
     with torch.no_grad():
@@ -135,3 +137,31 @@ def test_split_k_blocks_keep_the_unfused_values(monkeypatch: pytest.MonkeyPatch)
         want = model(h, x)
     for a, b in zip(fused, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=6e-2)
+
+
+@pytest.mark.parametrize(("rows", "n"), [(2100, 768), (1000, 300)])
+def test_row_ops_pipelined_across_tiles_keep_every_value(rows: int, n: int) -> None:
+    """Tile i's row statistics run before tile i - 1's normalisation (config.pipeline_row_ops): the same
+    instructions on the same values, ragged last tiles and several row groups included, in less estimated time."""
+    from neuron_compile.instruction_stream import kernel_time_ns
+
+    torch.manual_seed(1)
+    model = Block(96, n).to(torch.bfloat16).eval()
+    h, x = torch.randn(2, rows // 2, 96, dtype=torch.bfloat16), torch.randn(2, rows // 2, n, dtype=torch.bfloat16)
+    out, times = {}, {}
+    for pipelined in (True, False):
+        torch._dynamo.reset()
+        backend.reset()
+        with config.patch(cache=False, target="trn2", pipeline_row_ops=pipelined), torch.no_grad():
+            out[pipelined] = torch.compile(model, backend="neuron", dynamic=False)(h, x)
+            (src,) = [s for name, s in backend.compiled_graphs()[-1]["sources"] if "_mm" in name]
+            assert ("pend = cur" in src) == pipelined, src
+            (kernel,) = [k for k in backend.compiled_graphs()[-1]["plan"].kernels if "_mm" in k.name]
+            times[pipelined] = kernel_time_ns(kernel, "trn2")
+    for a, b in zip(out[True], out[False], strict=True):
+        assert torch.equal(a, b), (a - b).abs().max()
+    with torch.no_grad():
+        want = model(h, x)
+    for a, b in zip(out[True], want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=3e-2)
+    assert times[True] < times[False], times
