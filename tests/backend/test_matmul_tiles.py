@@ -279,6 +279,12 @@ def test_resident_single_n_block_loads_b_once(tiles: Tiles, dtype: torch.dtype) 
     # one B block, allocated before the M loop; an A block allocated per M block
     assert body.count("b_blk = nl.ndarray") == 1 and body.index("b_blk = nl.ndarray") < body.index("for m0 in"), src
     assert body.index("a_blk = nl.ndarray") > body.index("for m0 in"), src
+    # the bias (the same columns for every M block) is loaded by the program's first M block only
+    loads = [line.strip() for line in body.splitlines() if "src=in2.ap(pattern=[[0, 128]" in line]
+    assert len(loads) == 1, src
+    lines = [line.strip() for line in body.splitlines()]
+    at = next(i for i, line in enumerate(lines) if "src=in2.ap(pattern=[[0, 128]" in line)
+    assert lines[at - 3].startswith("if m0 == "), src
 
 
 # one M block, several N blocks (200 rows), or several M blocks (300 rows) with B, the larger operand, transposed on
