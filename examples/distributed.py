@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(forward at {', '.join(where)}); neuron run {neuron_s:.1f} s (compile included)")
         print(f"max |param difference| after {args.steps} steps: {diff:.3g}")
         print("MATCH" if verdict.item() else "MISMATCH")
+    dist.barrier()  # both ranks tear gloo down together (not one while rank 0 still prints and holds the pair open)
     dist.destroy_process_group()
     return 0 if verdict.item() else 1
 
