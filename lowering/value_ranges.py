@@ -28,6 +28,7 @@ _SAME = frozenset((aten.view.default, aten._unsafe_view.default, aten.reshape.de
                    aten.flatten.using_ints))
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _DEPTH = 64  # how far back a range is followed
+Memo = dict[tuple[str, fx.Node], Any]  # one query's results per node: a shared subexpression is followed once
 
 
 def _val(node: fx.Node) -> Any:
@@ -38,14 +39,20 @@ def _number(a: Any) -> int | None:
     return a if isinstance(a, int) and not isinstance(a, bool) else None
 
 
-def int_range(node: Any, depth: int = 0) -> tuple[int, int] | None:
+def int_range(node: Any, depth: int = 0, memo: Memo | None = None) -> tuple[int, int] | None:
     """``(lo, hi)``: every value of the integer tensor (or number) ``node`` lies in ``[lo, hi]``; None if unknown
     (or beyond int32, where the device's arithmetic would wrap)."""
-    r = _range(node, depth)
-    return r if r is not None and -(2**31) <= r[0] and r[1] < 2**31 else None
+    memo = {} if memo is None else memo
+    if isinstance(node, fx.Node) and ("range", node) in memo:
+        return memo["range", node]
+    r = _range(node, depth, memo)
+    r = r if r is not None and -(2**31) <= r[0] and r[1] < 2**31 else None
+    if isinstance(node, fx.Node):
+        memo["range", node] = r
+    return r
 
 
-def _range(node: Any, depth: int) -> tuple[int, int] | None:
+def _range(node: Any, depth: int, memo: Memo) -> tuple[int, int] | None:
     n = _number(node)
     if n is not None:
         return n, n
@@ -62,17 +69,17 @@ def _range(node: Any, depth: int) -> tuple[int, int] | None:
     if t in _ARANGES:
         return _arange(node)
     if t in _SAME:
-        return int_range(args[0], depth + 1)
-    if t in (aten.where.self,):
-        cond = truth(args[0], depth + 1)
+        return int_range(args[0], depth + 1, memo)
+    if t is aten.where.self:
+        cond = truth(args[0], depth + 1, memo)
         if cond is not None:
-            return int_range(args[1] if cond else args[2], depth + 1)
-        a, b = int_range(args[1], depth + 1), int_range(args[2], depth + 1)
+            return int_range(args[1] if cond else args[2], depth + 1, memo)
+        a, b = int_range(args[1], depth + 1, memo), int_range(args[2], depth + 1, memo)
         return (min(a[0], b[0]), max(a[1], b[1])) if a and b else None
     if t not in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
                  aten.mul.Scalar) or len(args) < 2:
         return None
-    a, b = int_range(args[0], depth + 1), int_range(args[1], depth + 1)
+    a, b = int_range(args[0], depth + 1, memo), int_range(args[1], depth + 1, memo)
     if a is None or b is None:
         return None
     alpha = _number(node.kwargs.get("alpha", 1))
@@ -134,11 +141,21 @@ _NOT = (aten.logical_not.default, aten.bitwise_not.default)
 _REDUCE = frozenset((aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims))
 
 
-def truth(node: Any, depth: int = 0) -> bool | None:
+def truth(node: Any, depth: int = 0, memo: Memo | None = None) -> bool | None:
     """True when every element of the bool tensor ``node`` is true on every call, False when every element is
     false, None when that is not known."""
     if isinstance(node, bool):
         return node
+    memo = {} if memo is None else memo
+    if isinstance(node, fx.Node) and ("truth", node) in memo:
+        return memo["truth", node]
+    out = _truth(node, depth, memo)
+    if isinstance(node, fx.Node):
+        memo["truth", node] = out
+    return out
+
+
+def _truth(node: Any, depth: int, memo: Memo) -> bool | None:
     if not isinstance(node, fx.Node) or node.op != "call_function" or depth > _DEPTH:
         return None
     val = _val(node)
@@ -146,18 +163,18 @@ def truth(node: Any, depth: int = 0) -> bool | None:
         return None
     t, args = node.target, node.args
     if t in _SAME:
-        return truth(args[0], depth + 1)
+        return truth(args[0], depth + 1, memo)
     if t in _COMPARE:
-        r, s = int_range(args[0]), args[1]
+        r, s = int_range(args[0], depth + 1, memo), args[1]
         if r is None or not isinstance(s, (int, float)) or isinstance(s, bool):
             return None
         always, never = _COMPARE[t](r, s)
         return True if always else False if never else None
     if t in _NOT:
-        inner = truth(args[0], depth + 1)
+        inner = truth(args[0], depth + 1, memo)
         return None if inner is None else not inner
     if t in _AND or t in _OR:
-        a, b = truth(args[0], depth + 1), truth(args[1], depth + 1)
+        a, b = truth(args[0], depth + 1, memo), truth(args[1], depth + 1, memo)
         decided = False if t in _AND else True
         if a is decided or b is decided:
             return decided
@@ -166,7 +183,7 @@ def truth(node: Any, depth: int = 0) -> bool | None:
         source = _val(args[0]) if isinstance(args[0], fx.Node) else None
         if not isinstance(source, torch.Tensor) or not source.numel():
             return None
-        return truth(args[0], depth + 1)
+        return truth(args[0], depth + 1, memo)
     return None
 
 

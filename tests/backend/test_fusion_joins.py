@@ -123,3 +123,23 @@ def test_int_range_and_truth_follow_shifts_scales_views_and_decided_wheres() -> 
     assert int_range(out[2]) is None  # n is an input: unknown
     assert int_range(out[2].args[1]) == (2, 20)
     assert truth(out[3]) is False
+
+
+def test_int_range_follows_a_shared_subexpression_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_compile.lowering import value_ranges
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f():
+        x = torch.arange(8)
+        for _ in range(24):
+            x = x + x  # each add reads one node twice: followed without a memo, 2^24 visits
+        return x >= 0
+
+    gm = make_fx(f)()
+    calls = []
+    inner = value_ranges._range
+    monkeypatch.setattr(value_ranges, "_range", lambda *a: calls.append(a[0]) or inner(*a))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert value_ranges.int_range(out.args[0]) == (0, 7 * 2**24)
+    assert value_ranges.truth(out) is True
+    assert len(calls) <= 2 * 26, len(calls)
