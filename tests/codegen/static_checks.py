@@ -207,7 +207,10 @@ def hygiene_problems(tree: ast.AST) -> list[str]:
     bodies: dict[str, ast.FunctionDef] = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     tiles = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _attr_name(getattr(n.value, "func", None))
              == "ndarray" for t in n.targets if isinstance(t, ast.Name)}
+    dicts = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+             for t in n.targets if isinstance(t, ast.Name)}
     for node in ast.walk(tree):
+        problems += _subset_problems(node, dicts)
         if isinstance(node, ast.Delete):
             problems.append(f"line {node.lineno}: del statement (tile lifetimes follow NKI's scoping)")
         if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id in tiles:
@@ -232,6 +235,34 @@ def hygiene_problems(tree: ast.AST) -> list[str]:
                                 f"{ast.unparse(stride) if stride is not None else '?'} is not the flat argument's "
                                 "row stride 1")
     return problems
+
+
+def _str_key(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _subset_problems(node: ast.AST, dicts: set[str]) -> list[str]:
+    """Python the NKI compiler's meta-programming subset does not accept ("NKI language guide", the supported
+    subset; the simulator runs any Python): ``is`` / ``is not`` (compare with ``==``) and dicts keyed by anything
+    but string literals (a literal's keys, and subscripts, ``get`` / ``pop`` / ``in`` on a name bound to a dict)."""
+    where = f"line {getattr(node, 'lineno', '?')}"
+    if isinstance(node, ast.Compare):
+        if any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            return [f"{where}: 'is' / 'is not' comparison (NKI's Python subset has no identity test: use ==)"]
+        if any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and not _str_key(node.left) \
+                and any(isinstance(c, ast.Name) and c.id in dicts for c in node.comparators):
+            return [f"{where}: dict membership test with a non-string key (NKI dicts take string keys only)"]
+    if isinstance(node, ast.Dict) and not all(_str_key(k) for k in node.keys):
+        return [f"{where}: dict literal with a non-string key (NKI dicts take string keys only)"]
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in dicts \
+            and not _str_key(node.slice):
+        return [f"{where}: dict {node.value.id} indexed by a non-string key (NKI dicts take string keys only)"]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop") \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in dicts \
+            and not (node.args and _str_key(node.args[0])):
+        return [f"{where}: dict {node.func.value.id}.{node.func.attr} with a non-string key (NKI dicts take string "
+                "keys only)"]
+    return []
 
 
 def _product(dims: tuple[int | None, ...]) -> int | None:

@@ -153,6 +153,13 @@ def test_static_rules_accept_the_reference_kernel() -> None:
      ".ap(vector_offset=...) indirect pair stride F is not the flat argument's row stride 1"),
     ("    return out0\n", "    r = nisa.register_alloc(1)\n\n    def body(reg):\n        return nisa.register_alloc(0)\n\n"
      "    nl.while_loop(r, body)\n    return out0\n", "nl.while_loop body body must return its own register 'reg'"),
+    # NKI's Python subset: no identity tests, dicts keyed by string literals only
+    ("    return out0\n", "    x = None\n    if x is not None:\n        x = 1\n    return out0\n",
+     "'is' / 'is not' comparison"),
+    ("    return out0\n", "    d = {}\n    d[3] = 1\n    return out0\n", "dict d indexed by a non-string key"),
+    ("    return out0\n", "    d = {}\n    d.pop(3, None)\n    return out0\n", "dict d.pop with a non-string key"),
+    ("    return out0\n", "    d = {}\n    y = 3 in d\n    return out0\n", "dict membership test with a non-string key"),
+    ("    return out0\n", "    d = {1: 2}\n    return out0\n", "dict literal with a non-string key"),
 ])
 def test_static_rules_reject_violations(old: str, new: str, expected: str) -> None:
     assert old in _GOOD
