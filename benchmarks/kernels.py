@@ -55,6 +55,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     roof = None
     calls = 0
     tripped_ns = 0.0
+    worst_ns = 0.0
     guarded = 0
     cores = 1
     logical = 1 if target == "trn1" else 2
@@ -69,8 +70,18 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
             for i, s in zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
                             strict=True):
                 tripped[i] = estimate(s, target)
+            # and when only the final check fails (a kernel that checks its first unit on its own runs the whole
+            # pass first): the worst case
+            worst = list(tripped)
+            for i in checked:
+                loads = sum(n for r, n in streams[i].items() if r.instruction == "register_load")
+                loads //= max(len(streams[i].schedules), 1)
+                if loads > 1:
+                    (s,) = kernel_streams([plan.kernels[i]], loaded_flag=(0,) * (loads - 1) + (1,), target=target)
+                    worst[i] = estimate(s, target)
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])
             tripped_ns += total([tripped[c.kernel] for c in plan.calls], target).time_ns
+            worst_ns += total([worst[c.kernel] for c in plan.calls], target).time_ns
             cores = max([cores] + [len(st.schedules) for st in streams])
             g = total([per_kernel[c.kernel] for c in plan.calls], target)
             est_total = g if est_total is None else total([est_total, g], target)
@@ -89,6 +100,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
             "hbm_ratio": est_total.hbm_bytes / roof.min_bytes if roof.min_bytes else 0.0, "kernels": calls,
             "graphs": len(graphs), "cores": cores, "engine_us": {e: v / 1e3 for e, v in est_total.engine_ns.items()},
             "occupancy": est_total.occupancy(), "guarded_calls": guarded, "guard_tripped_us": tripped_ns / 1e3,
+            "guard_worst_us": worst_ns / 1e3,
             "roofline": roof.to_json(), "seconds": time.perf_counter() - t0}
 
 
@@ -173,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             if r.get("guarded_calls"):
                 print(f"{r['id']}: {r['guarded_calls']} kernel call(s) run a checked fast path (attention's unshifted "
                       f"softmax); if every check failed and the exact kernel reran: {r['guard_tripped_us']:.1f} us, "
-                      f"{r['roofline_us'] / r['guard_tripped_us']:.1%} of roofline (target {TRIPPED_TARGET:.0%})")
+                      f"{r['roofline_us'] / r['guard_tripped_us']:.1%} of roofline (target {TRIPPED_TARGET:.0%}); if "
+                      f"only the final check failed (the first units passed, the whole pass ran): "
+                      f"{r['guard_worst_us']:.1f} us, {r['roofline_us'] / r['guard_worst_us']:.1%}")
     return 0
 
 

@@ -400,7 +400,21 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
         "step_banks": 2 if p["dma_t"] else 1, "score_ring": 2 if p["dma_t"] else 3,
     })
     p["order"], p["lead"] = score_steps(k, p["step_banks"])
+    # the first unit checked on its own (a failed one skips the rest of the pass) when every program has another
+    p["check_first"] = config.attention_check_first and min(program_units(k, group, grid)) >= 2
+    # names a unit leaves for the next one: the ring position, the next unit's first scores (issued ahead) and, with
+    # prefetch, its rows (and Q^T, K^T)
+    rows = ["qT_next", "kT_next", "v_next"] if p["dma_t"] else ["q_next", "k_next", "v_next", "qT_next", "kT_next"]
+    p["carried"] = ["gbase", "ahead", "st_n1", "st_n2"] + (rows if p["prefetch"] else [])
     return p
+
+
+def program_units(k: AttentionKernel, group: int, grid: int) -> list[int]:
+    """(batch, head group) units of each program, as _attention_macros.batch_loop spreads them."""
+    per_batch = k.heads // group
+    if grid > 1 and k.batch >= grid:
+        return [len(range(pid, k.batch, grid)) * per_batch for pid in range(grid)]
+    return [len(range(pid, k.batch * per_batch, grid)) for pid in range(grid)]
 
 
 def plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:

@@ -72,6 +72,9 @@ _knob("pipeline_row_ops", bool, True, "A matmul kernel with row ops in its epilo
 _knob("attention_unshifted", bool, True, "Attention without an additive mask first runs its softmax without the "
       "row max (exp(s) directly: no max pass, no transpose of P), checks every row's sum and output on chip, and "
       "reruns the exact kernel when a row falls outside the safe range.", codegen=True)
+_knob("attention_check_first", bool, True, "The unshifted attention kernel checks each program's first head group "
+      "on its own: when a row of it fails, the rest of the unchecked pass is skipped and the exact kernel runs at once "
+      "(the cost of a failed check drops from a whole pass to one group's).", codegen=True)
 _knob("attention_dma_transpose", bool, True, "The unshifted attention kernel loads Q^T and K^T through the DMA "
       "engines' transpose (2-byte dtypes, trn2/trn3) instead of transposing the loaded rows on TensorE.", codegen=True)
 # Running.

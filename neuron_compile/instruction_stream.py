@@ -17,7 +17,9 @@ shape-only tensors have no data, so ``register_load`` yields a register whose va
 default (``loaded_flag=`` chooses another). The stream therefore follows the path where every flag
 loaded from a tensor is 0: a ``while_loop`` on such a flag runs no iteration (e.g. a rarely taken
 fix-up branch is costed as not taken, plus the ``register_load`` itself), and a ``fori_loop`` bound
-loaded from a tensor is 0; ``loaded_flag=1`` costs the branch taken once.
+loaded from a tensor is 0; ``loaded_flag=1`` costs the branch taken once. A tuple gives each
+``register_load`` of a program its own value, in program order (the last one repeats): ``(0, 1)`` costs an
+attention kernel whose first-unit check passes and whose final check fails.
 Register instructions are recorded with engine ``"sequencer"``, as the simulator traces them.
 """
 
@@ -427,7 +429,7 @@ def _engine_name(engine: Any, default: str) -> str:
     return default if engine is None or name in (None, "unknown") else str(name)
 
 
-def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] = (0, 1)
+def _namespaces(rec: _Recorder, loaded_flag: int | tuple[int, ...] = 0, program: tuple[int, int] = (0, 1)
                 ) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
     from neuron_compile.costmodel import itemsize
     from neuron_compile.scheduler import Alloc
@@ -581,8 +583,13 @@ def _namespaces(rec: _Recorder, loaded_flag: int = 0, program: tuple[int, int] =
         dst.value = src.value if isinstance(src, ShapeRegister) else int(src)
         rec.add("sequencer", "register_move", ())
 
+    flags = tuple(loaded_flag) if isinstance(loaded_flag, (tuple, list)) else (loaded_flag,)
+    loads = [0]
+
     def register_load(dst: ShapeRegister, src: ShapeTensor) -> None:
-        dst.value = loaded_flag  # no data: every loaded flag is 0 unless asked otherwise (module docstring)
+        # no data: every loaded flag is 0 unless asked otherwise (module docstring)
+        dst.value = flags[min(loads[0], len(flags) - 1)]
+        loads[0] += 1
         rec.add("sequencer", "register_load", (src,), writes=())
 
     def register_store(dst: ShapeTensor, src: ShapeRegister) -> None:
@@ -665,8 +672,8 @@ def _compiled(source: str, name: str) -> Any:
     return compile(tree, f"<stream:{name}>", "exec")
 
 
-def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int, target: str | None = None,
-                grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True,
+def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int | tuple[int, ...],
+                target: str | None = None, grid: int = 1, schedule: bool = True, timeline: bool = False, fast: bool = True,
                 first_program: bool = False, budget_ns: float = math.inf) -> Stream:
     """Run the kernel once per program of its launch grid on the shape-only namespaces, scheduling each program
     (``first_program``: program 0 only, see :func:`kernel_time_ns`; ``budget_ns``: the scheduler raises
@@ -717,7 +724,8 @@ def _run_source(source: str, name: str, args: Sequence[tuple[int, str]], loaded_
     return out
 
 
-def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loaded_flag: int = 0,
+def source_stream(source: str, name: str, args: Sequence[tuple[int, str]],
+                  loaded_flag: int | tuple[int, ...] = 0,
                   target: str | None = None, grid: int = 1, timeline: bool = False, exact: bool = False) -> Stream:
     """Records of one rendered kernel ``name`` called with flat HBM args ``(numel, dtype)`` on a launch grid of
     ``grid`` programs, scheduled on ``target`` (default ``config.target``); every register loaded from a tensor
@@ -728,8 +736,8 @@ def source_stream(source: str, name: str, args: Sequence[tuple[int, str]], loade
 
 
 
-def kernel_stream(kernel: Any, loaded_flag: int = 0, target: str | None = None, timeline: bool = False,
-                  exact: bool = False) -> Stream:
+def kernel_stream(kernel: Any, loaded_flag: int | tuple[int, ...] = 0, target: str | None = None,
+                  timeline: bool = False, exact: bool = False) -> Stream:
     """The instruction stream of one IR kernel (any family), rendered by the real codegen (``loaded_flag``: the value
     of every register loaded from a tensor, e.g. 1 to cost an attention kernel whose guard trips)."""
     from neuron_compile.codegen.render import render_kernel
@@ -759,7 +767,7 @@ def kernel_time_ns(kernel: Any, target: str | None = None, budget_ns: float = ma
     return estimate(stream, stream.target).time_ns
 
 
-def kernel_streams(kernels: Sequence[Any], loaded_flag: int = 0, target: str | None = None,
+def kernel_streams(kernels: Sequence[Any], loaded_flag: int | tuple[int, ...] = 0, target: str | None = None,
                    timeline: bool = False) -> list[Stream]:
     """:func:`kernel_stream` of each kernel; kernels that render the same source but for their name (one per
     transformer layer) are enumerated and scheduled once and share one (read-only) :class:`Stream`."""

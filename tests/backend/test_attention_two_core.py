@@ -74,7 +74,8 @@ def test_two_core_unshifted_matches_eager(dtype: torch.dtype, causal: bool, shap
     ref = fn(q, k, v)
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
     assert grid == 2 and plan(kern, 2)["variant"] == "unshifted" and plan(kern, 2)["grid"] == 2
-    assert t.count("sendrecv") == 2 and t.count("register_load") == 2  # one per program
+    checks = 2 if plan(kern, 2)["check_first"] else 1  # the first unit's own check, when a program has two units
+    assert t.count("sendrecv") == 2 * checks and t.count("register_load") == 2 * checks  # per program
     assert _exact_passes(t) == 0  # moderate scores: no rerun on either core
     # bf16 heads of 128, rows a multiple of 16, a later head group on a core: its Q^T and K^T by DMA transpose
     dma_t = dtype == torch.bfloat16 and d == 128 and sq % 16 == 0
@@ -151,3 +152,24 @@ def test_stream_equals_the_two_program_trace() -> None:
         stream = kernel_stream(kern)
     assert stream == Counter(t.records)
     assert len(stream.schedules) == 2 and all(len(s.sync_ns) == 1 for s in stream.schedules)
+
+
+@pytest.mark.parametrize(("hot", "rest"), [(0, False), (1, False), (2, True)], ids=["core0-first", "core1-first",
+                                                                                       "core0-second"])
+def test_first_unit_check_agrees_across_cores(hot: int, rest: bool) -> None:
+    """Four batches, two per program (program r: batches r, r + 2), each checks its first batch on its own and the
+    two exchange that flag too. Scores of several hundred in batch ``hot``: in either program's first batch both
+    programs skip the rest of the pass and run the exact kernel (TensorE idle between the two checks); in a second
+    batch both run the rest and then rerun. Eager's values either way."""
+    q, k, v = _qkv(4, 1, 200, 200, 64, torch.float32)
+    q[hot], k[hot] = q[hot] * 12.0, k[hot] * 12.0
+    fn = _sdpa(True)
+    out, kern, src, grid, t = _run(fn, q, k, v)
+    assert grid == 2 and plan(kern, 2)["check_first"]
+    assert t.count("sendrecv") == 4 and t.count("register_load") == 4
+    # the trace holds program 0's records, then program 1's: per program, its first check and its rerun's
+    loads = [i for i, r in enumerate(t.records) if r.instruction == "register_load"]
+    for first, rerun in (loads[0:2], loads[2:4]):
+        assert any(r.instruction == "nc_matmul" for r in t.records[first + 1:rerun]) is rest
+    assert _exact_passes(t) > 0
+    torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)

@@ -67,9 +67,19 @@ def _check(fn: Callable[..., Any], *inputs: torch.Tensor, reran: bool, tol: floa
     assert [k.family for k in stats["plan"].kernels] == ["attention"], stats["plan"]
     (_, src), = stats["sources"]
     assert "nl.while_loop(rerun, exact_softmax)" in src
-    assert t.count("register_load") == 1
+    first_checked = "nl.while_loop(go_on, rest_of_pass)" in src  # the first unit's own check (plan: check_first)
+    assert t.count("register_load") == (2 if first_checked else 1)
     assert _exact_ran(t) is reran
+    if first_checked and not reran:
+        assert _rest_ran(t)
     return stats
+
+
+def _rest_ran(t: Any) -> bool:
+    """Whether the rest of the unshifted pass ran after its first unit's check: TensorE work between the first
+    unit's ``register_load`` and the rerun's."""
+    loads = [i for i, r in enumerate(t.records) if r.instruction == "register_load"]
+    return any(r.instruction == "nc_matmul" for r in t.records[loads[0] + 1:loads[1]])
 
 
 def _exact_ran(t: Any) -> bool:
@@ -133,7 +143,8 @@ def test_dma_transposed_q_and_k_match_eager(causal: bool, shape: tuple[int, ...]
     assert p["dma_t"] and p["group"] < b * h
     # the fast path's Q^T and K^T loads, and the exact rerun's (the standard kernel at heads of 128 loads them alike)
     assert p["exact"]["variant"] == "standard" and p["exact"]["dma_t"]
-    assert src.count("nisa.dma_transpose(") == 4
+    bodies = 2 if p["check_first"] else 1  # the pass's unit body: the first unit's and the rest's
+    assert src.count("nisa.dma_transpose(") == 2 * bodies + 2
     assert check_source_against_api(src) == [], src
     assert check_kernel_rules(src) == [], src
 
@@ -169,8 +180,8 @@ def test_exact_kernel_with_dma_transposed_q_and_k_matches_eager(masked: bool, dt
 
 
 def test_dma_transposed_overflow_reruns_exactly() -> None:
-    """The DMA-transposed path's guard: scores of several hundred overflow exp, the exact kernel reruns and its
-    output is bit-identical to the exact kernel's alone."""
+    """The DMA-transposed path's guard: scores of several hundred overflow exp, the first unit's check fails, the
+    rest of the pass is skipped and the exact kernel runs; its output is bit-identical to the exact kernel's alone."""
     q, k, v = _qkv(3, 2, 208, 208, 128, dtype=torch.bfloat16)
     q, k = q * 12.0, k * 12.0
     fn = _sdpa(is_causal=True)
@@ -178,12 +189,13 @@ def test_dma_transposed_overflow_reruns_exactly() -> None:
     from neuron_compile.codegen.plan_attention import plan
 
     assert plan(stats["plan"].kernels[0])["dma_t"]
-    assert _exact_ran(t) and t.count("register_load") == 1
+    assert _exact_ran(t) and t.count("register_load") == 2 and not _rest_ran(t)
     torch._dynamo.reset()
     with config.patch(attention_unshifted=False):
         exact, _, t_exact = _run_traced(fn, q, k, v)
     assert torch.equal(out, exact) and torch.isfinite(out).all()
-    assert t.count("dma_transpose") == 2 * 2 + t_exact.count("dma_transpose")  # Q^T, K^T of groups 2 and 3
+    # the Q^T, K^T of group 2, prefetched during the first unit (group 3's never load: the rest is skipped)
+    assert t.count("dma_transpose") == 2 + t_exact.count("dma_transpose")
 
 
 @pytest.mark.parametrize(("dtype", "rows", "d", "b", "target"),
@@ -222,6 +234,37 @@ def test_overflowing_scores_rerun_exactly(dtype: torch.dtype, d: int) -> None:
     assert torch.equal(out, exact) and torch.isfinite(out).all()
     if dtype == torch.float32:
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(("hot", "rest"), [(0, False), (1, True)], ids=["first-unit", "later-unit"])
+def test_first_unit_is_checked_on_its_own(hot: int, rest: bool) -> None:
+    """Two batches, one head group each: the first unit (batch 0) is checked before the rest of the pass runs.
+    Scores of several hundred in batch 0: its check fails, the rest of the pass is skipped (no TensorE work between
+    the two checks) and the exact kernel runs at once; in batch 1 only: the first check passes, the rest runs, its
+    check fails and the exact kernel reruns. Eager's values either way."""
+    q, k, v = _qkv(2, 2, 200, 200, 64)
+    q[hot], k[hot] = q[hot] * 12.0, k[hot] * 12.0
+    fn = _sdpa(is_causal=True)
+    out, stats, t = _run_traced(fn, q, k, v)
+    (_, src), = stats["sources"]
+    assert "nl.while_loop(first_bad, skip_rest)" in src and "nl.while_loop(go_on, rest_of_pass)" in src
+    assert t.count("register_load") == 2 and _exact_ran(t) and _rest_ran(t) is rest
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+def test_first_unit_check_needs_a_second_unit_and_the_knob() -> None:
+    """One unit (one batch, one head group) has nothing to skip: a single check. attention_check_first=False keeps
+    one check for any shape."""
+    q, k, v = _qkv(1, 2, 200, 200, 64)
+    _, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
+    assert "rest_of_pass" not in stats["sources"][0][1] and t.count("register_load") == 1
+    torch._dynamo.reset()
+    q, k, v = _qkv(2, 2, 200, 200, 64)
+    with config.patch(attention_check_first=False):
+        out, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
+    assert "rest_of_pass" not in stats["sources"][0][1] and t.count("register_load") == 1
+    torch.testing.assert_close(out, _sdpa(is_causal=True)(q, k, v), atol=TOL[q.dtype], rtol=TOL[q.dtype])
 
 
 def test_underflowing_row_reruns_exactly() -> None:
@@ -346,6 +389,30 @@ def test_tripped_stream_is_the_fast_pass_plus_the_exact_kernel() -> None:
     assert seq.time_ns == pytest.approx(first_order(fast).time_ns + first_order(exact).time_ns)
     assert first_order(fast).dependency_ns >= REGISTER_LOAD_NS
     assert estimate(fast).time_ns >= REGISTER_LOAD_NS  # the scheduler drains every queue before the branch
+
+
+def test_tripped_stream_skips_the_rest_of_the_pass() -> None:
+    """With the first unit checked on its own, ``loaded_flag=1`` (every check fails) costs the first unit of the pass
+    and the exact kernel: of two equal units' score and P V matmuls, half, plus the exact kernel's; its estimate is
+    below the fast pass and the exact kernel back to back. ``loaded_flag=(0, 1)`` (only the final check fails) costs
+    both whole."""
+    from neuron_compile.costmodel import estimate
+    from neuron_compile.instruction_stream import kernel_stream
+
+    q, k, v = _qkv(2, 2, 300, 300, 128)
+    _, stats, _ = _run_traced(_sdpa(is_causal=True), q, k, v)
+    kern = stats["plan"].kernels[0]
+    assert "rest_of_pass" in stats["sources"][0][1]
+    fast, tripped = kernel_stream(kern), kernel_stream(kern, loaded_flag=1)
+    with config.patch(attention_unshifted=False):
+        exact = kernel_stream(kern)
+    mm = lambda s: sum(n for r, n in s.items() if r.instruction == "nc_matmul")  # noqa: E731
+    assert mm(fast) % 2 == 0 and mm(tripped) == mm(fast) // 2 + mm(exact)
+    assert estimate(tripped).time_ns < estimate(fast).time_ns + estimate(exact).time_ns
+    # the first check passes, the final one fails (one flag per register_load): the whole pass, then the exact kernel
+    worst = kernel_stream(kern, loaded_flag=(0, 1))
+    assert mm(worst) == mm(fast) + mm(exact)
+    assert estimate(worst).time_ns > estimate(tripped).time_ns
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn3"])
