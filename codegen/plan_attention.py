@@ -400,13 +400,27 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
         "step_banks": 2 if p["dma_t"] else 1, "score_ring": 2 if p["dma_t"] else 3,
     })
     p["order"], p["lead"] = score_steps(k, p["step_banks"])
-    # the first unit checked on its own (a failed one skips the rest of the pass) when every program has another
-    p["check_first"] = config.attention_check_first and min(program_units(k, group, grid)) >= 2
+    # The first unit checked on its own (a failed one skips the rest of the pass) when every program has another and
+    # its pass is long enough that the check's drain and flag exchange (~8 us on trn2) hardly matter: at least
+    # config.attention_check_first_flops (2^34, ~200 us of TensorE at its bf16 peak), e.g. 4 x 16 x 2048 x 128 causal
+    # on two cores (34 GFLOP per core), not GPT-2 small's 4 x 12 x 1024 x 64 (3.2 GFLOP: the drain would be ~8% of it).
+    units = min(program_units(k, group, grid))
+    p["check_first"] = config.attention_check_first and units >= 2 \
+        and units * group * _pairs(k) * 2 * (k.d + k.dv) >= config.attention_check_first_flops
     # names a unit leaves for the next one: the ring position, the next unit's first scores (issued ahead) and, with
     # prefetch, its rows (and Q^T, K^T)
     rows = ["qT_next", "kT_next", "v_next"] if p["dma_t"] else ["q_next", "k_next", "v_next", "qT_next", "kT_next"]
     p["carried"] = ["gbase", "ahead", "st_n1", "st_n2"] + (rows if p["prefetch"] else [])
     return p
+
+
+def _pairs(k: AttentionKernel) -> int:
+    """(query, key) pairs a head computes: all, or with a causal mask (top-left aligned) min(sk, i + 1) per query."""
+    if not k.causal:
+        return k.sq * k.sk
+    if k.sk >= k.sq:
+        return k.sq * (k.sq + 1) // 2
+    return k.sk * (k.sk + 1) // 2 + (k.sq - k.sk) * k.sk
 
 
 def program_units(k: AttentionKernel, group: int, grid: int) -> list[int]:

@@ -34,9 +34,10 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def single_core() -> Iterator[None]:
-    """These tests pin LNC=1 (one program: one register_load, one trace); the kernel on both cores of an LNC=2
-    logical core, its programs agreeing on the rerun, is tested in test_attention_two_core.py."""
-    with config.patch(lnc=1):
+    """These tests pin LNC=1 (one program, one trace); the kernel on both cores of an LNC=2 logical core, its
+    programs agreeing on the rerun, is tested in test_attention_two_core.py. Every kernel of two units or more checks
+    its first unit on its own here, however short its pass (attention_check_first_flops=0)."""
+    with config.patch(lnc=1, attention_check_first_flops=0):
         yield
 
 
@@ -253,18 +254,33 @@ def test_first_unit_is_checked_on_its_own(hot: int, rest: bool) -> None:
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-3, rtol=1e-3)
 
 
-def test_first_unit_check_needs_a_second_unit_and_the_knob() -> None:
-    """One unit (one batch, one head group) has nothing to skip: a single check. attention_check_first=False keeps
-    one check for any shape."""
+def test_first_unit_check_needs_a_second_unit_a_long_pass_and_the_knob() -> None:
+    """One unit (one batch, one head group) has nothing to skip: a single check. Two units whose pass is shorter than
+    attention_check_first_flops (by default 2^34: its drain would cost more than it saves) keep one check, as does
+    attention_check_first=False for any shape; the default threshold admits 4 x 16 x 2048 x 128 causal on two
+    cores, not GPT-2 small's attention."""
+    from neuron_compile.codegen.plan_attention import plan
+    from neuron_compile.lowering.ir import AttentionKernel
+
+    from neuron_compile.backend import build_artifacts
+    from neuron_compile.capture import aten_graphs
+
     q, k, v = _qkv(1, 2, 200, 200, 64)
     _, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
     assert "rest_of_pass" not in stats["sources"][0][1] and t.count("register_load") == 1
-    torch._dynamo.reset()
     q, k, v = _qkv(2, 2, 200, 200, 64)
-    with config.patch(attention_check_first=False):
-        out, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
-    assert "rest_of_pass" not in stats["sources"][0][1] and t.count("register_load") == 1
-    torch.testing.assert_close(out, _sdpa(is_causal=True)(q, k, v), atol=TOL[q.dtype], rtol=TOL[q.dtype])
+    for knobs in ({"attention_check_first": False}, {"attention_check_first_flops": 1 << 34}):
+        torch._dynamo.reset()
+        with config.patch(**knobs):
+            out, stats, t = _run_traced(_sdpa(is_causal=True), q, k, v)
+        assert "rest_of_pass" not in stats["sources"][0][1] and t.count("register_load") == 1
+        torch.testing.assert_close(out, _sdpa(is_causal=True)(q, k, v), atol=TOL[q.dtype], rtol=TOL[q.dtype])
+    with config.patch(attention_check_first_flops=1 << 34, target="trn2", lnc=2):
+        for (h, s, d), first in (((16, 2048, 128), True), ((12, 1024, 64), False)):
+            qkv = [torch.empty(4, h, s, d, dtype=torch.bfloat16) for _ in range(3)]
+            (gm, ins), = aten_graphs(_sdpa(is_causal=True), *qkv, execute=False)
+            (kern,) = build_artifacts(gm, ins)[2].kernels
+            assert isinstance(kern, AttentionKernel) and plan(kern, 2)["check_first"] is first
 
 
 def test_underflowing_row_reruns_exactly() -> None:
