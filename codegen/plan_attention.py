@@ -40,6 +40,7 @@ MASK_BIAS_DEFAULT = -3.0e38
 MASK_IDENT = {"float16": 65504.0}  # diagonal of the identity that adds the bias tile (default 1.0)
 BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the matmul N limit)
 PSUM_BANK_BYTES = 2048
+PSUM_BANKS = 8
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
 # Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
 # whole kernel. ScalarE carries the exps, which gate the next step's scores (they free its PSUM banks), and copies a
@@ -389,15 +390,18 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
     (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
     grid = split_grid(k, grid)
     p = _common(k, group, sbuf_bytes_u(k, group), grid, transposed_ahead_bytes(k, group))
+    bank_tiles = min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1)))
+    out_banks = 2 * -(-(QUERY_BLOCK // PMAX) // bank_tiles)  # the [O | l] accumulators of two units
+    two = 2 * 2 + out_banks + (0 if p["dma_t"] else 1) <= PSUM_BANKS  # (+ one bank of PE transposes)
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
         # query tiles per output PSUM bank ([O | l] in fp32)
         "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
         "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k, grid),
-        # the scores' PSUM ring: two slots of two banks (one exp per 1024 scores) when no TensorE transposes take a
-        # bank (Q^T and K^T by DMA), else three of one; with the outputs of two units (two banks each at dv = 128) the
-        # eight banks are full either way
-        "step_banks": 2 if p["dma_t"] else 1, "score_ring": 2 if p["dma_t"] else 3,
+        # the scores' PSUM ring: two slots of two banks (one exp per 1024 scores) when they fit beside the outputs
+        # of two units (two banks each at dv = 128, one at dv <= 127) and, without Q^T and K^T by DMA, one bank of
+        # TensorE transposes; else three slots of one
+        "step_banks": 2 if two else 1, "score_ring": 2 if two else 3,
     })
     p["order"], p["lead"] = score_steps(k, p["step_banks"])
     # The first unit checked on its own (a failed one skips the rest of the pass) when every program has another and

@@ -515,3 +515,30 @@ def test_score_steps_cover_every_tile_once_within_banks(sq: int, sk: int, causal
     if causal and step_banks == 2 and sq == sk == 2048:
         diag = [sorted(e[3] for e in step) for step in order[1] if step[0][0] * PMAX >= QUERY_BLOCK]
         assert diag == [[256, 512], [128, 384]]
+
+
+@pytest.mark.parametrize(("d", "dv", "dtype", "dma_t", "two"),
+                         [(64, 64, torch.bfloat16, False, True), (64, 64, torch.float32, False, True),
+                          (128, 128, torch.bfloat16, True, True), (128, 128, torch.float32, False, False),
+                          (96, 127, torch.float32, False, True), (96, 128, torch.float32, False, False)])
+def test_score_ring_fits_psum_beside_the_outputs(d: int, dv: int, dtype: torch.dtype, dma_t: bool, two: bool) -> None:
+    """The score ring takes two-bank slots (one exp per 1024 scores: half the ScalarE instructions and their fixed
+    cost) whenever they fit the eight PSUM banks beside two units' [O | l] accumulators and, when Q^T and K^T come by
+    TensorE transposes, their bank: at dv <= 127 (one output bank per unit) even with TensorE transposes; at
+    dv = 128 only with Q^T and K^T by DMA."""
+    from neuron_compile.codegen.plan_attention import PSUM_BANK_BYTES, QUERY_BLOCK, plan
+
+    from neuron_compile.backend import build_artifacts
+    from neuron_compile.capture import aten_graphs
+
+    q, k = (torch.empty(2, 4, 1024, d, dtype=dtype) for _ in range(2))
+    v = torch.empty(2, 4, 1024, dv, dtype=dtype)
+    with config.patch(target="trn2"):
+        (gm, ins), = aten_graphs(_sdpa(is_causal=True), q, k, v, execute=False)
+        (kern,) = build_artifacts(gm, ins)[2].kernels
+        p = plan(kern)
+    assert p["variant"] == "unshifted" and p["dma_t"] is dma_t
+    assert (p["step_banks"], p["score_ring"]) == ((2, 2) if two else (1, 3))
+    out_banks = 2 * -(-(QUERY_BLOCK // 128) // p["bank_tiles"])
+    assert p["bank_tiles"] * 4 * (dv + 1) <= PSUM_BANK_BYTES
+    assert p["step_banks"] * p["score_ring"] + out_banks + (0 if dma_t else 1) <= 8
