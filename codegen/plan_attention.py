@@ -390,13 +390,12 @@ def unshifted_plan(k: AttentionKernel, group: int, grid: int = 1) -> dict[str, A
     (and the rerun's) spread over ``split_grid(k, grid)`` programs, which agree on the rerun (one flag exchanged)."""
     grid = split_grid(k, grid)
     p = _common(k, group, sbuf_bytes_u(k, group), grid, transposed_ahead_bytes(k, group))
-    bank_tiles = min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1)))
+    bank_tiles = min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1)))  # query tiles per [O | l] bank (fp32)
     out_banks = 2 * -(-(QUERY_BLOCK // PMAX) // bank_tiles)  # the [O | l] accumulators of two units
     two = 2 * 2 + out_banks + (0 if p["dma_t"] else 1) <= PSUM_BANKS  # (+ one bank of PE transposes)
     p.update({
         "variant": "unshifted", "nqt": -(-k.sq // PMAX), "query_block": QUERY_BLOCK, "block_tiles": QUERY_BLOCK // PMAX,
-        # query tiles per output PSUM bank ([O | l] in fp32)
-        "bank_tiles": min(QUERY_BLOCK // PMAX, PSUM_BANK_BYTES // (4 * (k.dv + 1))),
+        "bank_tiles": bank_tiles,
         "recip_min": RECIP_MIN, "recip_max": RECIP_MAX, "exact": exact_plan(k, grid),
         # the scores' PSUM ring: two slots of two banks (one exp per 1024 scores) when they fit beside the outputs
         # of two units (two banks each at dv = 128, one at dv <= 127) and, without Q^T and K^T by DMA, one bank of
