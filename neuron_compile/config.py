@@ -77,7 +77,7 @@ _knob("attention_check_first", bool, True, "The unshifted attention kernel check
       "(the cost of a failed check drops from a whole pass to one group's).", codegen=True)
 _knob("attention_check_first_flops", int, 1 << 34, "FLOPs a program's unshifted attention pass needs before its first "
       "head group gets its own check (which costs one drain of every engine and a flag exchange, ~8 us on trn2).",
-      codegen=True, bounds=(0, 1 << 62), unit="FLOPs")
+      codegen=True, bounds=(0, 1 << 40), unit="FLOPs")
 _knob("attention_dma_transpose", bool, True, "The unshifted attention kernel loads Q^T and K^T through the DMA "
       "engines' transpose (2-byte dtypes, trn2/trn3) instead of transposing the loaded rows on TensorE.", codegen=True)
 # Running.
