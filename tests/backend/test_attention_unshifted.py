@@ -383,6 +383,25 @@ def test_explain_names_the_variant_and_its_fallback() -> None:
     assert kern.tiles == {"variant": "transposed-scores", "head_group": 4}
 
 
+def test_explain_reports_the_tripped_and_the_worst_case() -> None:
+    """explain prices a guarded kernel when every check trips and, with the first unit checked on its own, when only
+    the final check does (the whole pass, then the exact kernel): that one is the larger, and both are in the text
+    and the JSON. Without the earlier check there is no separate worst case."""
+    import neuron_compile
+
+    q, k, v = _qkv(2, 2, 300, 300, 64)
+    report = neuron_compile.explain(_sdpa(is_causal=True), q, k, v)
+    (kern,) = report.graphs[0].kernels
+    assert kern.tripped is not None and kern.worst is not None
+    assert kern.worst.time_ns > kern.tripped.time_ns and kern.worst.time_ns > kern.estimate.time_ns
+    assert "if every runtime guard trips" in str(report) and "if only the final one does" in str(report)
+    assert kern.to_json()["worst_ns"] == kern.worst.time_ns
+    torch._dynamo.reset()
+    with config.patch(attention_check_first=False):
+        (kern,) = neuron_compile.explain(_sdpa(is_causal=True), q, k, v).graphs[0].kernels
+    assert kern.tripped is not None and kern.worst is None and kern.to_json()["worst_ns"] is None
+
+
 def test_tripped_stream_is_the_fast_pass_plus_the_exact_kernel() -> None:
     """``kernel_stream(loaded_flag=1)`` follows the branch taken: its records are exactly the unshifted pass's plus the
     exact kernel's (rendered alone with ``attention_unshifted=False``), besides the sequencer's register work. The
