@@ -46,6 +46,7 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
     from neuron_compile.capture import aten_graphs
     from neuron_compile.config import config
     from neuron_compile.costmodel import estimate, total
+    from neuron_compile.explain import guarded_streams
     from neuron_compile.instruction_stream import kernel_streams
     from neuron_compile.roofline import graph_roofline
 
@@ -65,20 +66,11 @@ def measure(name: str, fn: Callable[..., Any], inputs: list[Any], target: str, l
             streams = kernel_streams(plan.kernels, target=target)  # identical layers' kernels costed once
             per_kernel = [estimate(s, target) for s in streams]
             # kernels with a runtime guard (attention's unshifted softmax): also the time when it trips everywhere
-            tripped = list(per_kernel)
-            checked = [i for i, s in enumerate(streams) if any(r.instruction == "register_load" for r in s)]
-            for i, s in zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
-                            strict=True):
-                tripped[i] = estimate(s, target)
-            # and when only the final check fails (a kernel that checks its first unit on its own runs the whole
-            # pass first): the worst case
-            worst = list(tripped)
-            for i in checked:
-                loads = sum(n for r, n in streams[i].items() if r.instruction == "register_load")
-                loads //= max(len(streams[i].schedules), 1)
-                if loads > 1:
-                    (s,) = kernel_streams([plan.kernels[i]], loaded_flag=(0,) * (loads - 1) + (1,), target=target)
-                    worst[i] = estimate(s, target)
+            # and, with an earlier check (the first unit on its own), when only the final one does (the worst case)
+            tripped, worst = list(per_kernel), list(per_kernel)
+            for i, (trip, last) in guarded_streams(plan.kernels, streams, target).items():
+                tripped[i] = estimate(trip, target)
+                worst[i] = estimate(last, target) if last is not None else tripped[i]
             guarded += sum(1 for c in plan.calls if tripped[c.kernel] is not per_kernel[c.kernel])
             tripped_ns += total([tripped[c.kernel] for c in plan.calls], target).time_ns
             worst_ns += total([worst[c.kernel] for c in plan.calls], target).time_ns

@@ -197,6 +197,29 @@ def tile_config(kernel: Any) -> dict[str, Any]:
     return fields
 
 
+def guarded_streams(kernels: Sequence[Any], streams: Sequence[Any], target: str | None = None
+                    ) -> dict[int, tuple[Any, Any]]:
+    """Per kernel with a runtime guard (a ``register_load`` in its stream ``streams[i]``: attention's checked
+    softmax), its stream when every check trips (``loaded_flag=1``) and, when it checks more than once (the first
+    unit on its own), when only the final check trips (every earlier one passes); None without an earlier check."""
+    from neuron_compile.instruction_stream import kernel_streams
+
+    checked = [i for i, s in enumerate(streams) if any(r.instruction == "register_load" for r in s)]
+    trips = kernel_streams([kernels[i] for i in checked], loaded_flag=1, target=target)
+    out: dict[int, tuple[Any, Any]] = {i: (t, None) for i, t in zip(checked, trips, strict=True)}
+    by_loads: dict[int, list[int]] = {}  # checks per program -> kernels (identical ones are streamed once)
+    for i in checked:
+        loads = sum(n for r, n in streams[i].items() if r.instruction == "register_load")
+        loads //= max(len(streams[i].schedules), 1)
+        if loads > 1:
+            by_loads.setdefault(loads, []).append(i)
+    for loads, idx in by_loads.items():
+        lasts = kernel_streams([kernels[i] for i in idx], loaded_flag=(0,) * (loads - 1) + (1,), target=target)
+        for i, last in zip(idx, lasts, strict=True):
+            out[i] = (out[i][0], last)
+    return out
+
+
 def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Counter[Any]]] | None,
                  target: str, timeline: bool = False) -> GraphReport:
     """One graph from its compiled_graphs() entry; ``streams``: per kernel index, traced streams per call (only
@@ -215,15 +238,7 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
     kernels = []
     cores = 1
     analytic = kernel_streams(plan.kernels, target=target, timeline=timeline)  # identical layers costed once
-    checked = [i for i, s in enumerate(analytic) if any(r.instruction == "register_load" for r in s)]
-    trips = dict(zip(checked, kernel_streams([plan.kernels[i] for i in checked], loaded_flag=1, target=target),
-                     strict=True))
-    worsts = {}  # kernels with an earlier check too: only the final one fails (every check before it passes)
-    for i in checked:
-        loads = sum(n for r, n in analytic[i].items() if r.instruction == "register_load")
-        loads //= max(len(analytic[i].schedules), 1)
-        if loads > 1:
-            (worsts[i],) = kernel_streams([plan.kernels[i]], loaded_flag=(0,) * (loads - 1) + (1,), target=target)
+    guards = guarded_streams(plan.kernels, analytic, target)
     for i, k in enumerate(plan.kernels):
         traced = bool(streams and streams.get(i))
         stream = analytic[i]
@@ -231,10 +246,10 @@ def graph_report(index: int, stats: dict[str, Any], streams: dict[int, list[Coun
         n = max(calls[i], 1)
         est = total([one] * n, target)
         tripped = worst = None
-        if i in trips:
-            tripped = total([estimate(trips[i], target)] * n, target)
-        if i in worsts:
-            worst = total([estimate(worsts[i], target)] * n, target)
+        if i in guards:
+            trip, last = guards[i]
+            tripped = total([estimate(trip, target)] * n, target)
+            worst = total([estimate(last, target)] * n, target) if last is not None else None
         grid = max(len(stream.schedules), 1)
         cores = max(cores, grid)
         roof = kernel_roofline(k, target, grid).scaled(n)
