@@ -22,7 +22,8 @@ assumed):
   engine bandwidth derated for short contiguous runs, and over this core's share of the chip's HBM bandwidth;
 - PSUM is 8 banks of 2 KiB per partition: every PSUM tile takes whole banks, a free bank when one is free (the
   least recently released), else it waits for the oldest; SBUF tiles allocated at one kernel line rotate among
-  ``ALLOC_BUFFERS`` physical buffers (double buffering) while SBUF has room;
+  ``ALLOC_BUFFERS`` physical buffers (double buffering) while SBUF has room, and when it is full the buffers of
+  earlier lines whose tiles are all dead return to the allocator;
 - a ``register_load`` (runtime branch input) drains every engine first.
 
 Loops: :mod:`neuron_compile.instruction_stream` schedules the first iterations of a loop; once two consecutive
@@ -48,6 +49,12 @@ COMPUTE = ("tensor", "vector", "scalar", "gpsimd")
 DMA_QUEUES = ("dma_q0", "dma_q1")
 PSUM_BANK_BYTES = 2048
 PSUM_BANKS = 8
+PSUM_PARTITIONS = 128  # partitions of SBUF and PSUM
+
+
+def _dead(slot: list[Any]) -> bool:
+    """Whether an SBUF buffer's last allocation is no longer referenced (its tile is dead)."""
+    return slot[1] is None or slot[1]() is None
 
 
 class Alloc:
@@ -212,7 +219,9 @@ class Scheduler:
         # allocation state
         self.psum_banks: list[Any] = [None] * PSUM_BANKS  # live Alloc (weak) per bank
         self.psum_released = [0] * PSUM_BANKS  # assignment order (the least recently used free bank first)
-        self.sites: dict[Any, list[list[Any]]] = {}  # site -> slots [key, live alloc ref or None, release order]
+        # site -> slots [key, live alloc ref or None, allocation order, bytes per partition]
+        self.sites: dict[Any, list[list[Any]]] = {}
+        self.site_first: dict[Any, int] = {}  # site -> allocation order of its first allocation
         self.sbuf_bytes = 0
         self._order = 0
         self._serial = 0
@@ -249,15 +258,23 @@ class Scheduler:
             return alloc.key
         if alloc.buffer == "sbuf":
             slots = self.sites.setdefault(alloc.site, [])
-            free = [s for s in slots if s[1] is None or s[1]() is None]
+            self.site_first.setdefault(alloc.site, self._order + 1)
+            free = [s for s in slots if _dead(s)]
             room = self.sbuf_bytes + alloc.bytes_pp <= self.sbuf_budget
+            floor = 0.0
+            if not room and len(slots) < cm.ALLOC_BUFFERS:
+                floor = self._reclaim(alloc.site)
+                room = self.sbuf_bytes + alloc.bytes_pp <= self.sbuf_budget
             if free and (len(slots) >= cm.ALLOC_BUFFERS or not room):
                 slot = min(free, key=lambda s: s[2])  # the free buffer allocated longest ago
             else:
                 self._serial += 1
-                slot = [("sbuf", self._serial), None, 0]
+                slot = [("sbuf", self._serial), None, 0, alloc.bytes_pp]
                 slots.append(slot)
                 self.sbuf_bytes += alloc.bytes_pp
+                if floor:  # the memory of the buffers it replaces: their last accesses come first
+                    reg = self.regions[slot[0]] = _Region()
+                    reg.writes.append(_Access(0, PSUM_PARTITIONS, 0, alloc.bytes_pp, None, floor, "sbuf"))
             slot[1] = weakref.ref(alloc)
             self._order += 1
             slot[2] = self._order
@@ -266,6 +283,23 @@ class Scheduler:
         self._serial += 1
         alloc.key = ("hbm", self._serial, alloc.buffer)
         return alloc.key
+
+    def _reclaim(self, site: Any) -> float:
+        """Retire the buffers of allocation lines whose tiles are all dead and were all allocated before line ``site``
+        first was (the compiler reuses the memory of tiles no longer live, e.g. an earlier loop's; lines still in use
+        keep their rotation). Returns the end of the retired buffers' last accesses (0.0 if none)."""
+        since = self.site_first[site]
+        floor = 0.0
+        for other, slots in list(self.sites.items()):
+            if other == site or not slots or not all(_dead(s) and s[2] < since for s in slots):
+                continue
+            del self.sites[other]
+            for s in slots:
+                self.sbuf_bytes -= s[3]
+                reg = self.regions.pop(s[0], None)
+                if reg is not None:
+                    floor = max([floor] + [a.end for a in reg.reads + reg.writes])
+        return floor
 
     def _regions(self, t: Any) -> list[tuple[Any, int, int, int, int, Any]]:
         """(key, p0, p1, lo, hi, rows) boxes a view touches; ``rows`` = (stride, r0, r1, c0, c1) for two-level HBM."""

@@ -180,3 +180,69 @@ for t in range(0 + nl.program_id(0) * 1, 16, 1 * nl.num_programs(0)):
     t1, t2 = (cm.estimate(s, "trn2").time_ns - cm.KERNEL_LAUNCH_NS for s in (one, two))
     assert t2 == pytest.approx(t1 / 2, rel=0.1)
     assert t2 == pytest.approx(max(s.makespan_ns for s in two.schedules))
+
+
+def _after_dead_tiles(dead: bool) -> tuple[str, int]:
+    """Five 48 KiB tiles (one line each) fill SBUF past its 208 KiB, then (``dead``: their references dropped, as an
+    earlier loop's tiles die) a loop loads, exps and stores an 8 KiB tile per iteration at one line."""
+    n = 16 * 128 * 2048
+    fill = "\n".join(f"f{i} = nl.ndarray((128, 12288), dtype=nl.float32, buffer=nl.sbuf)\n"
+                     f"nisa.memset(dst=f{i}, value=0.0)" for i in range(5))
+    drop = "\n".join(f"f{i} = None" for i in range(5)) if dead else ""
+    return kernel(f"""
+{fill}
+{drop}
+for t in range(16):
+    v = nl.ndarray((128, 2048), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v, src=in0.ap(pattern=[[2048, 128], [1, 2048]], offset=t * 128 * 2048))
+    nisa.activation(dst=v, op=nl.exp, data=v)
+    nisa.dma_copy(dst=out0.ap(pattern=[[2048, 128], [1, 2048]], offset=t * 128 * 2048), src=v)
+""", n), n
+
+
+def test_dead_lines_give_their_sbuf_to_later_lines() -> None:
+    """SBUF that an earlier part of the kernel no longer uses goes back to the allocator: a loop after dead tiles
+    rotates its tile among buffers (the next load runs while the exp works on the previous tile); with the earlier
+    tiles still referenced, SBUF is full and every iteration waits for the previous one's store."""
+    (dead, n), (alive, _) = _after_dead_tiles(True), _after_dead_tiles(False)
+    tl_dead, tl_alive = ([s.timeline for s in source_stream(src, "k", [(n, "float32")], timeline=True).schedules][0]
+                         for src in (dead, alive))
+
+    line = next(i + 1 for i, text in enumerate(dead.splitlines()) if "nisa.dma_copy(dst=v," in text)
+
+    def overlapped(tl: list) -> int:  # loads that start before the previous exp has ended
+        loads = [a for q, a, b, i, ln in tl if i == "dma_copy" and ln == line]
+        exps = [b for q, a, b, i, ln in tl if i == "activation"]
+        return sum(ld < e for ld, e in zip(loads[1:], exps, strict=False))
+
+    assert overlapped(tl_dead) >= 12 and overlapped(tl_alive) == 0
+    assert est(dead, n) < 0.85 * est(alive, n)
+
+
+def test_reused_sbuf_waits_for_the_dead_tiles_last_access() -> None:
+    """A tile placed in the memory of dead tiles (SBUF full) is written only after their last access has ended: here
+    the memset of `b` waits for the long load into the dropped `a`; with `a` still referenced nothing is reused (the
+    model then runs over budget rather than guess) and the memset starts at once."""
+    n = 128 * 25600
+
+    def src(drop: bool) -> str:
+        return kernel(f"""
+a = nl.ndarray((128, 25600), dtype=nl.float32, buffer=nl.sbuf)
+nisa.dma_copy(dst=a, src=in0.ap(pattern=[[25600, 128], [1, 25600]], offset=0))
+{"a = None" if drop else ""}
+c = nl.ndarray((128, 25600), dtype=nl.float32, buffer=nl.sbuf)
+nisa.memset(dst=c, value=0.0)
+b = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)
+nisa.memset(dst=b, value=1.0)
+""", n)
+
+    def times(drop: bool) -> tuple[float, float, float]:
+        (tl,) = [s.timeline for s in source_stream(src(drop), "k", [(n, "float32")], timeline=True).schedules]
+        load_end = next(b for q, a, b, i, ln in tl if i == "dma_copy")
+        (_, c_end), (b_start, _) = [(a, b) for q, a, b, i, ln in tl if i == "memset"]
+        return load_end, c_end, b_start
+
+    load_end, c_end, b_start = times(True)
+    assert b_start >= load_end > 2 * c_end
+    load_end, c_end, b_start = times(False)
+    assert b_start == c_end < load_end
