@@ -22,7 +22,7 @@ import logging
 import math
 from typing import Any
 
-from neuron_compile.lowering.attention import SBUF_BUDGET, sbuf_bytes
+from neuron_compile.lowering.attention import sbuf_budget, sbuf_bytes
 from neuron_compile.lowering.ir import AttentionKernel
 
 from neuron_compile.config import config
@@ -42,14 +42,6 @@ BANK_KEYS = 512  # fp32 scores per partition in one 2 KiB PSUM bank (also the ma
 PSUM_BANK_BYTES = 2048
 PSUM_BANKS = 8
 FP32_MAX = 3.4028234663852886e38  # bias clamp: a fully -inf row keeps a finite running max
-# Share of the transposed-P PSUM evictions done by ScalarE (activation copy) instead of VectorE, counted over the
-# whole kernel. ScalarE carries the exps, which gate the next step's scores (they free its PSUM banks), and copies a
-# bank at 1 element per cycle against VectorE's 2: all on VectorE is fastest under the cost model (issue 14 (c), exact
-# kernel on 2 cores, attention_standard.nki.j2's three-iteration pipeline: share 0 / 0.15 / 0.3 -> 1212 / 1256 /
-# 1288 us; the earlier two-iteration one: 0 / 0.1 / 0.3 / 0.58 -> 1544 / 1577 / 1616 / 1668 us). Heads of 32/64/96
-# without a mask use the transposed-scores kernel, which has no P evictions. The small per-row combines (chunk
-# maxima, running max and sum) run on GpSimd.
-SCALAR_EVICT_SHARE = 0.0
 # Per-partition SBUF for the Q/K/V/output rows of one head group: enough for 12 GPT-2 heads (1 KiB per tensor per
 # head) or 4 heads of 2048 x 128 (4 KiB each); the rest of SBUF keeps the per-head working set and double buffers.
 GROUP_ROWS_BYTES = 64 * 1024
@@ -88,7 +80,7 @@ def head_group(k: AttentionKernel, cap: int | None = None, grid: int = 1) -> int
     rows, other = _standard_bytes(k)
     best = 1
     for g in range(2, min(k.heads, cap or k.heads, lnc_cap(k, grid)) + 1):
-        if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= SBUF_BUDGET:
+        if k.heads % g == 0 and g * rows <= GROUP_ROWS_BYTES and g * rows + other <= sbuf_budget():
             best = g
     return best
 
@@ -111,7 +103,7 @@ def _standard_bytes(k: AttentionKernel) -> tuple[int, int]:
     """Per-partition SBUF of the standard kernel: (one head's Q/K/V/output rows, the rest of its working set)."""
     osize = _size(k.outputs[0].dtype)
     rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * osize
-    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step) - rows + mask_rows_bytes(k)
+    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step, k.mask is not None) - rows + mask_rows_bytes(k)
 
 
 def mask_rows_bytes(k: AttentionKernel) -> int:
@@ -125,21 +117,22 @@ def mask_rows_bytes(k: AttentionKernel) -> int:
     if k.mask is None or k.mask[2][1] != 0:
         return 0
     need = 2 * k.sk * _size(k.inputs[k.mask[0]].dtype)
-    base = sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), _size(k.outputs[0].dtype), k.key_step)
-    return need if base + need <= SBUF_BUDGET else 0
+    base = sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), _size(k.outputs[0].dtype), k.key_step,
+                      k.mask is not None)
+    return need if base + need <= sbuf_budget() else 0
 
 
 def prefetch_fits(k: AttentionKernel, group: int, resident: int, extra: int = 0) -> bool:
     """Whether the next group's rows (loaded while this group computes), and ``extra`` bytes a variant prepares
     from them ahead, fit beside the ``resident`` bytes."""
-    return resident + group * rows_bytes(k) + extra <= SBUF_BUDGET
+    return resident + group * rows_bytes(k) + extra <= sbuf_budget()
 
 
 def _fitting(k: AttentionKernel, cap: int, size: Any, extra: Any = None) -> int:
     """The largest divisor of ``heads`` up to ``cap`` whose ``size(k, group)`` fits the SBUF budget together with a
     prefetched second copy of the group's rows when there is a next group (one group for every head of a single
     batch needs none), else the largest that fits without."""
-    fits = [g for g in range(cap, 0, -1) if k.heads % g == 0 and size(k, g) <= SBUF_BUDGET]
+    fits = [g for g in range(cap, 0, -1) if k.heads % g == 0 and size(k, g) <= sbuf_budget()]
     ahead = [g for g in fits if k.batch * k.heads <= g or prefetch_fits(k, g, size(k, g), extra(k, g) if extra else 0)]
     return (ahead or fits or [0])[0]
 
@@ -245,25 +238,22 @@ def _common(k: AttentionKernel, group: int, resident: int, grid: int = 1, extra:
 
 
 def standard_plan(k: AttentionKernel, grid: int = 1) -> dict[str, Any]:
-    """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys in 512-key chunks."""
+    """The flash-attention kernel: online softmax over key steps of <= ``key_step`` keys (one PSUM tile each)."""
     group = head_group(k, grid=grid)
     rows, other = _standard_bytes(k)
     p = _common(k, group, other + group * rows, grid)
     masked = k.mask is not None
     s_scale = p["s_scale"]
     p.update({
-        "variant": "standard", "nq": -(-k.sq // PMAX), "chunks": k.key_step // BANK_KEYS,
+        "variant": "standard", "nq": -(-k.sq // PMAX), "key_step": k.key_step,
         # unmasked: the scale's residual multiplies the row max (in its last combine) and the exp; masked: it is
         # applied with the mask at the PSUM read
         "exp_scale": 1.0 if masked else s_scale,
-        # ScalarE takes a share of the transposed-P evictions except on trn1
-        "evict_share": SCALAR_EVICT_SHARE if config.target != "trn1" else 0.0,
-        "pair": 2 if _size(k.compute_dtype) == 2 else 1,  # 512-key chunks of transposed P per PSUM bank
         "fp32_max": FP32_MAX, "mask": None,
     })
     if k.mask is not None:
         arg, offset, (s_b, s_h, s_q, s_k) = k.mask
-        p["mask"] = {"arg": arg, "offset": offset, "terms": [("b", s_b), ("h", s_h), ("q0", s_q), ("kc", s_k)],
+        p["mask"] = {"arg": arg, "offset": offset, "terms": [("b", s_b), ("h", s_h), ("q0", s_q), ("k0", s_k)],
                      "s_q": s_q, "s_k": s_k, "rows": mask_rows_bytes(k) > 0, "row_terms": [("b", s_b), ("qm", s_q)],
                      "dtype": k.inputs[arg].dtype}
     return p

@@ -268,21 +268,32 @@ def _match_softmax(x: fx.Node, user: fx.Node, nodes: list[fx.Node]) -> tuple[fx.
     return z, guarded
 
 
-SBUF_BUDGET = 150 * 1024  # bytes per partition the kernel may keep resident (trn1/trn2 SBUF: 192/224 KiB)
+SBUF_FRACTION = 150 / 192  # of the target's usable SBUF per partition an attention kernel may keep resident (150 KiB
+# of trn1's 192; the rest for the compiler's own tiles): 162.5 KiB on trn2 (208 usable), 187.5 on trn3 (240)
+
+
+def sbuf_budget(target: str | None = None) -> int:
+    """Bytes per partition an attention kernel may keep resident on ``target`` (default: ``config.target``)."""
+    from neuron_compile.config import config
+    from neuron_compile.simulator.targets import LIMITS
+
+    return int(LIMITS[target or config.target].sbuf_partition_bytes * SBUF_FRACTION)
 
 
 def key_step(compute_dtype: str) -> int:
-    """Keys per online-softmax step. A step is processed in 512-key chunks, each with its own one-bank PSUM
-    tiles (fp32 scores 2 KiB, transposed probabilities 1/2 KiB); with the P V accumulator and the transpose
-    staging bank the step must fit PSUM's 8 banks (16 KiB) per partition: 4 chunks in bf16, 3 in fp32."""
+    """Keys per online-softmax step. A step's scores take one PSUM tile (a 2 KiB bank per 512 fp32 scores) and its
+    transposed probabilities another (a bank per 1024 keys in bf16, per 512 in fp32); with two P V accumulators
+    they must fit PSUM's 8 banks per partition: 4 + 2 + 2 in bf16/fp16, 3 + 3 + 2 in fp32."""
     return 2048 if compute_dtype in ("bfloat16", "float16") else 1536
 
 
-def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int) -> int:
-    """Per-partition SBUF the kernel keeps live for one (b, h): Q/K/V rows, Q^T/K^T, output rows, step tiles."""
+def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int, masked: bool = True) -> int:
+    """Per-partition SBUF the kernel keeps live for one (b, h): Q/K/V rows, Q^T/K^T, output rows, and two of each
+    step tile (its scaled scores and, with a mask, the mask's columns in fp32; P and transposed P: a step's tiles
+    are live while the next step's are written)."""
     nq, nk = -(-sq // 128), -(-sk // 128)
     resident = (nq * d + nk * d + nk * dv + sq + sk) * csize + nq * dv * osize
-    return resident + step * (4 + 4 + 2 * csize) + dv * 4
+    return resident + 2 * step * (4 + (4 if masked else 0) + 2 * csize) + dv * 4
 
 
 def match_attention(pv: fx.Node) -> Match:
@@ -383,8 +394,8 @@ def match_attention(pv: fx.Node) -> Match:
     _need(d <= 128 and dv <= 512, f"head dims d={d} (<= 128) dv={dv} (<= 512)")
     csize = 2 if dts <= {torch.bfloat16, torch.float16} else 4
     osize = 2 if _dtype(final) in (torch.bfloat16, torch.float16) else 4
-    need = sbuf_bytes(sq, sk, d, dv, csize, osize, key_step("bfloat16" if csize == 2 else "float32"))
-    _need(need <= SBUF_BUDGET, f"needs {need} B of SBUF per partition (> {SBUF_BUDGET})")
+    need = sbuf_bytes(sq, sk, d, dv, csize, osize, key_step("bfloat16" if csize == 2 else "float32"), mask is not None)
+    _need(need <= sbuf_budget(), f"needs {need} B of SBUF per partition (> {sbuf_budget()})")
     _need(len(set(nodes)) == len(nodes), "node visited twice")
     inner = set(nodes) - {final}
     for n in inner:  # every intermediate value stays inside the subgraph

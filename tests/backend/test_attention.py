@@ -174,7 +174,7 @@ def test_flash_cpu_op_called_directly_returns_eager_logsumexp(case: str) -> None
 def test_mask_rows_load_once_per_query_tile_when_heads_share_the_mask(dtype: torch.dtype, per_head: bool) -> None:
     """A padding-style mask ([b, 1, sq, sk]: head stride 0) loads one DMA of all its keys per query tile, which every
     head of the group reads (the next tile's rows load meanwhile); a mask of its own per head (ALiBi, T5's bias) keeps
-    one load per (head, query tile, 512-key chunk). Both match eager: ragged query and key tiles, -inf and finfo.min
+    one load per (head, query tile, key step). Both match eager: ragged query and key tiles, -inf and finfo.min
     entries, a fully masked row."""
     b, h, sq, sk = 2, 4, 300, 600
     q, k, v = _qkv(b, h, sq, sk, 64, dtype=dtype)
@@ -193,12 +193,12 @@ def test_mask_rows_load_once_per_query_tile_when_heads_share_the_mask(dtype: tor
     assert isinstance(kern, AttentionKernel) and kern.mask is not None
     assert (mask_rows_bytes(kern) > 0) is not per_head
     loads = [r for r in t.records if r.instruction == "dma_copy" and r.buffers[0] == "sbuf" and "hbm" in r.buffers[1]]
-    rows = [r for r in loads if r.shapes[0][-1] == sk]
-    chunks = [r for r in loads if r.shapes[0][-1] in (512, sk - 512) and r.dtypes[0] == "float32"]
+    rows = [r for r in loads if r.shapes[0][-1] == sk]  # every key of a query tile (one step: sk <= key_step)
+    assert len(rows) == len([r for r in loads if r.shapes[0][-1] not in (64, 4 * 64)])  # no other mask load
     if per_head:
-        assert not rows and len(chunks) == b * h * 3 * 2  # (batch, head, query tile, chunk)
+        assert len(rows) == b * h * 3  # (batch, head, query tile)
     else:
-        assert len(rows) == b * (h // head_group(kern, grid=2)) * 3 and not chunks  # (batch, group, query tile)
+        assert len(rows) == b * (h // head_group(kern, grid=2)) * 3  # (batch, group, query tile)
 
 
 def test_written_out_causal_attention() -> None:
@@ -300,13 +300,26 @@ def test_head_split_views_absorbed(dtype: torch.dtype) -> None:
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
 
 
-def test_bf16_transposed_p_pairs_share_a_bank() -> None:
-    # bf16: two 512-key chunks' transposed P share one PSUM bank and eviction; 2300 keys = two 1152-key steps
-    # of chunks 512 + 512 (one pair) + 128 (a ragged single), ragged 130 queries.
+def test_one_instruction_per_step_reads_every_bank() -> None:
+    """A key step's scores span several PSUM banks (one matmul each) and its transposed P another tile: one
+    tensor_scalar_reduce (scale, row max), one exp and one eviction per step, not one per bank. 2300 keys = steps of
+    1152 and 1148 keys (scores: 3 banks; P^T in bf16: 2), ragged 130 queries (two query tiles); values equal eager."""
+    from neuron_compile.instruction_stream import kernel_stream
+
     q, k, v = _qkv(1, 1, 130, 2300, 128, 40, dtype=torch.bfloat16)  # d = 128: the standard kernel
     stats = _check(_sdpa(), q, k, v)
     (_, src), = stats["sources"]
-    assert "c % 2 == 0" in src and check_kernel_rules(src) == [], src
+    assert check_kernel_rules(src) == [], src
+    kern = stats["plan"].kernels[0]
+    with config.patch(attention_unshifted=False):
+        recs = [(rec, n) for rec, n in kernel_stream(kern, target="trn2").items()]
+    # per (query tile, step): the scores' max and move to SBUF, the exp, the transposed P's eviction ([128, 9, P])
+    reduces = [(rec.shapes[1], n) for rec, n in recs if rec.instruction == "tensor_scalar_reduce"]
+    exps = [(rec.shapes[1], n) for rec, n in recs if rec.instruction == "activation_reduce"]
+    evictions = [(rec.shapes[1], n) for rec, n in recs if rec.instruction == "tensor_copy" and len(rec.shapes[1]) == 3]
+    assert sorted(reduces) == sorted(exps) == [((2, 1148), 1), ((2, 1152), 1), ((128, 1148), 1), ((128, 1152), 1)]
+    # 1148 keys: 8 full key tiles in one eviction, the ragged 124 in another
+    assert sorted(evictions) == [((128, 8, 2), 1), ((128, 8, 128), 1), ((128, 9, 2), 1), ((128, 9, 128), 1)]
 
 
 def test_head_group_moves_rows_of_several_heads_per_dma() -> None:

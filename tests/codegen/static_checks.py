@@ -3,8 +3,9 @@
 :func:`check_kernel_rules` parses a kernel's source and reports (as a list of messages, empty when
 clean): kernel outputs not allocated in ``nl.shared_hbm``; ``nisa.*`` calls that don't pass ``dst=``
 when the API's first parameter is ``dst``; on-chip tiles whose partition dim may exceed 128 or
-whose PSUM tile exceeds one 2 KiB bank per partition; ``nc_matmul`` operands whose K/M may exceed 128
-or whose moving free size N (the product of its free dims) may exceed 512. Tile extents are bounded
+whose PSUM tile exceeds PSUM's 16 KiB per partition; ``nc_matmul`` operands whose K/M may exceed 128
+or whose moving free size N (the product of its free dims) may exceed 512, and a whole-tile ``nc_matmul`` dst wider
+than one 2 KiB PSUM bank (a view's bank is checked by the simulator at run time). Tile extents are bounded
 statically: int literals, names assigned a bounded expression (``min``/``max``, ``+``, ``*``, ``//``, minus a
 constant; sizes are non-negative), tuple assignments, views of tiles kept in a list (``ts.append(t)``;
 ``ts[i][...]``) and stepped slices ``x:x + (n - 1) * s + 1:s`` (n elements); anything else is reported as
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 from neuron_compile import nki_api
 from neuron_compile.simulator_limits import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PMAX, PSUM_BANK_FMAX
+
+PSUM_BANKS = 8  # a PSUM tile may span banks (NKI 0.4+); a matmul writes within one
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +184,9 @@ def check_kernel_rules(source: str) -> list[str]:
                 for d in t.dims[1:]:
                     free = free * d if d is not None and free is not None else None  # type: ignore[operator]
                 nbytes = None if free is None else free * _ITEMSIZE.get(t.dtype, 4)
-                if nbytes is None or nbytes > PSUM_BANK_FMAX * 4:
+                if nbytes is None or nbytes > PSUM_BANKS * PSUM_BANK_FMAX * 4:
                     problems.append(f"line {t.line}: PSUM tile {t.name}{_fmt(t.dims)} {t.dtype}: free bytes per "
-                                    f"partition not statically <= one {PSUM_BANK_FMAX * 4} B bank")
+                                    f"partition not statically <= PSUM's {PSUM_BANKS * PSUM_BANK_FMAX * 4} B")
     isa_dst = dst_first_isa_ops()
     for call in col.calls:
         op = _attr_name(call.func, "nisa")
@@ -327,6 +330,13 @@ def _slice_bound(col: _Collector, ix: ast.Slice, whole: int | None) -> int | Non
 
 def _matmul_problems(col: _Collector, call: ast.Call) -> list[str]:
     problems = []
+    node = _kw(call, "dst")
+    if isinstance(node, ast.Name):  # a whole tile: within one bank (views of PSUM tiles are checked at run time)
+        for t in col.tiles.get(node.id, []):
+            size = _product(t.dims[1:]) if len(t.dims) > 1 else None
+            if size is None or size * _ITEMSIZE.get(t.dtype, 4) > PSUM_BANK_FMAX * 4:
+                problems.append(f"line {call.lineno}: nisa.nc_matmul dst={t.name}{_fmt(t.dims)}: free bytes per "
+                                f"partition not statically <= one {PSUM_BANK_FMAX * 4} B PSUM bank")
     limits = {"stationary": (PMAX, GEMM_STATIONARY_FMAX), "moving": (PMAX, GEMM_MOVING_FMAX)}
     for arg, (kmax, fmax) in limits.items():
         node = _kw(call, arg)

@@ -140,7 +140,11 @@ def test_static_rules_accept_the_reference_kernel() -> None:
     ("buffer=nl.shared_hbm", "buffer=nl.sbuf", "output out0 must be allocated in nl.shared_hbm"),
     ("P = min(128, 300 - p0)", "P = min(256, 300 - p0)", "partition dim not statically <= 128"),
     ("P = min(128, 300 - p0)", "P = 300 - p0", "tile acc(?, 512) in nl.psum: partition dim not statically"),
-    ("F = min(512, 1000)", "F = min(1024, 1000)", "free bytes per partition not statically <= one 2048 B bank"),
+    ("F = min(512, 1000)", "F = min(1024, 1000)", "nc_matmul dst=acc(128, 1000): free bytes per partition not "
+     "statically <= one 2048 B PSUM bank"),
+    ("        acc = nl.ndarray((P, F)", "        big = nl.ndarray((P, 9 * F), dtype=nl.float32, buffer=nl.psum)\n"
+     "        acc = nl.ndarray((P, F)", "PSUM tile big(128, 4608) float32: free bytes per partition not statically <= "
+     "PSUM's 16384 B"),
     ("nisa.tensor_copy(dst=t, src=acc)", "nisa.tensor_copy(t, src=acc)", "nisa.tensor_copy must pass its destination as dst="),
     ("b = nl.ndarray((P, F)", "b = nl.ndarray((P, 2 * F)", "nc_matmul moving=b(128, 1024): needs K <= 128 and free size"),
     ("stationary=a", "stationary=in0", "nc_matmul stationary= is not a tile allocated in this kernel"),
