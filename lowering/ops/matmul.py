@@ -266,8 +266,9 @@ def _search(kernel: LoopKernel, cands: list[Tiles], target: str) -> tuple[Tiles,
 def tune(kernel: LoopKernel) -> LoopKernel:
     """The kernel with the candidate tile configuration the cost model estimates fastest.
 
-    Cached in-process per GEMM signature (:func:`_signature`; a cached choice is reused only where it is one of
-    this kernel's legal candidates); the choice is written into the IR, so cached artifacts keep it.
+    Cached in-process per GEMM signature (:func:`_signature`; a cached choice is reused only where its blocks are one
+    of this kernel's legal candidates, before the epilogue row groups the search adds); the choice is written into
+    the IR, so cached artifacts keep it.
     """
     target = config.target
     sig = _signature(kernel, target)
@@ -275,7 +276,7 @@ def tune(kernel: LoopKernel) -> LoopKernel:
     if not cands:
         raise LoweringError(f"{kernel.name}: no matmul tile configuration fits SBUF on {target}")
     cached = _TUNED.get(sig)
-    if cached is not None and cached in cands:
+    if cached is not None and replace(cached, rg=1, sg=0) in cands:  # the search's row groups refine a candidate
         return _with_tiles(kernel, cached)
     best, best_ns = cands[0], math.inf
     rule = single_block_choice(kernel, cands) if len(cands) > 1 else None

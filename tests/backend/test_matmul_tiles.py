@@ -379,3 +379,37 @@ def test_tile_search_budget_stops_losing_candidates_and_keeps_the_choice() -> No
         full = kernel_time_ns(kernel, "trn2")
         assert kernel_time_ns(kernel, "trn2", full * 1.01) == full  # within the budget: the same time
         assert kernel_time_ns(kernel, "trn2", full * 0.5) == math.inf  # passed it: stopped
+
+
+def test_cached_choice_with_row_groups_serves_the_next_gemm_of_its_signature() -> None:
+    """The search refines its best blocks with epilogue row groups (rg, sg), which the candidate list doesn't hold:
+    a cached choice counts as legal when its blocks are a candidate, so the next GEMM of the same signature (a
+    repeated layer) takes it without searching again (GPT-2 small searched each of its 12 layers' GEMMs anew); a
+    cached choice whose blocks aren't a candidate is searched again."""
+    from neuron_compile.capture import aten_graphs
+    from neuron_compile.pipeline import build_artifacts
+
+    lin = torch.nn.Linear(512, 512).to(torch.bfloat16)
+    x, r = torch.randn(1024, 512, dtype=torch.bfloat16), torch.randn(1024, 512, dtype=torch.bfloat16)
+    with config.patch(target="trn2", cache=False), torch.no_grad():
+        (gm, ins), = aten_graphs(lambda x, r: lin(x) + r, x, r, execute=False)
+        kernel = next(k for k in build_artifacts(gm, ins)[2].kernels
+                      if any(op.opcode == "matmul" for op in getattr(k, "ops", ())))
+        sig = mm_rules._signature(kernel, "trn2")
+        base = next(t for t in mm_rules.candidates(kernel, "trn2") if t.bm >= 512 and t.rg == 1)
+        refined = replace(base, rg=4, sg=2)
+        searches: list[int] = []
+        orig = mm_rules._search
+        mm_rules._search = lambda k, c, t: searches.append(1) or orig(k, c, t)  # type: ignore[assignment]
+        try:
+            mm_rules._TUNED.clear()
+            mm_rules._TUNED[sig] = refined
+            tuned = mm_rules.tune(kernel)
+            assert not searches
+            assert [op.attr("tiles") for op in tuned.ops if op.opcode == "matmul"] == [refined.to_attr()]
+            mm_rules._TUNED[sig] = replace(refined, bm=99 * 128)  # blocks no candidate has: searched again
+            mm_rules.tune(kernel)
+            assert searches == [1]
+        finally:
+            mm_rules._search = orig  # type: ignore[assignment]
+            mm_rules._TUNED.clear()
