@@ -103,7 +103,8 @@ def _standard_bytes(k: AttentionKernel) -> tuple[int, int]:
     """Per-partition SBUF of the standard kernel: (one head's Q/K/V/output rows, the rest of its working set)."""
     osize = _size(k.outputs[0].dtype)
     rows = rows_bytes(k) + -(-k.sq // PMAX) * k.dv * osize
-    return rows, sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step, k.mask is not None) - rows + mask_rows_bytes(k)
+    working = sbuf_bytes(k.sq, k.sk, k.d, k.dv, _size(k.compute_dtype), osize, k.key_step, k.mask is not None)
+    return rows, working - rows + mask_rows_bytes(k)
 
 
 def mask_rows_bytes(k: AttentionKernel) -> int:

@@ -287,7 +287,7 @@ def key_step(compute_dtype: str) -> int:
     return 2048 if compute_dtype in ("bfloat16", "float16") else 1536
 
 
-def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int, masked: bool = True) -> int:
+def sbuf_bytes(sq: int, sk: int, d: int, dv: int, csize: int, osize: int, step: int, masked: bool) -> int:
     """Per-partition SBUF the kernel keeps live for one (b, h): Q/K/V rows, Q^T/K^T, output rows, and two of each
     step tile (its scaled scores and, with a mask, the mask's columns in fp32; P and transposed P: a step's tiles
     are live while the next step's are written)."""

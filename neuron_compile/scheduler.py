@@ -49,7 +49,7 @@ COMPUTE = ("tensor", "vector", "scalar", "gpsimd")
 DMA_QUEUES = ("dma_q0", "dma_q1")
 PSUM_BANK_BYTES = 2048
 PSUM_BANKS = 8
-PSUM_PARTITIONS = 128  # partitions of SBUF and PSUM
+PARTITIONS = 128  # of SBUF and PSUM
 
 
 def _dead(slot: list[Any]) -> bool:
@@ -274,7 +274,7 @@ class Scheduler:
                 self.sbuf_bytes += alloc.bytes_pp
                 if floor:  # the memory of the buffers it replaces: their last accesses come first
                     reg = self.regions[slot[0]] = _Region()
-                    reg.writes.append(_Access(0, PSUM_PARTITIONS, 0, alloc.bytes_pp, None, floor, "sbuf"))
+                    reg.writes.append(_Access(0, PARTITIONS, 0, alloc.bytes_pp, None, floor, "sbuf"))
             slot[1] = weakref.ref(alloc)
             self._order += 1
             slot[2] = self._order
